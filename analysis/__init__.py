@@ -1,0 +1,1 @@
+"""Analysis: reads run directories only and regenerates the paper's figures and tables."""

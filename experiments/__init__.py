@@ -1,0 +1,1 @@
+"""Thin entry points: launch, status, audit. Nothing imports this package."""
