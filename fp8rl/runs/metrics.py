@@ -1,0 +1,207 @@
+"""Metric names: the one vocabulary shared by both backends and the analysis package.
+
+Every name here is the exact key written to ``metrics.jsonl`` / ``eval.jsonl`` of a run
+directory (DESIGN.md, "The run directory"). Backends import the constants instead of typing
+strings, so a typo is an ``AttributeError`` at import time rather than a silently missing
+curve in a figure.
+
+Row formats
+-----------
+``metrics.jsonl``: one JSON object per training step::
+
+    {"step": 12, "actor/entropy": 0.41, "actor/clipfrac_neg_low": 0.003, ...}
+
+``step`` (``STEP``) is required; every other key is optional (a backend logs what it
+measured: the ``shadow/*`` keys appear on calibration steps only, ``dapo/*`` with DAPO only).
+
+``eval.jsonl``: one JSON object per evaluation of one dataset::
+
+    {"step": 100, "dataset": "aime24", "k": 16, "n": 30,
+     "eval/aime24/avg@k": 0.41, "eval/aime24/pass@k": 0.70}
+
+The metric keys spell ``avg@k`` / ``pass@k`` literally (DESIGN.md) and the row's ``k`` field
+says which k was used; ``n`` is the number of problems. :func:`eval_row` builds such a row.
+Readers (``analysis.collect``) also accept a numeric k in the key (``eval/aime24/avg@16``) and
+rows that carry several datasets at once, so an external logger need not be reshaped.
+
+Values are fractions in [0, 1] for accuracies and clip fractions (not percent); times are
+seconds; lengths are tokens. A non-finite value is written as JSON ``null`` (see
+``fp8rl.runs.rundir``).
+"""
+
+from __future__ import annotations
+
+import re
+
+STEP = "step"
+
+# --- actor (trainer) --------------------------------------------------------------------
+ACTOR_ENTROPY = "actor/entropy"
+ACTOR_PG_LOSS = "actor/pg_loss"
+ACTOR_GRAD_NORM = "actor/grad_norm"
+ACTOR_PPO_KL = "actor/ppo_kl"
+ACTOR_CLIPFRAC = "actor/clipfrac"
+ACTOR_CLIPFRAC_NEG_LOW = "actor/clipfrac_neg_low"
+ACTOR_CLIPFRAC_NEG_HIGH = "actor/clipfrac_neg_high"
+ACTOR_CLIPFRAC_POS_LOW = "actor/clipfrac_pos_low"
+ACTOR_CLIPFRAC_POS_HIGH = "actor/clipfrac_pos_high"
+ACTOR_RATIO_NEG_Q01 = "actor/ratio_neg_q01"
+ACTOR_RATIO_NEG_Q50 = "actor/ratio_neg_q50"
+ACTOR_RATIO_NEG_Q99 = "actor/ratio_neg_q99"
+
+# --- clip bounds ------------------------------------------------------------------------
+CLIP_LOW = "clip/low"
+CLIP_HIGH = "clip/high"
+CLIP_ALPHA = "clip/alpha"
+
+# --- BF16 shadow (calibration steps only) -----------------------------------------------
+SHADOW_CLIPFRAC_NEG_LOW = "shadow/clipfrac_neg_low"
+SHADOW_RATIO_NEG_Q01 = "shadow/ratio_neg_q01"
+
+# --- rollout ----------------------------------------------------------------------------
+ROLLOUT_MISMATCH_KL = "rollout/mismatch_kl"
+ROLLOUT_IS_CLIPFRAC = "rollout/is_clipfrac"
+ROLLOUT_REWARD_MEAN = "rollout/reward_mean"
+ROLLOUT_ACC = "rollout/acc"
+ROLLOUT_RESPONSE_LEN = "rollout/response_len"
+ROLLOUT_TRUNCATED_FRAC = "rollout/truncated_frac"
+ROLLOUT_GARBLED_FRAC = "rollout/garbled_frac"
+
+# --- DAPO -------------------------------------------------------------------------------
+DAPO_KEPT_GROUP_FRAC = "dapo/kept_group_frac"
+
+# --- timing -----------------------------------------------------------------------------
+PERF_STEP_S = "perf/step_s"
+PERF_ROLLOUT_S = "perf/rollout_s"
+PERF_TRAIN_S = "perf/train_s"
+PERF_SHADOW_S = "perf/shadow_s"
+PERF_TOKENS_PER_S = "perf/tokens_per_s"
+
+#: Every per-step metric name of DESIGN.md, in the table's order (``step`` excluded).
+TRAIN_METRICS: tuple[str, ...] = (
+    ACTOR_ENTROPY,
+    ACTOR_PG_LOSS,
+    ACTOR_GRAD_NORM,
+    ACTOR_PPO_KL,
+    ACTOR_CLIPFRAC,
+    ACTOR_CLIPFRAC_NEG_LOW,
+    ACTOR_CLIPFRAC_NEG_HIGH,
+    ACTOR_CLIPFRAC_POS_LOW,
+    ACTOR_CLIPFRAC_POS_HIGH,
+    ACTOR_RATIO_NEG_Q01,
+    ACTOR_RATIO_NEG_Q50,
+    ACTOR_RATIO_NEG_Q99,
+    CLIP_LOW,
+    CLIP_HIGH,
+    CLIP_ALPHA,
+    SHADOW_CLIPFRAC_NEG_LOW,
+    SHADOW_RATIO_NEG_Q01,
+    ROLLOUT_MISMATCH_KL,
+    ROLLOUT_IS_CLIPFRAC,
+    ROLLOUT_REWARD_MEAN,
+    ROLLOUT_ACC,
+    ROLLOUT_RESPONSE_LEN,
+    ROLLOUT_TRUNCATED_FRAC,
+    ROLLOUT_GARBLED_FRAC,
+    DAPO_KEPT_GROUP_FRAC,
+    PERF_STEP_S,
+    PERF_ROLLOUT_S,
+    PERF_TRAIN_S,
+    PERF_SHADOW_S,
+    PERF_TOKENS_PER_S,
+)
+
+#: Per-step metrics that are logged on some steps or some configurations only.
+SPARSE_METRICS: tuple[str, ...] = (
+    CLIP_ALPHA,
+    SHADOW_CLIPFRAC_NEG_LOW,
+    SHADOW_RATIO_NEG_Q01,
+    DAPO_KEPT_GROUP_FRAC,
+    PERF_SHADOW_S,
+)
+
+# --- evaluation -------------------------------------------------------------------------
+EVAL_PREFIX = "eval/"
+EVAL_AVG = "avg@k"
+EVAL_PASS = "pass@k"
+EVAL_STATS: tuple[str, ...] = (EVAL_AVG, EVAL_PASS)
+#: Fields of an ``eval.jsonl`` row besides the metric keys.
+EVAL_DATASET = "dataset"
+EVAL_K = "k"
+EVAL_N = "n"
+
+_DATASET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
+#: Matches ``eval/<dataset>/avg@k`` and ``eval/<dataset>/pass@16`` (numeric k accepted on read).
+EVAL_KEY_RE = re.compile(r"^eval/(?P<dataset>[^/]+)/(?P<stat>avg|pass)@(?P<k>k|\d+)$")
+
+
+def _check_dataset(dataset: str) -> str:
+    if not isinstance(dataset, str) or not _DATASET_RE.match(dataset):
+        raise ValueError(
+            f"evaluation dataset name {dataset!r} is not a plain token: use letters, digits, "
+            "'_', '.', '+' (no '/', no spaces), e.g. 'aime24' or 'math500'"
+        )
+    return dataset
+
+
+def eval_key(dataset: str, stat: str) -> str:
+    """The metric key of one evaluation statistic: ``eval_key("aime24", "avg@k")``.
+
+    Args:
+        dataset: the evaluation set's name, a plain token (``aime24``, ``math500``).
+        stat: ``"avg@k"`` (mean accuracy over the k samples per problem) or ``"pass@k"``.
+
+    Returns:
+        ``"eval/<dataset>/<stat>"``.
+    """
+    _check_dataset(dataset)
+    if stat not in EVAL_STATS:
+        raise ValueError(f"evaluation statistic must be one of {EVAL_STATS}, got {stat!r}")
+    return f"{EVAL_PREFIX}{dataset}/{stat}"
+
+
+def parse_eval_key(key: str) -> tuple[str, str, int | None] | None:
+    """``"eval/aime24/avg@16"`` -> ``("aime24", "avg@k", 16)``; ``"eval/x/avg@k"`` -> k None.
+
+    Returns None for keys that are not evaluation metrics.
+    """
+    m = EVAL_KEY_RE.match(key)
+    if m is None:
+        return None
+    k = m.group("k")
+    return m.group("dataset"), f"{m.group('stat')}@k", (None if k == "k" else int(k))
+
+
+def eval_row(
+    step: int,
+    dataset: str,
+    *,
+    avg_at_k: float,
+    pass_at_k: float | None = None,
+    k: int,
+    n: int,
+) -> dict:
+    """One ``eval.jsonl`` row in the canonical layout (see the module docstring).
+
+    Args:
+        step: training step the evaluated policy comes from (0 = before training).
+        dataset: evaluation set name.
+        avg_at_k: mean accuracy over ``k`` samples per problem, a fraction in [0, 1].
+        pass_at_k: fraction of problems with at least one correct sample, or None.
+        k: samples per problem (>= 1).
+        n: number of problems (>= 1).
+    """
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"eval k must be an int >= 1, got {k!r}")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"eval n (problems) must be an int >= 1, got {n!r}")
+    row = {
+        STEP: int(step),
+        EVAL_DATASET: _check_dataset(dataset),
+        EVAL_K: k,
+        EVAL_N: n,
+        eval_key(dataset, EVAL_AVG): avg_at_k,
+    }
+    if pass_at_k is not None:
+        row[eval_key(dataset, EVAL_PASS)] = pass_at_k
+    return row
