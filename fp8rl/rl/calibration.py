@@ -1,0 +1,857 @@
+"""Calibrated Clipping: PPO clip bounds for FP8 ratios, aligned with the BF16 ratio distribution.
+
+The method (the FP8 paper, "Towards Full Pipeline FP8 Reinforcement Learning for LLMs",
+arXiv 2609.22870, Sec. "Calibrated Clipping"; reconstructed from readings of the PDF, see
+the project's reference notes). FP8 noise in the PPO ratio r = pi_theta / pi_old pushes
+negative-advantage tokens below the lower bound, where their gradient is zero. On a
+calibration step the trainer also computes the ratios in BF16 (the "shadow" pass) on the
+same batch, and the controller
+
+1. measures alpha = the fraction of A<0 tokens whose **BF16** ratio is below
+   ``1 - eps_low`` (what vanilla PPO would clip in BF16);
+2. sets the lower bound L to the alpha-quantile of the **FP8** ratios over A<0 tokens, so
+   that FP8 clips the same fraction of A<0 tokens as BF16 would;
+3. sets the upper bound H by an upper rule (below) that rebalances the positive side;
+4. smooths the bounds (EMA) and keeps them for the next ``period`` steps.
+
+Notation: the tokens of a calibration step are the unmasked tokens; A<0 ("negative") and
+A>0 ("positive") tokens are counted separately, tokens with A == 0 are ignored (their loss
+is zero). n = number of negative tokens. In PPO the lower dead zone is ``r < L`` (A<0) and
+the upper dead zone is ``r > H`` (A>0); a ratio exactly on a bound is not clipped (as in
+``fp8rl.rl.diagnostics``). All bound comparisons happen in the ratio's dtype (float32 for
+bf16/fp16/float32 inputs, float64 for float64), as ``torch.clamp`` and the loss kernel do:
+a returned bound is exact in that sense (see "quantile convention").
+
+Upper rules (``UPPER_RULES`` registry):
+
+- ``contribution`` (default): with the "contribution" of a token = |A| r (the weight its
+  gradient gets in the surrogate), define
+  ``p(L, H) = sum_{A>0, r <= H} |A| r / sum_{A<0, r >= L} |A| r``
+  (numerator: unclipped positive tokens; denominator: unclipped negative tokens). H is set
+  so that p on the FP8 ratios with (L, H) equals p on the BF16 ratios with the vanilla
+  bounds (1 - eps_low, 1 + eps_high). p is a non-decreasing step function of H, so the
+  solver sorts the candidate A>0 FP8 ratios once, takes cumulative sums, and picks the step
+  whose value is closest to the target (so p is reproduced to within one token's
+  contribution, |A| r of the token at the crossing, whenever the target is reachable inside
+  the clamps). Several H give the same p (an interval between two consecutive sorted
+  ratios); among the closest steps we take the H nearest to the vanilla ``1 + eps_high``.
+  If the target is not reachable (below the smallest or above the largest achievable p in
+  ``(1, high_max]``), H is the bound of the nearest achievable step (the smallest / largest
+  H range), again projected towards vanilla. The achieved and target p are metrics.
+- ``proportional``: ``H = 1 + (1 - L) eps_high / eps_low`` (seen in a reimplementation),
+  computed as ``(1 + eps_high) + ((1 - eps_low) - L) eps_high / eps_low`` so that L =
+  vanilla gives exactly the vanilla H.
+- ``fixed``: ``H = 1 + eps_high`` (only the lower bound moves; the paper reports this
+  over-penalises, offered for the ablation).
+
+Quantile convention (the lower bound). Let k = the number of A<0 tokens to clip: in
+``reference="shadow"`` k = #(BF16 ratio < 1 - eps_low) exactly (alpha = k / n); in
+``reference="static"`` k = floor(alpha n + 1/2). The set of bounds that clip exactly k FP8
+ratios is the interval (s_k, s_{k+1}] between the k-th and (k+1)-th smallest FP8 ratio
+(s_0 = -inf, s_{n+1} = +inf); we take its point nearest to the vanilla bound 1 - eps_low
+(vanilla itself if it lies inside, else s_{k+1}, or the next representable number above
+s_k). So #(FP8 ratio < L) == k exactly unless ties straddle the boundary, in which case no
+bound clips exactly k and we take the achievable count nearest to k (the smaller on a tie)
+-- with continuous ratios this is "equal to alpha within one token". Because we project the
+vanilla bound, a controller fed identical BF16 and FP8 ratios returns the vanilla bounds
+exactly, for every upper rule. ``torch.quantile`` is not used (it refuses more than 2**24
+elements); order statistics come from ``torch.kthvalue`` (O(n)) and masked min/max.
+
+Choices we had to guess (the paper gives none of these; each is an option or documented):
+
+- the definition of "contribution" (|A| r summed over unclipped tokens) and of "unclipped"
+  (A>0: r <= H; A<0: r >= L; the dual clip of A<0 tokens with r > c is ignored here);
+- the quantile convention above, and H among equal-p candidates nearest to vanilla;
+- the order of operations: L is clamped first, H is solved against that (raw, unsmoothed)
+  L and clamped, then both bounds are smoothed; the EMA acts on the **bounds**, not on
+  alpha: ``new = prev + (1 - ema) (raw - prev)``, ``ema`` = weight of the previous bound,
+  0 = no smoothing. At the first calibration ``prev`` is ``init_bounds`` (the bounds in
+  force), so with ``ema > 0`` wide initial bounds decay towards calibrated ones;
+- ``period``: step s is a calibration step iff ``s % period == 0``; step 0 calibrates unless
+  ``calibrate_at_start=False`` (then ``init_bounds`` rule steps 0..period-1). Steps count
+  from 0. The bounds computed on a calibration step apply from that step's update onward
+  (the trainer calls ``update`` before the policy loss of that step);
+- ``init_bounds`` default = vanilla; the paper's ablation starts from wide (0.6, 1.8);
+- clamps: L in [low_min, 1) and H in (1, high_max] (defaults 0.5 and 2.0); the vanilla and
+  initial bounds must lie inside them;
+- ``reference="static"``: no shadow pass; alpha is a constant taken from a BF16 baseline
+  (e.g. its logged ``actor/clipfrac_neg_low``); with the contribution rule the BF16 p must
+  then be given as ``p_target`` too;
+- degenerate input (all tokens masked, no A<0 tokens, non-finite advantages on unmasked
+  tokens, non-finite or non-positive ratios on the unmasked tokens the calibration reads --
+  A<0 always, A>0 for the contribution rule -- or an undefined p in the contribution rule) keeps the previous bounds, increments ``clip/degenerate_updates``, logs a warning
+  and never raises. Wrong shapes or a missing shadow ratio are caller bugs and raise;
+- defaults ``ema=0.5``, ``low_min=0.5``, ``high_max=2.0`` are ours; ``period=20`` is the
+  paper's K;
+- shapes: ``ratio``, ``shadow_ratio``, ``mask`` share a shape (``[B, T]`` or any shape,
+  flattened); ``advantages`` has that shape or is ``[B]`` (one per sequence) for 2-D inputs
+  and is broadcast over T; ``mask`` is bool or numeric (nonzero = response token);
+- the quantiles are global over the tensors handed in: under data parallelism the caller
+  gathers the calibration tensors first (the controller has no ``torch.distributed``);
+- ``shadow/ratio_neg_q01`` uses linear interpolation between order statistics (numpy's
+  default), as ``actor/ratio_neg_q01`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fp8rl.registry import Registry
+
+__all__ = [
+    "REFERENCES",
+    "UPPER_RULES",
+    "Bounds",
+    "CalibratedClipController",
+    "Calibration",
+    "DegenerateCalibration",
+    "calibrate_bounds",
+]
+
+log = logging.getLogger(__name__)
+
+REFERENCES: tuple[str, ...] = ("shadow", "static")
+_STATE_VERSION = 1
+_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A PPO clip-bound pair as ratios: tokens with A<0 and r < low, or A>0 and r > high, are clipped.
+
+    Validates ``0 < low < 1 < high`` with both finite.
+    """
+
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        try:
+            low, high = float(self.low), float(self.high)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"Bounds(low, high) must be numbers, got {self.low!r}, {self.high!r}") from e
+        if not (math.isfinite(low) and math.isfinite(high)):
+            raise ValueError(f"Bounds must be finite, got low={low}, high={high}")
+        if not 0.0 < low < 1.0 < high:
+            raise ValueError(f"Bounds need 0 < low < 1 < high, got low={low}, high={high}")
+        object.__setattr__(self, "low", low)
+        object.__setattr__(self, "high", high)
+
+    @classmethod
+    def vanilla(cls, eps_low: float, eps_high: float) -> Bounds:
+        """The PPO/DAPO bounds ``(1 - eps_low, 1 + eps_high)``."""
+        return cls(1.0 - eps_low, 1.0 + eps_high)
+
+    def as_tuple(self) -> tuple[float, float]:
+        return (self.low, self.high)
+
+
+class DegenerateCalibration(Exception):
+    """The calibration input carries no usable information; the controller keeps its bounds."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The result of one calibration, before smoothing (``low``/``high`` are clamped).
+
+    ``alpha``: target fraction of A<0 tokens below L; ``alpha_achieved``: fraction of A<0 FP8
+    ratios below ``low``; ``p_target``/``p_achieved``: the contribution balance (NaN for the
+    other upper rules); ``n_pos``: A>0 tokens read (-1 when the rule reads none);
+    ``shadow_*``: BF16 shadow measurements (NaN for ``static``).
+    """
+
+    low: float
+    high: float
+    alpha: float
+    alpha_achieved: float
+    n_neg: int
+    n_pos: int
+    p_target: float
+    p_achieved: float
+    shadow_clipfrac_neg_low: float
+    shadow_ratio_neg_q01: float
+
+
+# --------------------------------------------------------------------------------------
+# Small exact helpers (dtype-aware: bounds are compared in the ratio's dtype)
+# --------------------------------------------------------------------------------------
+
+
+def _in_dtype(x: float, dtype: torch.dtype) -> float:
+    """``x`` rounded to ``dtype`` (what torch does when comparing a tensor with a Python float)."""
+    return float(torch.tensor(x, dtype=dtype))
+
+
+def _next_up(x: float, dtype: torch.dtype) -> float:
+    """Smallest ``dtype`` number above ``x`` (``x`` representable in ``dtype``)."""
+    return float(torch.nextafter(torch.tensor(x, dtype=dtype), torch.tensor(_INF, dtype=dtype)))
+
+
+def _next_down(x: float, dtype: torch.dtype) -> float:
+    """Largest ``dtype`` number below ``x`` (``x`` representable in ``dtype``)."""
+    return float(torch.nextafter(torch.tensor(x, dtype=dtype), torch.tensor(-_INF, dtype=dtype)))
+
+
+def _lower_interval(x: torch.Tensor, k: int) -> tuple[float, float, int]:
+    """The bounds L with #(x < L) = k*: returns ``(a, b, k*)``, L valid iff a < L <= b.
+
+    ``x``: 1-D, nonempty, finite. k* = k unless ties straddle the k-th/(k+1)-th order
+    statistic; then k* is the achievable count nearest k (the smaller on a tie).
+    a = largest x below the bound (-inf if k* = 0), b = smallest x at or above it (+inf if
+    k* = n). O(n): one or two ``kthvalue`` selections plus masked min/max.
+    """
+    n = x.numel()
+    if k <= 0:
+        return -_INF, float(x.min()), 0
+    if k >= n:
+        return float(x.max()), _INF, n
+    a = torch.kthvalue(x, k).values  # k-th smallest (1-based)
+    n_le = int((x <= a).sum())
+    if n_le == k:  # no tie across the boundary
+        return float(a), float(torch.where(x > a, x, _INF).min()), k
+    lo = int((x < a).sum())  # the tied value a occupies ranks lo+1 .. n_le
+    if k - lo <= n_le - k:
+        below = float(torch.where(x < a, x, -_INF).max()) if lo > 0 else -_INF
+        return below, float(a), lo
+    above = float(torch.where(x > a, x, _INF).min()) if n_le < n else _INF
+    return float(a), above, n_le
+
+
+def _project_lower(target: float, a: float, b: float, dtype: torch.dtype) -> float:
+    """The point of (a, b] nearest ``target``, in ``dtype`` comparison semantics."""
+    t = _in_dtype(target, dtype)
+    if a < t <= b:
+        return target
+    if t <= a:
+        return _next_up(a, dtype)
+    return b
+
+
+def _sorted_quantile(x: torch.Tensor, q: float, hint: float | None = None, n_below: int = 0) -> float:
+    """Linear-interpolation quantile of 1-D ``x`` (numpy's default) via kthvalue.
+
+    ``hint``, ``n_below``: ``n_below`` = #(x < hint); when the needed order statistics lie
+    below ``hint`` only those elements are searched (cheap for low quantiles).
+    """
+    n = x.numel()
+    h = q * (n - 1)
+    lo = min(math.floor(h), n - 1)
+    hi = min(lo + 1, n - 1)
+    frac = h - lo
+    src = x
+    if hint is not None and n_below >= hi + 1:
+        src = x[x < hint]
+    v_lo = float(torch.kthvalue(src, lo + 1).values)
+    v_hi = float(torch.kthvalue(src, hi + 1).values) if hi != lo else v_lo
+    return v_lo + frac * (v_hi - v_lo)
+
+
+def solve_upper_contribution(
+    ratio_pos: torch.Tensor,
+    weight_pos: torch.Tensor,
+    target_sum: float,
+    *,
+    vanilla_high: float,
+    high_max: float,
+) -> tuple[float, float]:
+    """H in (1, high_max] whose unclipped positive contribution is closest to ``target_sum``.
+
+    Args:
+        ratio_pos: ``[m]`` FP8 ratios of the A>0 tokens (finite, > 0).
+        weight_pos: ``[m]`` their contributions |A| r.
+        target_sum: the wanted ``sum_{r <= H} weight`` (= p_target x FP8 denominator).
+        vanilla_high: tie-break target: among equally close H, the one nearest this.
+        high_max: upper clamp (inclusive).
+
+    Returns:
+        ``(H, achieved_sum)``. Exact: S(H) = sum_{r <= H} w is a step function; the solver
+        sorts the candidate ratios in [nextafter(1), high_max] once (ratios <= 1 are always
+        unclipped, ratios > high_max never), evaluates every step with a cumulative sum and
+        picks the closest, then projects ``vanilla_high`` onto that step's H interval.
+    """
+    dtype = ratio_pos.dtype
+    h_lo = _next_up(1.0, dtype)
+    f64 = torch.float64
+    always = ratio_pos < h_lo
+    c0 = float(torch.where(always, weight_pos, 0).sum(dtype=f64))
+    cand = (~always) & (ratio_pos <= high_max)
+    xs, order = torch.sort(ratio_pos[cand])
+    ws = weight_pos[cand][order]
+    m = xs.numel()
+    # Steps: level value, its H interval [lo, hi) ([lo, high_max] for the last one).
+    if m == 0:
+        levels = torch.tensor([c0], dtype=f64)
+        lo = torch.tensor([h_lo], dtype=f64)
+        hi = torch.tensor([high_max], dtype=f64)
+    else:
+        cum = c0 + torch.cumsum(ws.to(f64), 0)
+        is_end = torch.ones(m, dtype=torch.bool)
+        is_end[:-1] = xs[1:] > xs[:-1]
+        ends = is_end.nonzero().squeeze(1)
+        g_val = xs[ends].to(f64)
+        levels = cum[ends]
+        lo = g_val
+        hi = torch.cat([g_val[1:], torch.tensor([high_max], dtype=f64)])
+        if float(xs[0]) > h_lo:  # the step below the smallest candidate exists
+            levels = torch.cat([torch.tensor([c0], dtype=f64), levels])
+            lo = torch.cat([torch.tensor([h_lo], dtype=f64), lo])
+            hi = torch.cat([g_val[:1], hi])
+    err = (levels - target_sum).abs()
+    best = err.min()
+    dist = torch.clamp(lo - vanilla_high, min=0) + torch.clamp(vanilla_high - hi, min=0)
+    dist = torch.where(err <= best, dist, torch.full_like(dist, _INF))
+    j = int(torch.argmin(dist))
+    last = j == levels.numel() - 1
+    a, b = float(lo[j]), float(hi[j])
+    t = _in_dtype(vanilla_high, dtype)
+    if last:
+        high = vanilla_high if a <= t and vanilla_high <= b else (a if t < a else b)
+    elif a <= t < b:
+        high = vanilla_high
+    elif t < a:
+        high = a
+    else:
+        high = _next_down(b, dtype)
+    return high, float(levels[j])
+
+
+# --------------------------------------------------------------------------------------
+# Upper rules
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _UpperInput:
+    """What an upper rule may use (all 1-D, on the calibration tokens)."""
+
+    low: float
+    eps_low: float
+    eps_high: float
+    high_max: float
+    r_neg: torch.Tensor
+    a_neg: torch.Tensor  # |A| of A<0 tokens
+    s_neg: torch.Tensor | None
+    r_pos: torch.Tensor
+    a_pos: torch.Tensor
+    s_pos: torch.Tensor | None
+    p_target: float | None  # static reference: the BF16 p given from outside
+
+
+UpperRule = Callable[[_UpperInput], tuple[float, float, float]]  # -> (H, p_target, p_achieved)
+
+UPPER_RULES: Registry[UpperRule] = Registry("calibration upper rule")
+
+
+@UPPER_RULES.register("fixed")
+def _upper_fixed(u: _UpperInput) -> tuple[float, float, float]:
+    return 1.0 + u.eps_high, math.nan, math.nan
+
+
+@UPPER_RULES.register("proportional")
+def _upper_proportional(u: _UpperInput) -> tuple[float, float, float]:
+    vl, vh = 1.0 - u.eps_low, 1.0 + u.eps_high
+    return vh + (vl - u.low) * u.eps_high / u.eps_low, math.nan, math.nan
+
+
+@UPPER_RULES.register("contribution")
+def _upper_contribution(u: _UpperInput) -> tuple[float, float, float]:
+    f64 = torch.float64
+    vl, vh = 1.0 - u.eps_low, 1.0 + u.eps_high
+    if u.p_target is None:
+        assert u.s_neg is not None and u.s_pos is not None
+        num = float(torch.where(u.s_pos <= vh, u.a_pos * u.s_pos, 0).sum(dtype=f64))
+        den = float(torch.where(u.s_neg >= vl, u.a_neg * u.s_neg, 0).sum(dtype=f64))
+        if not den > 0:
+            raise DegenerateCalibration("BF16 p undefined: every A<0 shadow ratio is clipped")
+        p_target = num / den
+    else:
+        p_target = u.p_target
+    den_fp8 = float(torch.where(u.r_neg >= u.low, u.a_neg * u.r_neg, 0).sum(dtype=f64))
+    if not den_fp8 > 0:
+        raise DegenerateCalibration("FP8 p undefined: every A<0 FP8 ratio is below the lower bound")
+    high, achieved = solve_upper_contribution(
+        u.r_pos, u.a_pos * u.r_pos, p_target * den_fp8, vanilla_high=vh, high_max=u.high_max
+    )
+    return high, p_target, achieved / den_fp8
+
+
+# --------------------------------------------------------------------------------------
+# One calibration (pure function)
+# --------------------------------------------------------------------------------------
+
+
+def _flat_inputs(
+    ratio: torch.Tensor,
+    shadow_ratio: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Check shapes (caller bugs raise) and return flat (ratio, shadow, adv, valid)."""
+    named = {"ratio": ratio, "advantages": advantages, "mask": mask}
+    if shadow_ratio is not None:
+        named["shadow_ratio"] = shadow_ratio
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    shape = ratio.shape
+    for name in ("shadow_ratio", "mask"):
+        if name in named and named[name].shape != shape:
+            raise ValueError(f"{name} has shape {tuple(named[name].shape)}, ratio has {tuple(shape)}")
+    if not ratio.is_floating_point() or (shadow_ratio is not None and not shadow_ratio.is_floating_point()):
+        raise TypeError("ratio and shadow_ratio must be floating-point tensors")
+    adv = advantages.detach()
+    if adv.shape != shape:
+        if ratio.dim() == 2 and adv.shape == shape[:1]:
+            adv = adv[:, None].expand(shape)
+        else:
+            raise ValueError(
+                f"advantages has shape {tuple(adv.shape)}; expected {tuple(shape)} (token level) "
+                f"or {tuple(shape[:1])} (one per sequence, 2-D inputs only)"
+            )
+    valid = mask.detach().reshape(-1)
+    valid = valid if valid.dtype == torch.bool else valid != 0
+    dtype = torch.promote_types(ratio.dtype, torch.float32)
+    if shadow_ratio is not None:
+        dtype = torch.promote_types(dtype, shadow_ratio.dtype)
+    r = ratio.detach().reshape(-1).to(dtype)
+    s = shadow_ratio.detach().reshape(-1).to(dtype) if shadow_ratio is not None else None
+    return r, s, adv.reshape(-1).to(dtype), valid
+
+
+def _check_ratios(x: torch.Tensor, what: str) -> None:
+    if x.numel() and not bool(torch.isfinite(x).all() & (x > 0).all()):
+        raise DegenerateCalibration(f"non-finite or non-positive {what} ratios on unmasked tokens")
+
+
+@torch.no_grad()
+def calibrate_bounds(
+    ratio: torch.Tensor,
+    shadow_ratio: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    upper_rule: str = "contribution",
+    alpha: float | None = None,
+    p_target: float | None = None,
+    low_min: float = 0.5,
+    high_max: float = 2.0,
+) -> Calibration:
+    """One calibration: raw (clamped, unsmoothed) bounds from one batch. See the module docstring.
+
+    Args:
+        ratio: ``[B, T]`` FP8 ratios pi_theta / pi_old (as the loss computes them).
+        shadow_ratio: ``[B, T]`` BF16 shadow ratios, or None when ``alpha`` is given (static).
+        advantages: ``[B, T]`` token advantages, or ``[B]`` broadcast over T.
+        mask: ``[B, T]`` response-token mask (bool or numeric; nonzero = token).
+        eps_low, eps_high: the vanilla clip epsilons.
+        upper_rule: a name in ``UPPER_RULES``.
+        alpha: static reference: the target lower-clip fraction (ignores ``shadow_ratio``).
+        p_target: static reference with the contribution rule: the BF16 p.
+        low_min, high_max: clamps of L and H.
+
+    Raises:
+        DegenerateCalibration: the batch cannot be calibrated on (the controller catches it).
+        ValueError / TypeError: wrong shapes or types (caller bugs).
+    """
+    rule = UPPER_RULES[upper_rule]
+    static = alpha is not None
+    if not static and shadow_ratio is None:
+        raise ValueError("calibrate_bounds needs shadow_ratio (BF16 ratios) or a static alpha")
+    r, s, adv, valid = _flat_inputs(ratio, None if static else shadow_ratio, advantages, mask)
+    dtype = r.dtype
+    if not bool(valid.any()):
+        raise DegenerateCalibration("all tokens are masked")
+    if not bool(torch.isfinite(torch.where(valid, adv, 0)).all()):
+        raise DegenerateCalibration("non-finite advantages on unmasked tokens")
+    neg_idx = (valid & (adv < 0)).nonzero().squeeze(1)
+    n = neg_idx.numel()
+    if n == 0:
+        raise DegenerateCalibration("no unmasked tokens with negative advantage")
+    r_neg = r.index_select(0, neg_idx)
+    _check_ratios(r_neg, "FP8")
+    s_neg = None
+    vl = 1.0 - eps_low
+    q01 = math.nan
+    if static:
+        k = math.floor(alpha * n + 0.5)
+        shadow_frac = math.nan
+        alpha_v = float(alpha)
+    else:
+        s_neg = s.index_select(0, neg_idx)
+        _check_ratios(s_neg, "BF16 shadow")
+        k = int((s_neg < vl).sum())
+        alpha_v = shadow_frac = k / n
+        q01 = _sorted_quantile(s_neg, 0.01, hint=vl, n_below=k)
+
+    a, b, _ = _lower_interval(r_neg, k)
+    low = _project_lower(vl, a, b, dtype)
+    low = min(max(low, low_min), _next_down(1.0, dtype))
+
+    need_pos = upper_rule == "contribution"
+    if need_pos:
+        pos_idx = (valid & (adv > 0)).nonzero().squeeze(1)
+        r_pos = r.index_select(0, pos_idx)
+        _check_ratios(r_pos, "FP8")
+        s_pos = None
+        if not static:
+            s_pos = s.index_select(0, pos_idx)
+            _check_ratios(s_pos, "BF16 shadow")
+        a_pos = adv.index_select(0, pos_idx)
+        a_neg = -adv.index_select(0, neg_idx)
+    else:
+        r_pos = a_pos = a_neg = torch.empty(0, dtype=dtype)
+        s_pos = None
+    u = _UpperInput(
+        low=low,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        high_max=high_max,
+        r_neg=r_neg,
+        a_neg=a_neg,
+        s_neg=s_neg,
+        r_pos=r_pos,
+        a_pos=a_pos,
+        s_pos=s_pos,
+        p_target=p_target if static else None,
+    )
+    high, p_t, p_a = rule(u)
+    high = min(max(high, _next_up(1.0, dtype)), high_max)
+    achieved = int((r_neg < low).sum()) / n
+    return Calibration(
+        low=low,
+        high=high,
+        alpha=alpha_v,
+        alpha_achieved=achieved,
+        n_neg=n,
+        n_pos=int(r_pos.numel()) if need_pos else -1,
+        p_target=p_t,
+        p_achieved=p_a,
+        shadow_clipfrac_neg_low=shadow_frac,
+        shadow_ratio_neg_q01=q01,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The controller (stateful: schedule, smoothing, guards, checkpoints, metrics)
+# --------------------------------------------------------------------------------------
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    return v
+
+
+class CalibratedClipController:
+    """Calibrated Clipping bounds for the PPO loss, recalibrated every ``period`` steps.
+
+    Use (one trainer step ``step``):
+
+        if ctl.is_calibration_step(step):          # == ctl.needs_shadow(step) for "shadow"
+            ctl.update(step, ratio=r_fp8, shadow_ratio=r_bf16, advantages=adv, mask=mask)
+        low, high = ctl.bounds(step).as_tuple()    # hand to ppo_token_loss
+        log(ctl.metrics(step))
+
+    Args:
+        eps_low, eps_high: the vanilla epsilons (0 < eps_low < 1, eps_high > 0).
+        period: K >= 1; calibration steps are ``step % K == 0``.
+        ema: weight of the previous bound in [0, 1); 0 = no smoothing.
+        upper_rule: ``contribution`` | ``proportional`` | ``fixed`` (``UPPER_RULES``).
+        init_bounds: bounds before the first calibration (``Bounds`` or ``(low, high)``);
+            None = vanilla. The paper's ablation uses (0.6, 1.8).
+        reference: ``shadow`` (BF16 shadow ratios each calibration) | ``static``.
+        alpha: static reference only: the target lower-clip fraction in [0, 1).
+        p_target: static reference with the contribution rule: the BF16 p (> 0).
+        low_min: L is clamped to [low_min, 1); 0 < low_min <= 1 - eps_low.
+        high_max: H is clamped to (1, high_max]; high_max >= 1 + eps_high.
+        calibrate_at_start: whether step 0 is a calibration step.
+
+    See the module docstring for the method and every choice made.
+    """
+
+    def __init__(
+        self,
+        eps_low: float,
+        eps_high: float,
+        *,
+        period: int = 20,
+        ema: float = 0.5,
+        upper_rule: str = "contribution",
+        init_bounds: Bounds | Sequence[float] | None = None,
+        reference: str = "shadow",
+        alpha: float | None = None,
+        p_target: float | None = None,
+        low_min: float = 0.5,
+        high_max: float = 2.0,
+        calibrate_at_start: bool = True,
+    ) -> None:
+        eps_low = _finite("eps_low", eps_low)
+        eps_high = _finite("eps_high", eps_high)
+        if not 0.0 < eps_low < 1.0:
+            raise ValueError(f"eps_low must lie in (0, 1) so that 1 - eps_low is a ratio in (0, 1); got {eps_low}")
+        if not eps_high > 0.0:
+            raise ValueError(f"eps_high must be > 0; got {eps_high}")
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise ValueError(f"period must be an integer >= 1 (steps between calibrations); got {period!r}")
+        ema = _finite("ema", ema)
+        if not 0.0 <= ema < 1.0:
+            raise ValueError(f"ema is the weight of the previous bound and must lie in [0, 1) (0 = no smoothing); got {ema}")
+        UPPER_RULES.check(upper_rule)
+        if reference not in REFERENCES:
+            raise ValueError(f"unknown reference {reference!r}; valid values are: {', '.join(REFERENCES)}")
+        low_min = _finite("low_min", low_min)
+        high_max = _finite("high_max", high_max)
+        if not 0.0 < low_min < 1.0:
+            raise ValueError(f"low_min must lie in (0, 1) (clamp of the lower bound); got {low_min}")
+        if not high_max > 1.0:
+            raise ValueError(f"high_max must be > 1 (clamp of the upper bound); got {high_max}")
+        vanilla = Bounds.vanilla(eps_low, eps_high)
+        if not (low_min <= vanilla.low and vanilla.high <= high_max):
+            raise ValueError(
+                f"the vanilla bounds ({vanilla.low}, {vanilla.high}) must lie inside the clamps "
+                f"[low_min={low_min}, 1) and (1, high_max={high_max}]; widen the clamps"
+            )
+        if reference == "static":
+            if alpha is None:
+                raise ValueError(
+                    "reference='static' needs alpha (the BF16 baseline's lower-clip fraction, "
+                    "e.g. its logged actor/clipfrac_neg_low)"
+                )
+            alpha = _finite("alpha", alpha)
+            if not 0.0 <= alpha < 1.0:
+                raise ValueError(f"alpha must lie in [0, 1); got {alpha}")
+            if upper_rule == "contribution":
+                if p_target is None:
+                    raise ValueError(
+                        "reference='static' with upper_rule='contribution' needs p_target (the BF16 "
+                        "baseline's positive/negative contribution ratio); or use upper_rule="
+                        "'proportional' or 'fixed'"
+                    )
+                p_target = _finite("p_target", p_target)
+                if not p_target > 0.0:
+                    raise ValueError(f"p_target must be > 0; got {p_target}")
+            elif p_target is not None:
+                raise ValueError("p_target is only used by upper_rule='contribution'")
+        else:
+            if alpha is not None or p_target is not None:
+                raise ValueError(
+                    "alpha / p_target are only used with reference='static' (the shadow reference "
+                    "measures them on each calibration step)"
+                )
+        if init_bounds is None:
+            init = vanilla
+        elif isinstance(init_bounds, Bounds):
+            init = init_bounds
+        else:
+            try:
+                lo, hi = init_bounds
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"init_bounds must be Bounds or a (low, high) pair; got {init_bounds!r}") from e
+            init = Bounds(lo, hi)
+        if not (low_min <= init.low and init.high <= high_max):
+            raise ValueError(
+                f"init_bounds ({init.low}, {init.high}) must lie inside the clamps "
+                f"[low_min={low_min}, 1) and (1, high_max={high_max}]"
+            )
+        if not isinstance(calibrate_at_start, bool):
+            raise TypeError(f"calibrate_at_start must be a bool; got {calibrate_at_start!r}")
+
+        self.eps_low, self.eps_high = eps_low, eps_high
+        self.period, self.ema = period, ema
+        self.upper_rule, self.reference = upper_rule, reference
+        self.alpha, self.p_target = alpha, p_target
+        self.low_min, self.high_max = low_min, high_max
+        self.calibrate_at_start = calibrate_at_start
+        self.init_bounds = init
+        self.vanilla_bounds = vanilla
+        self._bounds = init
+        self._last_update_step: int | None = None
+        self._last_calibration_step: int | None = None
+        self._n_calibrations = 0
+        self._n_degenerate = 0
+        self._last_degenerate_reason: str | None = None
+        self._last: Calibration | None = None
+
+    # ----- schedule ---------------------------------------------------------------------
+
+    @staticmethod
+    def _check_step(step: int) -> int:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an integer >= 0; got {step!r}")
+        return step
+
+    def is_calibration_step(self, step: int) -> bool:
+        """True iff ``step % period == 0`` (step 0 only if ``calibrate_at_start``)."""
+        step = self._check_step(step)
+        return step % self.period == 0 and (step > 0 or self.calibrate_at_start)
+
+    def needs_shadow(self, step: int) -> bool:
+        """Whether the trainer must run the BF16 shadow pass at ``step``."""
+        return self.reference == "shadow" and self.is_calibration_step(step)
+
+    def bounds(self, step: int) -> Bounds:
+        """The bounds in force at ``step`` (after ``update`` on a calibration step)."""
+        self._check_step(step)
+        return self._bounds
+
+    # ----- calibration ------------------------------------------------------------------
+
+    def update(
+        self,
+        step: int,
+        *,
+        ratio: torch.Tensor,
+        shadow_ratio: torch.Tensor | None = None,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> Bounds:
+        """Recalibrate on a calibration step; returns the bounds in force from this step on.
+
+        Args: ``ratio`` (FP8) and ``shadow_ratio`` (BF16; ignored for ``static``) ``[B, T]``,
+        ``advantages`` ``[B, T]`` or ``[B]``, ``mask`` ``[B, T]``. Degenerate input keeps the
+        previous bounds and is counted; calling off-schedule, twice for one step, backwards,
+        without ``shadow_ratio`` (shadow reference) or with mismatched shapes raises.
+        """
+        step = self._check_step(step)
+        if not self.is_calibration_step(step):
+            raise ValueError(
+                f"step {step} is not a calibration step (period {self.period}, calibrate_at_start="
+                f"{self.calibrate_at_start}); call update only when is_calibration_step(step)"
+            )
+        if self._last_update_step is not None and step <= self._last_update_step:
+            raise ValueError(f"update at step {step} after step {self._last_update_step}: steps must increase")
+        static = self.reference == "static"
+        if not static and shadow_ratio is None:
+            raise ValueError("reference='shadow' needs shadow_ratio (the BF16 shadow ratios) on calibration steps")
+        try:
+            cal = calibrate_bounds(
+                ratio,
+                None if static else shadow_ratio,
+                advantages,
+                mask,
+                eps_low=self.eps_low,
+                eps_high=self.eps_high,
+                upper_rule=self.upper_rule,
+                alpha=self.alpha if static else None,
+                p_target=self.p_target if static else None,
+                low_min=self.low_min,
+                high_max=self.high_max,
+            )
+        except DegenerateCalibration as e:
+            self._last_update_step = step
+            self._n_degenerate += 1
+            self._last_degenerate_reason = str(e)
+            log.warning("calibrated clipping: step %d skipped (%s); keeping bounds %s", step, e, self._bounds)
+            return self._bounds
+        self._last_update_step = step
+        prev = self._bounds
+        w = 1.0 - self.ema
+        low = prev.low + w * (cal.low - prev.low)
+        high = prev.high + w * (cal.high - prev.high)
+        low = min(max(low, self.low_min), math.nextafter(1.0, 0.0))
+        high = min(max(high, math.nextafter(1.0, 2.0)), self.high_max)
+        self._bounds = Bounds(low, high)
+        self._last = cal
+        self._last_calibration_step = step
+        self._n_calibrations += 1
+        return self._bounds
+
+    # ----- metrics and checkpoints ------------------------------------------------------
+
+    def metrics(self, step: int | None = None) -> dict[str, float]:
+        """Metrics as floats.
+
+        Always: ``clip/low``, ``clip/high`` (in force), ``clip/calibrations``,
+        ``clip/degenerate_updates``, and ``clip/alpha`` once known. From the last successful
+        calibration (only if ``step`` is None or equals that step, so a logger calling this
+        every step gets them on calibration steps only): ``shadow/clipfrac_neg_low``,
+        ``shadow/ratio_neg_q01`` (shadow reference), ``clip/low_raw``, ``clip/high_raw``
+        (before EMA), ``clip/alpha_achieved`` (FP8 A<0 fraction below ``clip/low_raw``), and
+        ``clip/p_target``, ``clip/p_achieved`` (contribution rule).
+        """
+        out: dict[str, float] = {
+            "clip/low": self._bounds.low,
+            "clip/high": self._bounds.high,
+            "clip/calibrations": float(self._n_calibrations),
+            "clip/degenerate_updates": float(self._n_degenerate),
+        }
+        if self.reference == "static":
+            out["clip/alpha"] = float(self.alpha)  # type: ignore[arg-type]
+        elif self._last is not None:
+            out["clip/alpha"] = self._last.alpha
+        cal = self._last
+        if cal is not None and (step is None or step == self._last_calibration_step):
+            out["clip/low_raw"] = cal.low
+            out["clip/high_raw"] = cal.high
+            out["clip/alpha_achieved"] = cal.alpha_achieved
+            if self.reference == "shadow":
+                out["shadow/clipfrac_neg_low"] = cal.shadow_clipfrac_neg_low
+                out["shadow/ratio_neg_q01"] = cal.shadow_ratio_neg_q01
+            if self.upper_rule == "contribution":
+                out["clip/p_target"] = cal.p_target
+                out["clip/p_achieved"] = cal.p_achieved
+        return out
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "eps_low": self.eps_low,
+            "eps_high": self.eps_high,
+            "period": self.period,
+            "ema": self.ema,
+            "upper_rule": self.upper_rule,
+            "reference": self.reference,
+            "alpha": self.alpha,
+            "p_target": self.p_target,
+            "low_min": self.low_min,
+            "high_max": self.high_max,
+            "calibrate_at_start": self.calibrate_at_start,
+            "init_bounds": list(self.init_bounds.as_tuple()),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-Python state (JSON/torch.save friendly) for checkpoints."""
+        return {
+            "version": _STATE_VERSION,
+            "config": self._config(),
+            "bounds": list(self._bounds.as_tuple()),
+            "last_update_step": self._last_update_step,
+            "last_calibration_step": self._last_calibration_step,
+            "n_calibrations": self._n_calibrations,
+            "n_degenerate": self._n_degenerate,
+            "last_degenerate_reason": self._last_degenerate_reason,
+            "last": None if self._last is None else dict(self._last.__dict__),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()`` output; the configuration must match this controller's."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"unsupported calibration state version {state.get('version')!r}; expected {_STATE_VERSION}")
+        mine, theirs = self._config(), state.get("config", {})
+        diff = sorted(k for k in mine if mine[k] != theirs.get(k))
+        if diff:
+            detail = ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs now {mine[k]!r}" for k in diff)
+            raise ValueError(f"calibration state was saved with a different configuration ({detail})")
+        self._bounds = Bounds(*state["bounds"])
+        self._last_update_step = state["last_update_step"]
+        self._last_calibration_step = state["last_calibration_step"]
+        self._n_calibrations = int(state["n_calibrations"])
+        self._n_degenerate = int(state["n_degenerate"])
+        self._last_degenerate_reason = state["last_degenerate_reason"]
+        self._last = None if state["last"] is None else Calibration(**state["last"])
+
+    def __repr__(self) -> str:
+        return (
+            f"CalibratedClipController(eps_low={self.eps_low}, eps_high={self.eps_high}, period={self.period}, "
+            f"ema={self.ema}, upper_rule={self.upper_rule!r}, reference={self.reference!r}, bounds={self._bounds})"
+        )
