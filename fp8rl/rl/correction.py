@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -164,13 +165,16 @@ def corrected_ppo_token_loss(
     high: float,
     dual_clip: float | None = None,
     correction: str = "none",
-    **correction_params: float,
+    correction_params: Mapping[str, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``ppo_token_loss`` times the IS weight of ``correction``: ``(loss_mat * w, metrics)``.
 
+    ``correction_params`` are the correction's parameters (a mapping, since icepop's
+    ``low``/``high`` would collide with the clip bounds), e.g. ``{"cap": 2.0}`` for tis.
     ``rollout_log_prob`` may be None only with ``correction="none"`` (then no ``rollout/``
     metrics are produced). Shapes as in ``ppo_token_loss``.
     """
+    correction_params = dict(correction_params or {})
     loss_mat, metrics = ppo_token_loss(
         log_prob, old_log_prob, advantages, mask, low=low, high=high, dual_clip=dual_clip
     )
