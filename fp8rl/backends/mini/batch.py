@@ -1,0 +1,74 @@
+"""Token layout shared by the SFT phase, the rollout engine and the trainer.
+
+A batch row is ``[left-padded prompt | response, right-padded]``: prompts are left-padded to a
+common length ``P`` so that every response starts at column ``P``; position ids count real
+tokens only (``cumsum(attention_mask) - 1``), so a row's logits do not depend on how much
+padding it got. The logits at columns ``P-1 .. P+T-2`` predict the response tokens
+``0 .. T-1``. The response mask covers the generated tokens up to and including ``<eos>``.
+
+Temperature convention (as in verl/OpenRLHF): the policy at temperature ``tau`` is
+``softmax(logits / tau)``; the rollout engine samples from it and reports the log-prob of the
+sampled token under it, and the trainer's log-probs (old, current, shadow) use the same ``tau``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad ``seqs`` -> ``(ids [B, P], mask [B, P])`` with ``P = max len``."""
+    if not seqs or any(len(s) == 0 for s in seqs):
+        raise ValueError("left_pad needs a non-empty list of non-empty sequences")
+    p = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), p), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), p), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, p - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, p - len(s):] = 1
+    return ids, mask
+
+
+def right_pad(seqs: list[list[int]], pad_id: int, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad ``seqs`` -> ``(ids [B, T], mask [B, T])``; ``T = length`` or the max len."""
+    t = max((len(s) for s in seqs), default=0) if length is None else length
+    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), t), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        s = s[:t]
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` positions counting real tokens only (padding gets 0)."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def response_logits(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> torch.Tensor:
+    """Logits ``[B, T, V]`` that predict each response token (full forward, no cache).
+
+    Args:
+        prompt_ids, prompt_mask: ``[B, P]`` left-padded prompts.
+        response_ids, response_mask: ``[B, T]`` right-padded responses.
+    """
+    ids = torch.cat([prompt_ids, response_ids], dim=1)
+    # padding after <eos> is attended by no real token that matters (causal), but keep it
+    # masked so the layout equals the rollout engine's
+    mask = torch.cat([prompt_mask, torch.ones_like(response_mask)], dim=1)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False)
+    p = prompt_ids.shape[1]
+    return out.logits[:, p - 1 : -1, :]
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log softmax(logits / temperature)[tokens]``: ``[B, T, V], [B, T] -> [B, T]`` (fp32)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

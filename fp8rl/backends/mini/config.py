@@ -1,0 +1,69 @@
+"""Mini-backend settings: task difficulty, data splits, SFT warm start, threads, device.
+
+``MiniRunConfig`` is the shared ``fp8rl.config.RunConfig`` plus a ``mini`` block; the defaults
+of ``RunConfig`` are the main-table configuration at mini scale (see ``docs/mini.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fp8rl.config import RunConfig, _require
+
+
+@dataclass
+class MiniSettings:
+    """Settings that only the mini backend has.
+
+    Attributes:
+        min_terms, max_terms, max_operand: task difficulty (``fp8rl.backends.mini.task``).
+        data_seed: seed of the train/eval split (shared by all runs, unlike ``seed``).
+        n_train, n_eval: train pool and held-out eval set sizes.
+        sft_steps, sft_batch_size, sft_lr, sft_seed: the supervised warm start.
+        cache_dir: SFT cache directory; ``None`` = ``<output_dir>/.cache/sft``.
+        num_threads: torch intra-op threads (0 = leave torch's default).
+        device: ``cpu`` or ``cuda``.
+        deterministic: ``torch.use_deterministic_algorithms(True)`` for the run.
+    """
+
+    min_terms: int = 3
+    max_terms: int = 4
+    max_operand: int = 20
+    data_seed: int = 1234
+    n_train: int = 20000
+    n_eval: int = 64
+    sft_steps: int = 600
+    sft_batch_size: int = 64
+    sft_lr: float = 3e-3
+    sft_seed: int = 0
+    cache_dir: str | None = None
+    num_threads: int = 0
+    device: str = "cpu"
+    deterministic: bool = True
+
+    def __post_init__(self) -> None:
+        _require(2 <= self.min_terms <= self.max_terms,
+                 f"mini.min_terms/max_terms must satisfy 2 <= min <= max, got "
+                 f"{self.min_terms}, {self.max_terms}")
+        _require(self.max_operand >= 1, f"mini.max_operand must be >= 1, got {self.max_operand}")
+        _require(self.n_train >= 1 and self.n_eval >= 1, "mini.n_train and mini.n_eval must be >= 1")
+        _require(self.sft_steps >= 0, f"mini.sft_steps must be >= 0, got {self.sft_steps}")
+        _require(self.sft_batch_size >= 1, f"mini.sft_batch_size must be >= 1, got {self.sft_batch_size}")
+        _require(self.sft_lr > 0, f"mini.sft_lr must be > 0, got {self.sft_lr}")
+        _require(self.num_threads >= 0, f"mini.num_threads must be >= 0, got {self.num_threads}")
+        _require(self.device in ("cpu", "cuda") or self.device.startswith("cuda:"),
+                 f"mini.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")
+
+
+@dataclass
+class MiniRunConfig(RunConfig):
+    """``RunConfig`` plus the mini block."""
+
+    mini: MiniSettings = field(default_factory=MiniSettings)
+
+    def validate(self) -> None:
+        super().validate()
+        longest = self.mini.max_terms * (2 * len(str(self.mini.max_operand)) + 12) + 8
+        _require(self.max_response_len >= 8,
+                 f"max_response_len={self.max_response_len} is too short for the task "
+                 f"(a {self.mini.max_terms}-term solution needs up to ~{longest} tokens)")

@@ -1,0 +1,76 @@
+"""Tiny Qwen3-architecture models for the three model slots of the grid.
+
+The paper's models are Qwen3-8B-Base, Qwen3-14B-Base and Qwen2.5-32B; the mini backend maps
+the slots ``8b`` < ``14b`` < ``32b`` to three tiny ``transformers`` ``Qwen3ForCausalLM`` models,
+smallest to largest, sized so one main-table run fits the ~60 s CPU budget (``docs/mini.md``
+has the measured times). Choices:
+
+- fp32 master weights (the "BF16" arm of the paper is our high-precision arm; on CPU we run
+  it in fp32, so "bf16" below always means "no FP8");
+- **untied** embeddings and LM head (``tie_word_embeddings=False``): the LM head stays in high
+  precision under every FP8 recipe (MiniMax-M1's finding, see ``reference/paper.md``), and
+  untying keeps the FP8 conversion of the body from touching the embedding table;
+- eager attention (deterministic on CPU and works with ``fp8rl.quant``'s linear swaps);
+- ``head_dim = hidden / heads``, grouped-query attention with ``kv_heads = heads / 2``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fp8rl.registry import Registry
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Dimensions of one tiny Qwen3 model."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+
+    def __post_init__(self) -> None:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+
+
+MODEL_SLOTS: Registry[ModelDims] = Registry("mini model slot")
+MODEL_SLOTS.add("8b", ModelDims(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=192))
+MODEL_SLOTS.add("14b", ModelDims(hidden=96, layers=3, heads=4, kv_heads=2, intermediate=288))
+MODEL_SLOTS.add("32b", ModelDims(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384))
+
+
+def build_model(slot: str, vocab_size: int, *, max_positions: int, seed: int) -> torch.nn.Module:
+    """A freshly initialised fp32 ``Qwen3ForCausalLM`` for ``slot`` (deterministic in ``seed``)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    d = MODEL_SLOTS[slot]
+    cfg = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=d.hidden,
+        intermediate_size=d.intermediate,
+        num_hidden_layers=d.layers,
+        num_attention_heads=d.heads,
+        num_key_value_heads=d.kv_heads,
+        head_dim=d.hidden // d.heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(cfg)
+    return model.float()
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

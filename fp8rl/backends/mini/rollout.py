@@ -1,0 +1,164 @@
+"""The mini rollout engine: the vLLM of the mini pipeline.
+
+The engine holds **its own copy** of the policy weights. After every policy update the trainer
+calls ``sync(trainer_model)``: the engine copies the trainer's high-precision master weights
+and re-quantizes them per the rollout recipe (``fp8rl.quant``'s rollout path: FP8 weights and
+dynamically quantized activations, W8A8, like vLLM's ``--quantization fp8``), so rollouts are
+sampled from the FP8 policy while the trainer keeps its own precision, exactly the
+train/inference mismatch of the real pipeline. With the ``bf16`` rollout recipe the copy is
+exact.
+
+Sampling is batched autoregressive decoding with a KV cache (``transformers.DynamicCache``):
+one prefill over the left-padded prompts, then one token per step for every row until all rows
+emitted ``<eos>`` or ``max_new_tokens`` is reached. Sampling uses a caller-owned
+``torch.Generator`` (deterministic per seed). The engine returns, per sampled token, its **own**
+log-prob ``log softmax(logits / temperature)[token]`` computed from the engine's (FP8) logits;
+the trainer uses the same temperature convention (``batch.token_logprobs``).
+
+Choices: tokens after ``<eos>`` are ``<pad>`` and outside the response mask; a response with
+no ``<eos>`` within the cap is *truncated* (DAPO's overlong shaping reads its length).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from fp8rl.backends.mini.batch import position_ids
+
+
+@dataclass
+class RolloutBatch:
+    """Output of one batched generation.
+
+    Attributes:
+        prompt_ids, prompt_mask: ``[B, P]`` left-padded prompts (as given).
+        response_ids: ``[B, T]`` sampled tokens, ``<pad>`` after ``<eos>``.
+        response_mask: ``[B, T]`` 1 on generated tokens up to and including ``<eos>``.
+        rollout_log_probs: ``[B, T]`` the engine's log-probs of the sampled tokens (0 off-mask).
+        truncated: ``[B]`` bool, no ``<eos>`` within the cap.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    rollout_log_probs: torch.Tensor
+    truncated: torch.Tensor
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    eos_id: int,
+    pad_id: int,
+    generator: torch.Generator | None,
+    greedy: bool = False,
+) -> RolloutBatch:
+    """Sample responses for left-padded prompts with a KV cache.
+
+    Args:
+        prompt_ids, prompt_mask: ``[B, P]``.
+        temperature: sampling temperature (> 0); ignored for sampling when ``greedy``.
+        generator: the ``torch.Generator`` that drives sampling (on the model's device).
+    Returns: ``RolloutBatch`` with ``T <= max_new_tokens`` columns.
+    """
+    from transformers import DynamicCache
+
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    dev = prompt_ids.device
+    b = prompt_ids.shape[0]
+    mask = prompt_mask.clone()
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=position_ids(mask),
+                cache=cache, use_cache=True)
+    next_pos = mask.sum(-1, keepdim=True)  # [B, 1] position of the first response token
+    done = torch.zeros(b, dtype=torch.bool, device=dev)
+    toks, logps, valid = [], [], []
+    for _ in range(max_new_tokens):
+        logits = out.logits[:, -1, :].float() / temperature  # [B, V]
+        logp_all = torch.log_softmax(logits, dim=-1)
+        if greedy:
+            tok = logits.argmax(-1)
+        else:
+            tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        valid.append(~done)
+        toks.append(tok)
+        logps.append(torch.where(done, torch.zeros_like(tok, dtype=logits.dtype),
+                                 logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)))
+        done = done | (tok == eos_id)
+        if bool(done.all()):
+            break
+        mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], dim=1)
+        out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
+                    cache=out.cache, use_cache=True)
+        next_pos = next_pos + 1
+    response_ids = torch.stack(toks, 1)
+    response_mask = torch.stack(valid, 1).long()
+    return RolloutBatch(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+        response_mask=response_mask, rollout_log_probs=torch.stack(logps, 1),
+        truncated=~done,
+    )
+
+
+class RolloutEngine:
+    """The rollout engine: a weight copy quantized per ``recipe``, synced from the trainer.
+
+    Args:
+        template: a model of the trainer's architecture (deep-copied; never aliased).
+        recipe: rollout recipe name (a key of ``fp8rl.quant.RECIPES``; ``bf16`` = exact copy).
+        emulate: emulate FP8 compute (CPU).
+    """
+
+    def __init__(self, template: torch.nn.Module, recipe: str, *, emulate: bool) -> None:
+        self.recipe = recipe
+        self.emulate = emulate
+        self.model = copy.deepcopy(template).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Swap the copy's linears for FP8 inference linears (no-op for ``bf16``)."""
+        if self.recipe == "bf16":
+            return
+        from fp8rl.quant import prepare_rollout_model
+
+        self.model = prepare_rollout_model(self.model, self.recipe, emulate=self.emulate)
+
+    @torch.no_grad()
+    def sync(self, trainer_model: torch.nn.Module) -> None:
+        """Copy the trainer's master weights into the engine and re-quantize them."""
+        state = _master_state_dict(trainer_model)
+        if self.recipe == "bf16":
+            own = self.model.state_dict()
+            for k, v in state.items():
+                own[k].copy_(v)
+            return
+        from fp8rl.quant import sync_rollout_model
+
+        sync_rollout_model(self.model, state, self.recipe)
+
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, **kw) -> RolloutBatch:
+        return generate(self.model, prompt_ids, prompt_mask, **kw)
+
+
+def _master_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainer's high-precision parameters by name (FP8 training keeps them in fp32)."""
+    return {k: v.detach() for k, v in model.state_dict().items()}

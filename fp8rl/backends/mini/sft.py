@@ -1,0 +1,124 @@
+"""Supervised warm start: turn a random tiny Qwen3 into a "base model" with some accuracy.
+
+The paper starts RL from pretrained base models that already solve part of the problems. At
+mini scale we get the same starting point by a short supervised phase on reference worked
+solutions (``task.Problem.solution``): next-token cross-entropy on the response tokens only
+(prompt tokens are context), AdamW with linear warm-up and cosine decay, fixed seeds, and
+``torch.use_deterministic_algorithms(True)``. Few enough steps leave the model between 0% and
+100% accuracy, which is what RL needs (groups with mixed rewards).
+
+Cache: the result is saved under ``<cache_dir>/<key>/`` (``model.pt`` + ``meta.json``), where
+``key`` is a hash of everything that determines it (``SFT_VERSION``, model dims, tokenizer
+alphabet, task settings and split seed, SFT hyper-parameters, device type); a sweep therefore
+trains it once per model slot. Files are written to a temporary name and renamed, so a killed
+process never leaves a half-written cache entry; two processes racing write identical bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from fp8rl.backends.mini.batch import left_pad, right_pad
+from fp8rl.backends.mini.config import MiniSettings
+from fp8rl.backends.mini.model import MODEL_SLOTS, build_model
+from fp8rl.backends.mini.task import Problem
+from fp8rl.backends.mini.tokenizer import CharTokenizer
+
+SFT_VERSION = 1  # bump when the SFT procedure changes, to invalidate caches
+MAX_POSITIONS = 256
+
+
+def sft_key(slot: str, mini: MiniSettings, tok: CharTokenizer) -> str:
+    """16-hex hash of everything that determines the warm-started weights."""
+    spec = {
+        "version": SFT_VERSION,
+        "dims": asdict(MODEL_SLOTS[slot]),
+        "alphabet": tok.alphabet,
+        "task": [mini.min_terms, mini.max_terms, mini.max_operand, mini.data_seed, mini.n_train,
+                 mini.n_eval],
+        "sft": [mini.sft_steps, mini.sft_batch_size, mini.sft_lr, mini.sft_seed],
+        "device": torch.device(mini.device).type,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sft_batch(problems: list[Problem], tok: CharTokenizer) -> tuple[torch.Tensor, ...]:
+    """``(prompt_ids, prompt_mask, response_ids, response_mask)`` in the shared layout."""
+    p_ids, p_mask = left_pad([tok.encode(p.prompt, bos=True) for p in problems], tok.pad_id)
+    r_ids, r_mask = right_pad([tok.encode(p.solution, eos=True) for p in problems], tok.pad_id)
+    return p_ids, p_mask, r_ids, r_mask
+
+
+def train_sft(model: torch.nn.Module, train: list[Problem], tok: CharTokenizer,
+              mini: MiniSettings) -> list[float]:
+    """Run the supervised phase in place; returns the loss per step."""
+    from fp8rl.backends.mini.batch import response_logits
+
+    dev = torch.device(mini.device)
+    rng = random.Random(mini.sft_seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=mini.sft_lr, weight_decay=0.0)
+    warm = max(1, mini.sft_steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, mini.sft_steps) / max(1, mini.sft_steps))))
+    losses = []
+    model.train()
+    for _ in range(mini.sft_steps):
+        batch = [train[rng.randrange(len(train))] for _ in range(mini.sft_batch_size)]
+        p_ids, p_mask, r_ids, r_mask = (t.to(dev) for t in sft_batch(batch, tok))
+        logits = response_logits(model, p_ids, p_mask, r_ids, r_mask)
+        nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), r_ids.flatten(), reduction="none")
+        loss = (nll * r_mask.flatten()).sum() / r_mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+def warm_start(slot: str, train: list[Problem], tok: CharTokenizer, mini: MiniSettings,
+               cache_root: str | os.PathLike) -> tuple[torch.nn.Module, dict]:
+    """The warm-started model for ``slot``, from the cache or trained now (then cached).
+
+    Returns ``(model, meta)``; ``meta`` holds the key, the cache path, whether it was a hit and
+    the final SFT loss.
+    """
+    key = sft_key(slot, mini, tok)
+    path = Path(cache_root) / key
+    model = build_model(slot, tok.vocab_size, max_positions=MAX_POSITIONS, seed=mini.sft_seed)
+    model.to(torch.device(mini.device))
+    if (path / "model.pt").exists() and (path / "meta.json").exists():
+        state = torch.load(path / "model.pt", map_location=mini.device, weights_only=True)
+        model.load_state_dict(state)
+        meta = json.loads((path / "meta.json").read_text())
+        return model.eval(), {**meta, "cache_hit": True, "path": str(path)}
+    losses = train_sft(model, train, tok, mini)
+    meta = {"key": key, "slot": slot, "steps": mini.sft_steps,
+            "final_loss": float(sum(losses[-10:]) / max(1, len(losses[-10:]))) if losses else None}
+    path.mkdir(parents=True, exist_ok=True)
+    _atomic_save(lambda f: torch.save(model.state_dict(), f), path / "model.pt")
+    _atomic_save(lambda f: f.write(json.dumps(meta, indent=1).encode()), path / "meta.json")
+    return model.eval(), {**meta, "cache_hit": False, "path": str(path)}
+
+
+def _atomic_save(write, dest: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

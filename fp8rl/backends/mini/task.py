@@ -1,0 +1,90 @@
+"""The synthetic, verifiable task of the mini backend: multi-step integer arithmetic.
+
+A problem is a chain of ``n_terms`` integers joined by ``+``/``-`` (``n_terms`` drawn from
+``[min_terms, max_terms]``, operands from ``[0, max_operand]``). The prompt and the reference
+response (a worked solution, evaluated left to right, one line per step, and a final answer
+line) look like::
+
+    prompt:    "Q:12+7-5\\n"
+    response:  "12+7=19\\n19-5=14\\nA:14\\n"
+
+so a 4-term problem has a response of about 30 characters = 30 tokens. The answer is graded by
+exact match of the integer on the ``A:`` line (``fp8rl.rewards.exact``). Harder settings (more
+terms, larger operands) push a warm-started model's accuracy down; the defaults are chosen so
+that the SFT warm start lands between 0% and 100% (see ``docs/mini.md``).
+
+Splits: ``make_splits(seed, ...)`` draws the train pool and the held-out eval set from one
+``random.Random(seed)`` and removes from the train pool every problem whose prompt appears in
+the eval set, so the eval set is held out exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem: ``prompt`` (ends with a newline), reference ``solution``, integer ``answer``."""
+
+    prompt: str
+    solution: str
+    answer: int
+
+
+def render(terms: list[int], ops: list[str]) -> Problem:
+    """Build the prompt, the worked solution and the answer of ``terms[0] ops[0] terms[1] ...``."""
+    if len(ops) != len(terms) - 1:
+        raise ValueError(f"need len(ops) == len(terms) - 1, got {len(ops)} and {len(terms)}")
+    expr = str(terms[0]) + "".join(f"{o}{t}" for o, t in zip(ops, terms[1:], strict=True))
+    acc, lines = terms[0], []
+    for o, t in zip(ops, terms[1:], strict=True):
+        if o == "+":
+            new = acc + t
+        elif o == "-":
+            new = acc - t
+        else:
+            raise ValueError(f"unknown operator {o!r}; the task uses '+' and '-'")
+        lines.append(f"{acc}{o}{t}={new}")
+        acc = new
+    solution = "\n".join([*lines, f"A:{acc}"]) + "\n"
+    return Problem(prompt=f"Q:{expr}\n", solution=solution, answer=acc)
+
+
+def sample_problem(rng: random.Random, min_terms: int, max_terms: int, max_operand: int) -> Problem:
+    """Draw one problem from ``rng``."""
+    n = rng.randint(min_terms, max_terms)
+    terms = [rng.randint(0, max_operand) for _ in range(n)]
+    ops = [rng.choice("+-") for _ in range(n - 1)]
+    return render(terms, ops)
+
+
+def make_splits(
+    seed: int, n_train: int, n_eval: int, *, min_terms: int, max_terms: int, max_operand: int
+) -> tuple[list[Problem], list[Problem]]:
+    """Train pool and held-out eval set (disjoint by prompt), deterministic in ``seed``."""
+    if not 2 <= min_terms <= max_terms:
+        raise ValueError(f"need 2 <= min_terms <= max_terms, got {min_terms}, {max_terms}")
+    if max_operand < 1:
+        raise ValueError(f"max_operand must be >= 1, got {max_operand}")
+    if n_train < 1 or n_eval < 1:
+        raise ValueError(f"n_train and n_eval must be >= 1, got {n_train}, {n_eval}")
+    rng = random.Random(seed)
+    eval_set: list[Problem] = []
+    seen: set[str] = set()
+    while len(eval_set) < n_eval:
+        p = sample_problem(rng, min_terms, max_terms, max_operand)
+        if p.prompt not in seen:
+            seen.add(p.prompt)
+            eval_set.append(p)
+    train: list[Problem] = []
+    tries = 0
+    while len(train) < n_train:
+        tries += 1
+        if tries > 50 * n_train:
+            raise ValueError("cannot draw enough distinct train problems; widen the task")
+        p = sample_problem(rng, min_terms, max_terms, max_operand)
+        if p.prompt not in seen:
+            train.append(p)
+    return train, eval_set

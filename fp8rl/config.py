@@ -1,0 +1,236 @@
+"""Typed configuration of one run, shared by both backends.
+
+Plain dataclasses of primitives (OmegaConf structured-config friendly: no unions of complex
+types, lists of primitives only) that validate in ``__post_init__`` and raise ``ValueError``
+with a message saying what is wrong and how to fix it. The axis configs mirror the Hydra
+config groups (``algorithm/ model/ fp8/ clip/``); ``RunConfig`` composes them and runs the
+cross-field checks in ``validate()`` (called from its ``__post_init__``). Nothing is rewritten
+after validation: the logged config is the config that ran.
+
+Registry-backed names (advantage estimator, loss aggregation, FP8 recipes, clip arms) are
+checked against their registries when the config is built, so a typo in a sweep fails before
+anything runs. Those registries live in ``fp8rl.rl`` / ``fp8rl.quant`` and are imported lazily
+inside the checks.
+
+Backend-specific settings (the mini backend's model sizes, task and SFT) live with the backend
+(``fp8rl.backends.mini.config.MiniRunConfig`` extends ``RunConfig``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+
+ALGORITHMS = ("grpo", "dapo", "dr_grpo")
+MODEL_SLOTS = ("8b", "14b", "32b")
+CLIP_ARMS = ("vanilla", "tis", "calibrated")
+
+
+def _check_registry(module: str, attr: str, name: str, what: str) -> None:
+    """Raise ``ValueError`` if ``name`` is not registered in ``module.attr``."""
+    registry = getattr(importlib.import_module(module), attr)
+    if name not in registry:
+        raise ValueError(f"{what}: unknown name {name!r}; valid names are: {sorted(registry)}")
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL algorithm (paper §Setup: GRPO for the 8B/32B models, DAPO for the 14B).
+
+    Attributes:
+        name: ``grpo``, ``dapo`` or ``dr_grpo`` (a label; the fields below are what runs).
+        advantage_estimator: key of ``fp8rl.rl.advantages.ADVANTAGE_ESTIMATORS``.
+        n_samples_per_prompt: responses per prompt (the group size).
+        eps_low, eps_high: PPO clip range ``[1-eps_low, 1+eps_high]`` (DAPO clip-higher: 0.2/0.28).
+        loss_agg_mode: key of ``fp8rl.rl.aggregation.LOSS_AGGREGATIONS``.
+        dual_clip: dual-clip constant c > 1 for A<0 tokens, or ``None`` for off.
+        dynamic_sampling: DAPO: drop groups whose rewards are all equal and resample.
+        max_extra_rounds: DAPO: at most this many extra rollout rounds to refill the batch.
+        overlong_buffer: DAPO soft overlong punishment buffer L_cache in tokens (0 = off).
+        overlong_penalty: the penalty at and beyond the maximum length (DAPO: 1.0).
+        kl_coef: KL-to-reference coefficient; the paper runs without KL, only 0.0 is supported.
+    """
+
+    name: str = "grpo"
+    advantage_estimator: str = "grpo"
+    n_samples_per_prompt: int = 8
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    loss_agg_mode: str = "token-mean"
+    dual_clip: float | None = None
+    dynamic_sampling: bool = False
+    max_extra_rounds: int = 0
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    kl_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(self.name in ALGORITHMS, f"algorithm.name {self.name!r} must be one of {ALGORITHMS}")
+        _check_registry("fp8rl.rl.advantages", "ADVANTAGE_ESTIMATORS", self.advantage_estimator,
+                        "algorithm.advantage_estimator")
+        _check_registry("fp8rl.rl.aggregation", "LOSS_AGGREGATIONS", self.loss_agg_mode,
+                        "algorithm.loss_agg_mode")
+        _require(self.n_samples_per_prompt >= 1,
+                 f"algorithm.n_samples_per_prompt must be >= 1, got {self.n_samples_per_prompt}")
+        _require(0 < self.eps_low < 1, f"algorithm.eps_low must be in (0, 1), got {self.eps_low}")
+        _require(self.eps_high > 0, f"algorithm.eps_high must be > 0, got {self.eps_high}")
+        _require(self.dual_clip is None or self.dual_clip > 1,
+                 f"algorithm.dual_clip must be > 1 or null (off), got {self.dual_clip}")
+        _require(self.max_extra_rounds >= 0,
+                 f"algorithm.max_extra_rounds must be >= 0, got {self.max_extra_rounds}")
+        _require(self.overlong_buffer >= 0,
+                 f"algorithm.overlong_buffer must be >= 0 (0 = off), got {self.overlong_buffer}")
+        _require(self.overlong_penalty >= 0,
+                 f"algorithm.overlong_penalty must be >= 0, got {self.overlong_penalty}")
+        _require(self.kl_coef == 0.0,
+                 f"algorithm.kl_coef={self.kl_coef}: KL regularisation is not implemented "
+                 "(the paper runs without KL); set algorithm.kl_coef=0")
+
+
+@dataclass
+class ModelConfig:
+    """The model slot: ``8b``, ``14b`` or ``32b`` (each backend maps slots to its models)."""
+
+    slot: str = "8b"
+
+    def __post_init__(self) -> None:
+        _require(self.slot in MODEL_SLOTS, f"model.slot {self.slot!r} must be one of {MODEL_SLOTS}")
+
+
+@dataclass
+class Fp8Config:
+    """FP8 precision arm: a rollout recipe and a trainer recipe (keys of ``fp8rl.quant.RECIPES``).
+
+    ``bf16``: both ``bf16``; ``rollout_only``: FP8 rollout recipe, ``bf16`` trainer; full FP8:
+    both FP8. ``emulate=True`` computes FP8 by quantize-dequantize in high precision (CPU tests);
+    a recipe the hardware cannot run raises, naming ``fp8.emulate=true`` as the fix.
+    """
+
+    name: str = "bf16"
+    rollout_recipe: str = "bf16"
+    trainer_recipe: str = "bf16"
+    emulate: bool = False
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "fp8.name must be a non-empty label (e.g. bf16, tensorwise)")
+        for f in ("rollout_recipe", "trainer_recipe"):
+            _check_registry("fp8rl.quant", "RECIPES", getattr(self, f), f"fp8.{f}")
+
+
+@dataclass
+class ClipConfig:
+    """Clip method arm and its options.
+
+    Attributes:
+        arm: ``vanilla`` (no IS correction), ``tis`` (vanilla bounds + token TIS) or
+            ``calibrated`` (Calibrated Clipping + TIS); mapped to (clip method, IS correction)
+            by ``fp8rl.rl.clipping``.
+        tis_cap: TIS truncation C (paper: 2).
+        period: calibrated: recalibrate every K steps (paper: 20).
+        ema: calibrated: EMA weight of the previous bounds when smoothing (0 = no smoothing).
+        upper_rule: calibrated: how the upper bound is rebalanced (a controller option name).
+        init_bounds: calibrated: ``[low, high]`` in force before the first calibration.
+        reference: calibrated: where alpha comes from (``shadow`` = the BF16 shadow pass).
+    """
+
+    arm: str = "vanilla"
+    tis_cap: float = 2.0
+    period: int = 20
+    ema: float = 0.5
+    upper_rule: str = "balance"
+    init_bounds: list[float] = field(default_factory=lambda: [0.6, 1.8])
+    reference: str = "shadow"
+
+    def __post_init__(self) -> None:
+        _require(self.arm in CLIP_ARMS, f"clip.arm {self.arm!r} must be one of {CLIP_ARMS}")
+        _require(self.tis_cap > 0, f"clip.tis_cap must be > 0 (inf = no truncation), got {self.tis_cap}")
+        _require(self.period >= 1, f"clip.period must be >= 1, got {self.period}")
+        _require(0 <= self.ema < 1, f"clip.ema must be in [0, 1), got {self.ema}")
+        b = list(self.init_bounds)
+        _require(len(b) == 2 and 0 < b[0] < 1 < b[1],
+                 f"clip.init_bounds must be [low, high] with 0 < low < 1 < high, got {b}")
+
+
+@dataclass
+class RunConfig:
+    """One run: the four axes, seed, schedule, batch sizes, optimiser, eval cadence, outputs.
+
+    Attributes:
+        steps: RL steps (one rollout batch each).
+        prompts_per_step: prompts per rollout batch (the batch has ``prompts_per_step *
+            n_samples_per_prompt`` responses).
+        num_mini_batches: optimizer updates per rollout batch (1 = on-policy: ratio == 1).
+        lr, weight_decay, max_grad_norm, adam_betas: AdamW and gradient clipping.
+        temperature: rollout sampling temperature (trainer log-probs use the same).
+        max_response_len: generation cap in tokens.
+        eval_every: evaluate every N steps (and at the end); 0 = only at the end.
+        eval_k: samples per eval prompt (avg@k and pass@k); eval_temperature: their temperature.
+        checkpoint_every, samples_every: cadence of checkpoints and decoded samples (0 = off).
+        max_bad_steps: consecutive skipped (non-finite) steps after which the run FAILS.
+        output_dir: the runs root; run_dir: the run directory (``None`` = derived from identity).
+    """
+
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    fp8: Fp8Config = field(default_factory=Fp8Config)
+    clip: ClipConfig = field(default_factory=ClipConfig)
+    seed: int = 0
+    steps: int = 50
+    prompts_per_step: int = 16
+    num_mini_batches: int = 4
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    temperature: float = 1.0
+    max_response_len: int = 48
+    eval_every: int = 10
+    eval_k: int = 4
+    eval_temperature: float = 1.0
+    checkpoint_every: int = 10
+    samples_every: int = 10
+    max_bad_steps: int = 5
+    output_dir: str = "runs"
+    run_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Field ranges and cross-field checks; raises ``ValueError`` naming the fix."""
+        a = self.algorithm
+        _require(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
+        _require(self.prompts_per_step >= 1, f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
+        _require(self.num_mini_batches >= 1, f"num_mini_batches must be >= 1, got {self.num_mini_batches}")
+        n_seq = self.prompts_per_step * a.n_samples_per_prompt
+        _require(n_seq % self.num_mini_batches == 0,
+                 f"the rollout batch ({self.prompts_per_step} prompts x {a.n_samples_per_prompt} "
+                 f"samples = {n_seq}) must split evenly into num_mini_batches={self.num_mini_batches}")
+        _require(self.lr > 0 and math.isfinite(self.lr), f"lr must be a positive number, got {self.lr}")
+        _require(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        _require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        _require(len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas),
+                 f"adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)}")
+        _require(self.temperature > 0, f"temperature must be > 0, got {self.temperature}")
+        _require(self.eval_temperature > 0, f"eval_temperature must be > 0, got {self.eval_temperature}")
+        _require(self.max_response_len >= 1, f"max_response_len must be >= 1, got {self.max_response_len}")
+        for f in ("eval_every", "checkpoint_every", "samples_every"):
+            _require(getattr(self, f) >= 0, f"{f} must be >= 0 (0 = off), got {getattr(self, f)}")
+        _require(self.eval_k >= 1, f"eval_k must be >= 1, got {self.eval_k}")
+        _require(self.max_bad_steps >= 1, f"max_bad_steps must be >= 1, got {self.max_bad_steps}")
+        # every algorithm here uses a group baseline
+        _require(a.n_samples_per_prompt > 1,
+                 f"algorithm {a.name!r} with the {a.advantage_estimator!r} estimator needs "
+                 f"n_samples_per_prompt > 1 (a group of one has zero advantage: training would "
+                 f"be a silent no-op); got {a.n_samples_per_prompt}")
+        _require(not a.dynamic_sampling or a.n_samples_per_prompt > 1,
+                 "algorithm.dynamic_sampling needs n_samples_per_prompt > 1")
+        _require(a.overlong_buffer < self.max_response_len,
+                 f"algorithm.overlong_buffer ({a.overlong_buffer}) must be smaller than "
+                 f"max_response_len ({self.max_response_len})")
