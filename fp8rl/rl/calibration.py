@@ -756,9 +756,12 @@ class CalibratedClipController:
             return self._bounds
         self._last_update_step = step
         prev = self._bounds
-        w = 1.0 - self.ema
-        low = prev.low + w * (cal.low - prev.low)
-        high = prev.high + w * (cal.high - prev.high)
+        if self.ema == 0.0:  # exact: no rounding from prev + (raw - prev)
+            low, high = cal.low, cal.high
+        else:
+            w = 1.0 - self.ema
+            low = prev.low + w * (cal.low - prev.low)
+            high = prev.high + w * (cal.high - prev.high)
         low = min(max(low, self.low_min), math.nextafter(1.0, 0.0))
         high = min(max(high, math.nextafter(1.0, 2.0)), self.high_max)
         self._bounds = Bounds(low, high)

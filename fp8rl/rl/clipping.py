@@ -1,0 +1,161 @@
+"""Clip methods: where the PPO clip bounds (low, high) of each training step come from.
+
+The PPO kernel (``fp8rl.rl.policy_loss.ppo_token_loss``) takes the bounds as plain numbers;
+a clip method is the small stateful object that supplies them (DESIGN.md, "core contracts"):
+
+- ``vanilla``: the fixed PPO / DAPO clip-higher bounds ``(1 - eps_low, 1 + eps_high)``
+  (PPO, Schulman et al. 2017; DAPO, Yu et al. 2025, Sec. 3.1: eps_low 0.2, eps_high 0.28).
+- ``calibrated``: Calibrated Clipping (the FP8 paper, arXiv 2609.22870, Sec. "Calibrated
+  Clipping"): ``fp8rl.rl.calibration.CalibratedClipController``, which recalibrates the
+  bounds against BF16 shadow ratios every ``period`` steps.
+
+Every clip method has the same interface (``ClipMethod``), so the trainer loop reads
+
+    clipper = make_clipper(cfg.clip_method, eps_low, eps_high, **cfg.clip_options)
+    if clipper.needs_shadow(step): shadow = bf16_ratios(...)
+    if clipper.is_calibration_step(step): clipper.update(step, ratio=..., shadow_ratio=..., ...)
+    low, high = clipper.bounds(step).as_tuple()
+
+The paper's sweep axis ``clip`` has three arms, each a pair of independent choices (clip
+method x train/rollout IS correction, ``fp8rl.rl.correction.IS_CORRECTIONS``), registered
+in ``CLIP_ARMS``:
+
+    vanilla    = ClipArm(method="vanilla",    is_correction="none")
+    tis        = ClipArm(method="vanilla",    is_correction="tis")
+    calibrated = ClipArm(method="calibrated", is_correction="tis")
+
+Choices made here: the vanilla method's ``update`` accepts and ignores calibration stats
+(it never has calibration steps, so a generic loop never calls it); options a method does
+not know raise ``TypeError`` naming the method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from fp8rl.registry import Registry
+from fp8rl.rl.calibration import Bounds, CalibratedClipController
+from fp8rl.rl.correction import IS_CORRECTIONS
+
+__all__ = ["CLIP_ARMS", "CLIP_METHODS", "ClipArm", "ClipMethod", "VanillaClip", "make_clipper"]
+
+
+@runtime_checkable
+class ClipMethod(Protocol):
+    """What the trainer needs from a clip method (see the module docstring for the loop)."""
+
+    def needs_shadow(self, step: int) -> bool: ...
+
+    def is_calibration_step(self, step: int) -> bool: ...
+
+    def bounds(self, step: int) -> Bounds: ...
+
+    def update(
+        self,
+        step: int,
+        *,
+        ratio: torch.Tensor,
+        shadow_ratio: torch.Tensor | None = None,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> Bounds: ...
+
+    def metrics(self, step: int | None = None) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+CLIP_METHODS: Registry[type] = Registry("clip method")
+
+
+@CLIP_METHODS.register("vanilla")
+class VanillaClip:
+    """Fixed bounds ``(1 - eps_low, 1 + eps_high)``; stateless, never needs a shadow pass."""
+
+    def __init__(self, eps_low: float, eps_high: float) -> None:
+        for name, v in (("eps_low", eps_low), ("eps_high", eps_high)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise TypeError(f"{name} must be a number, got {v!r}")
+        if not 0.0 < eps_low < 1.0:
+            raise ValueError(f"eps_low must lie in (0, 1) so that 1 - eps_low is a ratio in (0, 1); got {eps_low}")
+        if not 0.0 < eps_high < float("inf"):
+            raise ValueError(f"eps_high must be finite and > 0; got {eps_high}")
+        self.eps_low, self.eps_high = float(eps_low), float(eps_high)
+        self._bounds = Bounds.vanilla(self.eps_low, self.eps_high)
+
+    def needs_shadow(self, step: int) -> bool:
+        return False
+
+    def is_calibration_step(self, step: int) -> bool:
+        return False
+
+    def bounds(self, step: int) -> Bounds:
+        return self._bounds
+
+    def update(
+        self,
+        step: int,
+        *,
+        ratio: torch.Tensor | None = None,
+        shadow_ratio: torch.Tensor | None = None,
+        advantages: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> Bounds:
+        return self._bounds
+
+    def metrics(self, step: int | None = None) -> dict[str, float]:
+        return {"clip/low": self._bounds.low, "clip/high": self._bounds.high}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"eps_low": self.eps_low, "eps_high": self.eps_high}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (state.get("eps_low"), state.get("eps_high")) != (self.eps_low, self.eps_high):
+            raise ValueError(
+                f"vanilla clip state was saved with eps ({state.get('eps_low')}, {state.get('eps_high')}), "
+                f"this run has ({self.eps_low}, {self.eps_high})"
+            )
+
+    def __repr__(self) -> str:
+        return f"VanillaClip(eps_low={self.eps_low}, eps_high={self.eps_high})"
+
+
+CLIP_METHODS.add("calibrated", CalibratedClipController)
+
+
+def make_clipper(method: str, eps_low: float, eps_high: float, **options: Any) -> ClipMethod:
+    """Build a clip method by registry name; ``options`` go to its constructor.
+
+    ``make_clipper("calibrated", 0.2, 0.28, period=20, init_bounds=(0.6, 1.8))``.
+    Unknown names raise listing the valid ones; options the method does not take raise.
+    """
+    cls = CLIP_METHODS[method]
+    try:
+        return cls(eps_low, eps_high, **options)
+    except TypeError as e:
+        if options and "unexpected keyword argument" in str(e):
+            raise TypeError(f"clip method {method!r} does not take option(s) {sorted(options)}: {e}") from e
+        raise
+
+
+@dataclass(frozen=True)
+class ClipArm:
+    """One value of the sweep axis ``clip``: a clip method and a train/rollout IS correction."""
+
+    method: str
+    is_correction: str
+
+    def __post_init__(self) -> None:
+        CLIP_METHODS.check(self.method)
+        IS_CORRECTIONS.check(self.is_correction)
+
+
+CLIP_ARMS: Registry[ClipArm] = Registry("clip arm")
+CLIP_ARMS.add("vanilla", ClipArm(method="vanilla", is_correction="none"))
+CLIP_ARMS.add("tis", ClipArm(method="vanilla", is_correction="tis"))
+CLIP_ARMS.add("calibrated", ClipArm(method="calibrated", is_correction="tis"))

@@ -1,0 +1,110 @@
+"""Clip methods registry, the sweep-axis arms, and calibrated bounds through the PPO kernel."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from fp8rl.registry import RegistryError
+from fp8rl.rl.calibration import Bounds, CalibratedClipController
+from fp8rl.rl.clipping import (
+    CLIP_ARMS,
+    CLIP_METHODS,
+    ClipArm,
+    ClipMethod,
+    VanillaClip,
+    make_clipper,
+)
+from fp8rl.rl.correction import IS_CORRECTIONS
+from fp8rl.rl.policy_loss import ppo_token_loss
+
+
+def batch(seed=0, B=32, T=64, noise=0.15):
+    g = torch.Generator().manual_seed(seed)
+    shadow_lp = torch.randn(B, T, generator=g) * 0.15
+    fp8_lp = shadow_lp + torch.randn(B, T, generator=g) * noise
+    old = torch.zeros(B, T)
+    adv = torch.randn(B, generator=g)[:, None].expand(B, T).contiguous()
+    mask = torch.rand(B, T, generator=g) > 0.1
+    return fp8_lp, shadow_lp, old, adv, mask
+
+
+def test_registries_hold_the_documented_names():
+    assert CLIP_METHODS.names() == ["calibrated", "vanilla"]
+    assert CLIP_ARMS.names() == ["calibrated", "tis", "vanilla"]
+    assert CLIP_ARMS["vanilla"] == ClipArm("vanilla", "none")
+    assert CLIP_ARMS["tis"] == ClipArm("vanilla", "tis")
+    assert CLIP_ARMS["calibrated"] == ClipArm("calibrated", "tis")
+    for arm in CLIP_ARMS.values():
+        assert arm.method in CLIP_METHODS and arm.is_correction in IS_CORRECTIONS
+
+
+def test_unknown_names_raise_listing_valid_ones():
+    with pytest.raises(RegistryError, match="valid names are: calibrated, vanilla"):
+        make_clipper("calibrate", 0.2, 0.28)
+    with pytest.raises(RegistryError, match="valid names are: calibrated, tis, vanilla"):
+        CLIP_ARMS["calibrate"]
+    with pytest.raises(RegistryError, match="clip method"):
+        ClipArm("fixed", "tis")
+    with pytest.raises(RegistryError, match="IS correction"):
+        ClipArm("vanilla", "is")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CLIP_ARMS["tis"].method = "calibrated"  # type: ignore[misc]
+
+
+def test_vanilla_clip():
+    clip = make_clipper("vanilla", 0.2, 0.28)
+    assert isinstance(clip, VanillaClip) and isinstance(clip, ClipMethod)
+    assert clip.bounds(0) == clip.bounds(1000) == Bounds(0.8, 1.28)
+    assert not any(clip.needs_shadow(s) or clip.is_calibration_step(s) for s in range(50))
+    fp8_lp, _, _, adv, mask = batch()
+    assert clip.update(0, ratio=fp8_lp.exp(), advantages=adv, mask=mask) == Bounds(0.8, 1.28)
+    assert clip.metrics() == {"clip/low": 0.8, "clip/high": 1.28}
+    fresh = make_clipper("vanilla", 0.2, 0.28)
+    fresh.load_state_dict(clip.state_dict())
+    with pytest.raises(ValueError, match="eps"):
+        make_clipper("vanilla", 0.2, 0.2).load_state_dict(clip.state_dict())
+    for bad in [(0.0, 0.28), (1.0, 0.28), (0.2, 0.0), (0.2, float("inf"))]:
+        with pytest.raises(ValueError):
+            VanillaClip(*bad)
+    with pytest.raises(TypeError, match="does not take option"):
+        make_clipper("vanilla", 0.2, 0.28, period=20)
+
+
+def test_make_clipper_calibrated_passes_options():
+    clip = make_clipper("calibrated", 0.2, 0.28, period=10, ema=0.0, init_bounds=(0.6, 1.8))
+    assert isinstance(clip, CalibratedClipController) and isinstance(clip, ClipMethod)
+    assert clip.period == 10 and clip.bounds(0) == Bounds(0.6, 1.8)
+    assert clip.needs_shadow(0) and not clip.needs_shadow(5) and clip.needs_shadow(10)
+    with pytest.raises(TypeError, match="does not take option"):
+        make_clipper("calibrated", 0.2, 0.28, periods=10)
+    with pytest.raises(ValueError, match="period"):
+        make_clipper("calibrated", 0.2, 0.28, period=0)
+
+
+def _run_loop(clipper, steps=3):
+    """A generic trainer loop over the ClipMethod interface; returns FP8 clipfrac_neg_low per step."""
+    out = []
+    for step in range(steps):
+        fp8_lp, shadow_lp, old, adv, mask = batch(seed=step)
+        if clipper.is_calibration_step(step):
+            shadow = shadow_lp.exp() if clipper.needs_shadow(step) else None
+            clipper.update(step, ratio=fp8_lp.exp(), shadow_ratio=shadow, advantages=adv, mask=mask)
+        low, high = clipper.bounds(step).as_tuple()
+        _, m_fp8 = ppo_token_loss(fp8_lp, old, adv, mask, low=low, high=high)
+        _, m_bf16 = ppo_token_loss(shadow_lp, old, adv, mask, low=0.8, high=1.28)
+        n_neg = int((mask & (adv < 0)).sum())
+        out.append((float(m_fp8["actor/clipfrac_neg_low"]), float(m_bf16["actor/clipfrac_neg_low"]), n_neg))
+    return out
+
+
+def test_calibrated_bounds_restore_bf16_lower_clipping_through_the_loss():
+    # vanilla under FP8 noise clips many more A<0 tokens than BF16 would: the paper's failure
+    vanilla = _run_loop(make_clipper("vanilla", 0.2, 0.28))
+    assert all(fp8 > bf16 + 0.02 for fp8, bf16, _ in vanilla)
+    # calibrated every step (period 1, no smoothing): the loss's own counter agrees with BF16
+    calibrated = _run_loop(make_clipper("calibrated", 0.2, 0.28, period=1, ema=0.0))
+    for fp8, bf16, n_neg in calibrated:
+        assert abs(fp8 - bf16) <= 1 / n_neg + 1e-6
