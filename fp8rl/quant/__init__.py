@@ -1,1 +1,108 @@
-"""TODO: filled by its issue."""
+"""FP8 for training and rollout: formats, scaling granularities, FP8 linear, conversion, audit.
+
+The FP8 half of "full-pipeline FP8" (paper: FP8 rollout + FP8 training GEMMs; see
+``reference/paper.md`` "FP8 scaling granularities"). Modules:
+
+- ``formats``      ``Fp8Format``, ``E4M3`` (max 448), ``E5M2`` (max 57344).
+- ``granularity``  ``PerTensor``, ``PerRow``, ``PerBlock(r, c)``, ``MX(32)``; the one meaning of
+                   "axis" (contraction dimension last) is documented there.
+- ``quantize``     ``quantize(x, granularity, fmt) -> (q, scale)``, ``dequantize``, ``sqnr_db``.
+- ``recipes``      ``Recipe`` (per operand granularity + format, per GEMM FP8 flag), ``RECIPES``:
+                   ``bf16``, ``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``, ``blockwise``,
+                   ``mxfp8``; ``get_recipe(name, hybrid=...)``.
+- ``linear``       ``Fp8Linear`` / ``fp8_linear``: our FP8 training linear (``_scaled_mm`` or emulation).
+- ``convert``      ``convert_to_fp8(model, recipe, module_filter=, emulate=, impl=)`` (torchao or
+                   ours), ``fp8_disabled(model)`` (the BF16 shadow pass), ``check_supported``.
+- ``rollout``      ``quantize_for_rollout`` (vLLM fp8 layout), ``Fp8InferenceLinear`` (W8A8),
+                   ``convert_for_rollout``, ``sync_rollout_weights``.
+- ``audit``        the noise audit behind ``python -m experiments.audit``.
+
+Typical use (trainer and rollout engine are configured independently)::
+
+    from fp8rl.quant import convert_to_fp8, fp8_disabled, convert_for_rollout, sync_rollout_weights
+
+    policy = convert_to_fp8(policy, "blockwise", emulate=True)     # FP8 training GEMMs
+    with torch.no_grad(), fp8_disabled(policy):                     # BF16 shadow log-probs
+        shadow_logits = policy(input_ids).logits
+    rollout = convert_for_rollout(copy.deepcopy(unconverted_policy), "tensorwise")
+    sync_rollout_weights(rollout, policy.state_dict())              # after every optimizer step
+
+Hardware: per-tensor and per-row FP8 GEMMs run on CPU via ``torch._scaled_mm``; block and MX
+GEMMs need ``emulate=True`` (the config key ``fp8.emulate=true``); anything that cannot run
+raises ``Fp8UnsupportedError`` naming that fix instead of silently falling back.
+"""
+
+from fp8rl.quant.convert import (
+    DEFAULT_SKIP_NAMES,
+    IMPLEMENTATIONS,
+    Fp8UnsupportedError,
+    check_supported,
+    convert_to_fp8,
+    default_module_filter,
+    fp8_disabled,
+    fp8_layers,
+    to_torchao_config,
+)
+from fp8rl.quant.formats import E4M3, E5M2, FORMATS, Fp8Format
+from fp8rl.quant.granularity import GRANULARITIES, MX, Granularity, PerBlock, PerRow, PerTensor
+from fp8rl.quant.linear import Fp8Linear, fp8_linear, fp8_mm, scaled_gemm
+from fp8rl.quant.quantize import (
+    EPS,
+    NonFiniteError,
+    dequantize,
+    quantize,
+    quantize_with_scale,
+    sqnr_db,
+)
+from fp8rl.quant.recipes import GEMMS, RECIPES, OperandConfig, Recipe, get_recipe
+from fp8rl.quant.rollout import (
+    Fp8InferenceLinear,
+    convert_for_rollout,
+    quantize_for_rollout,
+    rollout_quant_config,
+    scale_key,
+    sync_rollout_weights,
+)
+
+__all__ = [
+    "DEFAULT_SKIP_NAMES",
+    "E4M3",
+    "E5M2",
+    "EPS",
+    "FORMATS",
+    "GEMMS",
+    "GRANULARITIES",
+    "IMPLEMENTATIONS",
+    "MX",
+    "RECIPES",
+    "Fp8Format",
+    "Fp8InferenceLinear",
+    "Fp8Linear",
+    "Fp8UnsupportedError",
+    "Granularity",
+    "NonFiniteError",
+    "OperandConfig",
+    "PerBlock",
+    "PerRow",
+    "PerTensor",
+    "Recipe",
+    "check_supported",
+    "convert_for_rollout",
+    "convert_to_fp8",
+    "default_module_filter",
+    "dequantize",
+    "fp8_disabled",
+    "fp8_layers",
+    "fp8_linear",
+    "fp8_mm",
+    "get_recipe",
+    "quantize",
+    "quantize_for_rollout",
+    "quantize_with_scale",
+    "rollout_quant_config",
+    "scale_key",
+    "scaled_gemm",
+    "sqnr_db",
+    "sync_rollout_weights",
+    "to_torchao_config",
+]

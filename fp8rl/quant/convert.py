@@ -1,0 +1,303 @@
+"""Model conversion for FP8 training, the hardware check, and the "FP8 off" switch.
+
+``convert_to_fp8(model, recipe)`` swaps ``nn.Linear`` layers (all but the LM head by default)
+for an FP8 linear that follows the recipe, through one of two implementations (the
+``IMPLEMENTATIONS`` registry; the recipe names its default, ``impl=`` overrides it):
+
+- ``torchao``: ``torchao.float8.convert_to_float8_training`` with a ``Float8LinearConfig`` built
+  from the recipe (``to_torchao_config``; for the three torchao recipes it equals
+  ``Float8LinearConfig.from_recipe_name``, which a test checks). The paper trained with torchao.
+- ``fp8rl``: our ``Fp8Linear`` (``linear.py``), for any recipe.
+
+Every converted layer is an ``nn.Linear`` subclass sharing the original ``weight``/``bias``
+Parameters (no copies) and carries the attribute ``fp8_recipe``.
+
+``fp8_disabled(model)`` is the BF16 shadow pass of Calibrated Clipping (paper: calibration
+step): inside the ``with`` block every converted layer runs ``nn.Linear.forward`` -- exactly
+``F.linear(x, weight, bias)`` on the master weights in their own dtype, i.e. what the unconverted
+model computes -- and FP8 again after it. Mechanism: an instance attribute ``forward`` that
+shadows the class method (``nn.Module.__call__`` looks it up on the instance first), installed on
+entry and deleted on exit, with a per-layer depth counter so nested blocks are safe, and a
+``finally`` so an exception inside the block restores FP8. No torchao code is patched and the
+same mechanism covers both implementations. It works with autograd (plain ``F.linear``).
+
+Hardware check (``check_supported``, pure: device type and CUDA capability are arguments;
+``convert_to_fp8`` reads them from the model's parameters at call time, never at import):
+
+========================  =================================  =================================
+GEMM scales               CPU                                CUDA
+========================  =================================  =================================
+per-tensor / per-row      ``torch._scaled_mm`` (runs on CPU)  capability >= 8.9
+block / MX                ``emulate=True`` required          ``emulate=True`` required (no
+                                                             kernel wired in, see linear.py)
+========================  =================================  =================================
+
+torchao on CPU runs with and without its ``emulate`` flag (without it, ``torch._scaled_mm``'s
+CPU kernel; checked in the tests). Anything else raises ``Fp8UnsupportedError`` naming the fix:
+``fp8.emulate=true`` (``emulate=True``), which computes the same quantization in float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from fp8rl.quant.formats import E4M3
+from fp8rl.quant.granularity import PerRow, PerTensor
+from fp8rl.quant.linear import Fp8Linear
+from fp8rl.quant.recipes import GEMMS, OperandConfig, Recipe, get_recipe
+from fp8rl.registry import Registry
+
+__all__ = [
+    "DEFAULT_SKIP_NAMES",
+    "IMPLEMENTATIONS",
+    "Fp8UnsupportedError",
+    "check_supported",
+    "convert_to_fp8",
+    "default_module_filter",
+    "fp8_disabled",
+    "fp8_layers",
+    "to_torchao_config",
+]
+
+ModuleFilter = Callable[[nn.Module, str], bool]
+
+#: Linear layers with these attribute names stay in high precision by default (MiniMax-M1:
+#: an FP32/BF16 LM head keeps train/rollout probabilities aligned; paper.md "Neighbouring methods").
+DEFAULT_SKIP_NAMES = ("lm_head", "embed_out", "output_layer")
+_RECIPE_ATTR = "fp8_recipe"
+_DEPTH_ATTR = "_fp8rl_disabled_depth"
+_MIN_CUDA_CAPABILITY = (8, 9)
+
+
+class Fp8UnsupportedError(RuntimeError):
+    """A recipe cannot run on this hardware with these settings; the message names the fix."""
+
+
+def default_module_filter(module: nn.Module, fqn: str) -> bool:
+    """Convert every ``nn.Linear`` except those named in ``DEFAULT_SKIP_NAMES`` (the LM head)."""
+    return isinstance(module, nn.Linear) and fqn.split(".")[-1] not in DEFAULT_SKIP_NAMES
+
+
+def check_supported(
+    recipe: Recipe,
+    *,
+    impl: str,
+    device_type: str,
+    capability: tuple[int, int] | None = None,
+    emulate: bool = False,
+) -> None:
+    """Raise ``Fp8UnsupportedError`` if ``recipe`` cannot run as asked; pure, no hardware query.
+
+    Args:
+        recipe: the FP8 recipe.
+        impl: implementation name (``torchao`` or ``fp8rl``).
+        device_type: ``"cpu"``, ``"cuda"``, ...
+        capability: CUDA compute capability ``(major, minor)``; needed for ``cuda``.
+        emulate: compute FP8 GEMMs as quantize-dequantize-matmul.
+    """
+    if not recipe.enabled or emulate:
+        return
+    fix = "set fp8.emulate=true (convert_to_fp8(..., emulate=True)) to emulate it in float32"
+    if device_type == "cuda":
+        if capability is None or tuple(capability) < _MIN_CUDA_CAPABILITY:
+            raise Fp8UnsupportedError(
+                f"FP8 recipe {recipe.name!r} needs a CUDA GPU with compute capability >= 8.9 "
+                f"(Ada/Hopper/Blackwell), this one has {capability}; {fix}"
+            )
+    elif device_type != "cpu":
+        raise Fp8UnsupportedError(f"FP8 recipe {recipe.name!r} has no kernels on {device_type!r}; {fix}")
+    unsupported = sorted(
+        g.__name__ for g in recipe.granularities() if g not in (PerTensor, PerRow)
+    )
+    if unsupported:
+        raise Fp8UnsupportedError(
+            f"FP8 recipe {recipe.name!r} uses {', '.join(unsupported)} scaling, which has no FP8 "
+            f"GEMM kernel wired in for {device_type} (implementation {impl!r}); {fix}"
+        )
+
+
+def to_torchao_config(recipe: Recipe, *, emulate: bool = False):
+    """Build the ``torchao.float8.Float8LinearConfig`` that implements ``recipe``.
+
+    Raises ``ValueError`` when torchao cannot express the recipe (block/MX scales, mixed
+    formats within one operand).
+    """
+    from torchao.float8.config import (
+        CastConfig,
+        Float8LinearConfig,
+        ScalingGranularity,
+        ScalingType,
+    )
+
+    tao_gran = {PerTensor: ScalingGranularity.TENSORWISE, PerRow: ScalingGranularity.AXISWISE}
+
+    def cast(cfg: OperandConfig | None, enabled: bool, other_use: OperandConfig | None) -> CastConfig:
+        if not enabled:
+            # torchao wants one target dtype per operand across its two uses, even if disabled.
+            ref = other_use or cfg
+            fmt = ref.fmt if ref is not None else E4M3
+            return CastConfig(scaling_type=ScalingType.DISABLED, target_dtype=fmt.dtype)
+        assert cfg is not None
+        if type(cfg.granularity) not in tao_gran:
+            raise ValueError(
+                f"torchao float8 training supports per-tensor and per-row scaling only; recipe "
+                f"{recipe.name!r} uses {cfg.granularity}; use impl='fp8rl'"
+            )
+        return CastConfig(
+            scaling_granularity=tao_gran[type(cfg.granularity)], target_dtype=cfg.fmt.dtype
+        )
+
+    (i, w), (go, w_gi), (go_gw, i_gw) = (recipe.operands(g) for g in GEMMS)
+    for name, (u1, on1), (u2, on2) in (
+        ("input", (i, recipe.fprop), (i_gw, recipe.wgrad)),
+        ("weight", (w, recipe.fprop), (w_gi, recipe.dgrad)),
+        ("grad_output", (go, recipe.dgrad), (go_gw, recipe.wgrad)),
+    ):
+        if on1 and on2 and u1 is not None and u2 is not None and u1.fmt != u2.fmt:
+            raise ValueError(
+                f"recipe {recipe.name!r}: torchao casts {name} to one format in both GEMMs, got "
+                f"{u1.fmt.name} and {u2.fmt.name}; use impl='fp8rl'"
+            )
+    return Float8LinearConfig(
+        cast_config_input=cast(i, recipe.fprop, i_gw),
+        cast_config_weight=cast(w, recipe.fprop, w_gi),
+        cast_config_grad_output=cast(go, recipe.dgrad, go_gw),
+        cast_config_input_for_grad_weight=cast(i_gw, recipe.wgrad, i),
+        cast_config_weight_for_grad_input=cast(w_gi, recipe.dgrad, w),
+        cast_config_grad_output_for_grad_weight=cast(go_gw, recipe.wgrad, go),
+        round_scales_to_power_of_2=recipe.pow2_scales,
+        emulate=emulate,
+    )
+
+
+IMPLEMENTATIONS: Registry[Callable[..., nn.Module]] = Registry("FP8 linear implementation")
+
+
+@IMPLEMENTATIONS.register("torchao")
+def _convert_torchao(model: nn.Module, recipe: Recipe, module_filter: ModuleFilter, emulate: bool) -> nn.Module:
+    from torchao.float8 import convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear
+
+    config = to_torchao_config(recipe, emulate=emulate)
+    model = convert_to_float8_training(model, module_filter_fn=module_filter, config=config)
+    for mod in model.modules():
+        if isinstance(mod, Float8Linear) and not hasattr(mod, _RECIPE_ATTR):
+            setattr(mod, _RECIPE_ATTR, recipe)
+    return model
+
+
+@IMPLEMENTATIONS.register("fp8rl")
+def _convert_fp8rl(model: nn.Module, recipe: Recipe, module_filter: ModuleFilter, emulate: bool) -> nn.Module:
+    def make(mod: nn.Linear) -> nn.Module:
+        new = Fp8Linear.from_linear(mod, recipe, emulate=emulate)
+        setattr(new, _RECIPE_ATTR, recipe)
+        return new
+
+    return swap_linears(model, make, module_filter)
+
+
+def swap_linears(
+    model: nn.Module, make: Callable[[nn.Linear], nn.Module], module_filter: ModuleFilter
+) -> nn.Module:
+    """Replace every plain ``nn.Linear`` passing ``module_filter(mod, fqn)`` by ``make(mod)``."""
+    if type(model) is nn.Linear:
+        return make(model) if module_filter(model, "") else model
+    targets = [
+        (fqn, mod) for fqn, mod in model.named_modules()
+        if type(mod) is nn.Linear and fqn and module_filter(mod, fqn)
+    ]
+    for fqn, mod in targets:
+        parent_name, _, child = fqn.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, make(mod))
+    return model
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def convert_to_fp8(
+    model: nn.Module,
+    recipe: Recipe | str,
+    *,
+    module_filter: ModuleFilter | None = None,
+    emulate: bool = False,
+    impl: str | None = None,
+) -> nn.Module:
+    """Swap ``nn.Linear`` layers of ``model`` for FP8 linears following ``recipe`` (in place).
+
+    Args:
+        model: any module; a bare ``nn.Linear`` is returned converted (not in place).
+        recipe: a ``Recipe`` or a ``RECIPES`` name. ``bf16`` converts nothing.
+        module_filter: ``(module, fqn) -> bool``, True = convert; replaces the default
+            filter (all Linears but the LM head) entirely.
+        emulate: quantize-dequantize-matmul instead of FP8 kernels (needed for block/MX).
+        impl: ``torchao`` or ``fp8rl``; default: the recipe's ``impl``.
+
+    Returns:
+        The converted model (the same object unless ``model`` is itself a Linear).
+
+    Raises:
+        Fp8UnsupportedError: the hardware cannot run the recipe without ``emulate=True``.
+    """
+    recipe = get_recipe(recipe)
+    if not recipe.enabled:
+        return model
+    impl = IMPLEMENTATIONS.check(impl or recipe.impl)
+    device = _device_of(model)
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    check_supported(recipe, impl=impl, device_type=device.type, capability=capability, emulate=emulate)
+    already = [fqn for fqn, m in model.named_modules() if hasattr(m, _RECIPE_ATTR)]
+    if already:
+        raise ValueError(f"model already has FP8 layers ({already[:3]}...); convert an unconverted model")
+    return IMPLEMENTATIONS[impl](model, recipe, module_filter or default_module_filter, emulate)
+
+
+def fp8_layers(model: nn.Module) -> list[nn.Module]:
+    """The FP8-converted linear layers of ``model`` (those carrying ``fp8_recipe``)."""
+    return [m for m in model.modules() if hasattr(m, _RECIPE_ATTR)]
+
+
+def _disable(mod: nn.Module) -> None:
+    depth = mod.__dict__.get(_DEPTH_ATTR, 0)
+    if depth == 0:
+        if "forward" in mod.__dict__:
+            raise RuntimeError(f"{type(mod).__name__} already has an instance-level forward; cannot disable FP8")
+        mod.forward = types.MethodType(nn.Linear.forward, mod)  # exactly F.linear(x, weight, bias)
+    mod.__dict__[_DEPTH_ATTR] = depth + 1
+
+
+def _enable(mod: nn.Module) -> None:
+    depth = mod.__dict__[_DEPTH_ATTR] - 1
+    if depth == 0:
+        del mod.__dict__["forward"]
+        del mod.__dict__[_DEPTH_ATTR]
+    else:
+        mod.__dict__[_DEPTH_ATTR] = depth
+
+
+@contextlib.contextmanager
+def fp8_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block, every FP8 layer of ``model`` computes ``F.linear`` on its master weights.
+
+    Re-entrant (nesting keeps FP8 off until the outermost block exits) and exception-safe.
+    Yields ``model``. A model with no FP8 layers is left untouched.
+    """
+    done: list[nn.Module] = []
+    try:
+        for mod in fp8_layers(model):
+            _disable(mod)
+            done.append(mod)
+        yield model
+    finally:
+        for mod in reversed(done):
+            _enable(mod)
+

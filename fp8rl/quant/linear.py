@@ -1,0 +1,196 @@
+"""Our FP8 linear layer for training: fprop, dgrad and wgrad per a ``Recipe``.
+
+Used for the recipes torchao does not implement (``blockwise``, ``mxfp8``) and, for the
+agreement tests and the GPU benchmark, for the ones it does. Each FP8 GEMM quantizes its two
+operands with dynamic scales in the GEMM's own orientation (contraction dim last, see
+``granularity.py``) and then
+
+- calls ``torch._scaled_mm`` when both scales are per-tensor or per-row (a per-tensor scale
+  paired with a per-row one is broadcast to per-row, as torchao does) -- this runs on CPU and on
+  CUDA GPUs with capability >= 8.9;
+- otherwise **emulates**: dequantize both operands to float32, matmul in float32 (FP8 tensor
+  cores also accumulate in float32), cast the result to the output dtype. With ``emulate=True``
+  every GEMM takes this path; the numbers then equal an exact FP8 GEMM up to float32
+  accumulation order.
+
+Like torchao's ``Float8Linear`` the layer saves the high-precision input and weight for the
+backward pass and re-quantizes them there (no FP8 copies are kept between passes), the output
+dtype is the input's dtype, and the bias is added in high precision.
+
+Deviations / choices:
+
+- Blockwise and MX GEMMs have no kernel wired in here (PyTorch 2.13 has ``F.scaled_mm`` with
+  ``BlockWise1x128``/``BlockWise128x128`` scaling on Hopper, not exercised in this project yet,
+  see ``benchmarks/gpu_fp8_linear.py``); ``convert_to_fp8`` therefore requires ``emulate=True``
+  for them on every device.
+- On CUDA, row-scaled ``_scaled_mm`` cannot write float32; like torchao we compute in bfloat16
+  and cast, so float32 models see a bfloat16-rounded FP8 GEMM output there. On CPU the output
+  is written in float32 directly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fp8rl.quant.granularity import Granularity, PerRow, PerTensor
+from fp8rl.quant.quantize import dequantize, quantize
+from fp8rl.quant.recipes import OperandConfig, Recipe
+
+__all__ = ["Fp8Linear", "fp8_linear", "fp8_mm", "has_scaled_mm_kernel", "scaled_gemm"]
+
+_KERNEL_GRANULARITIES = (PerTensor, PerRow)
+
+
+def has_scaled_mm_kernel(ga: Granularity, gb: Granularity) -> bool:
+    """True when ``torch._scaled_mm`` can take these two scale layouts (per-tensor / per-row)."""
+    return isinstance(ga, _KERNEL_GRANULARITIES) and isinstance(gb, _KERNEL_GRANULARITIES)
+
+
+def scaled_gemm(
+    qa: torch.Tensor,
+    sa: torch.Tensor,
+    ga: Granularity,
+    qb: torch.Tensor,
+    sb: torch.Tensor,
+    gb: Granularity,
+    *,
+    out_dtype: torch.dtype,
+    emulate: bool,
+) -> torch.Tensor:
+    """``dequant(qa) @ dequant(qb).T`` from quantized operands.
+
+    Args:
+        qa, sa: FP8 ``[M, K]`` and its dequantization scale (granularity ``ga``).
+        qb, sb: FP8 ``[N, K]`` and its scale (granularity ``gb``).
+        out_dtype: dtype of the ``[M, N]`` result.
+        emulate: dequantize + float32 matmul instead of ``torch._scaled_mm``.
+    """
+    if emulate or not has_scaled_mm_kernel(ga, gb):
+        a = dequantize(qa, sa, ga)
+        b = dequantize(qb, sb, gb)
+        return (a @ b.t()).to(out_dtype)
+    m, n = qa.shape[0], qb.shape[0]
+    if isinstance(ga, PerTensor) and isinstance(gb, PerTensor):
+        scale_a, scale_b = sa.reshape(()), sb.reshape(())
+        rowwise = False
+    else:  # at least one per-row: broadcast the other to per-row (torchao preprocess_addmm)
+        scale_a = sa.reshape(m, 1) if isinstance(ga, PerRow) else sa.reshape(1, 1).expand(m, 1)
+        scale_b = sb.reshape(1, n) if isinstance(gb, PerRow) else sb.reshape(1, 1).expand(1, n)
+        scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
+        rowwise = True
+    kernel_dtype = out_dtype
+    if rowwise and qa.device.type == "cuda" and out_dtype != torch.bfloat16:
+        kernel_dtype = torch.bfloat16  # CUDA row-scaled kernel writes bfloat16 only
+    out = torch._scaled_mm(qa, qb.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=kernel_dtype)
+    return out.to(out_dtype)
+
+
+def fp8_mm(
+    a: torch.Tensor,
+    a_cfg: OperandConfig,
+    b: torch.Tensor,
+    b_cfg: OperandConfig,
+    *,
+    pow2_scales: bool = False,
+    emulate: bool = False,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``a @ b.T`` with both operands quantized to FP8 per their configs.
+
+    Args:
+        a: ``[M, K]`` high precision; b: ``[N, K]`` high precision (K = contraction dim).
+        a_cfg, b_cfg: granularity and format of each operand.
+        pow2_scales: power-of-two scales for both operands.
+        emulate: dequantize-and-matmul instead of ``torch._scaled_mm``.
+        out_dtype: result dtype (default ``a.dtype``).
+
+    Returns:
+        ``[M, N]`` in ``out_dtype``.
+    """
+    qa, sa = quantize(a, a_cfg.granularity, a_cfg.fmt, pow2_scale=pow2_scales)
+    qb, sb = quantize(b, b_cfg.granularity, b_cfg.fmt, pow2_scale=pow2_scales)
+    return scaled_gemm(
+        qa, sa, a_cfg.granularity, qb, sb, b_cfg.granularity,
+        out_dtype=out_dtype or a.dtype, emulate=emulate,
+    )
+
+
+def _gemm(recipe: Recipe, gemm: str, a: torch.Tensor, b: torch.Tensor, emulate: bool) -> torch.Tensor:
+    """One of the three GEMMs, ``a @ b.T``, in FP8 or high precision per the recipe."""
+    if not getattr(recipe, gemm):
+        return a @ b.t()
+    a_cfg, b_cfg = recipe.operands(gemm)
+    return fp8_mm(a, a_cfg, b, b_cfg, pow2_scales=recipe.pow2_scales, emulate=emulate)  # type: ignore[arg-type]
+
+
+class _Fp8LinearFn(torch.autograd.Function):
+    """``x @ W.T`` with the three GEMMs following ``recipe`` (bias handled by the caller)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, recipe: Recipe, emulate: bool):
+        ctx.save_for_backward(x, weight)
+        ctx.recipe, ctx.emulate = recipe, emulate
+        x2 = x.reshape(-1, x.shape[-1])  # [M, K]
+        y = _gemm(recipe, "fprop", x2, weight, emulate)  # [M, N]
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        recipe, emulate = ctx.recipe, ctx.emulate
+        g2 = grad_y.reshape(-1, grad_y.shape[-1])  # [M, N]
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            # dgrad: grad_x [M, K] = grad_y [M, N] @ W [N, K]; contraction over N
+            grad_x = _gemm(recipe, "dgrad", g2, weight.t(), emulate).reshape(x.shape)
+        if ctx.needs_input_grad[1]:
+            # wgrad: grad_W [N, K] = grad_y.T [N, M] @ x [M, K]; contraction over tokens M
+            x2 = x.reshape(-1, x.shape[-1])
+            grad_w = _gemm(recipe, "wgrad", g2.t(), x2.t(), emulate).to(weight.dtype)
+        return grad_x, grad_w, None, None
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    recipe: Recipe,
+    *,
+    emulate: bool = False,
+) -> torch.Tensor:
+    """Functional FP8 linear: ``x [..., K] @ weight[N, K].T + bias[N]`` -> ``[..., N]``."""
+    if not recipe.enabled:
+        return F.linear(x, weight, bias)
+    y = _Fp8LinearFn.apply(x, weight, recipe, emulate)
+    return y if bias is None else y + bias.to(y.dtype)
+
+
+class Fp8Linear(nn.Linear):
+    """``nn.Linear`` whose forward/backward GEMMs follow an FP8 ``Recipe``.
+
+    Shares ``weight`` and ``bias`` Parameters with the layer it was built from (no copies): the
+    master weights stay in their dtype and receive ordinary gradients.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 recipe: Recipe, emulate: bool = False, device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.recipe = recipe
+        self.emulate = emulate
+
+    @classmethod
+    def from_linear(cls, mod: nn.Linear, recipe: Recipe, *, emulate: bool = False) -> Fp8Linear:
+        """Wrap ``mod``'s Parameters (shared, not copied) in an ``Fp8Linear``."""
+        with torch.device("meta"):
+            new = cls(mod.in_features, mod.out_features, bias=False, recipe=recipe, emulate=emulate)
+        new.weight = mod.weight
+        new.bias = mod.bias
+        return new
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return fp8_linear(input, self.weight, self.bias, self.recipe, emulate=self.emulate)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe.name}, emulate={self.emulate}"

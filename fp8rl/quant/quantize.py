@@ -1,0 +1,224 @@
+"""Quantize to FP8 with dynamic scales, and back.
+
+Method (torchao ``float8_utils.amax_to_scale`` / ``_ToFloat8ConstrFunc``, reproduced exactly):
+
+    amax   = max |x| over the block                  (in x's dtype, exact)
+    qscale = fp32( fmt.max / max(fp64(amax), EPS) )   (EPS = 1e-12; a block of zeros stays finite)
+    qscale = 2 ** floor(log2(qscale))                 (only for power-of-two scales)
+    q      = fp8( fp32(x) * qscale )                  (round to nearest even)
+    scale  = 1 / qscale                               (returned: the *dequantization multiplier*)
+
+so that ``x ~= q * scale`` (block-broadcast). The returned ``scale`` is what ``torch._scaled_mm``
+takes as ``scale_a``/``scale_b`` and what vLLM stores as ``weight_scale`` / ``weight_scale_inv``
+(the latter name notwithstanding, see ``rollout.py``); torchao stores the reciprocal
+(``Float8TrainingTensor._scale`` is ``qscale``). For power-of-two scales ``1 / qscale`` is exact,
+so dequantization is bit-identical to torchao's ``q / qscale``; otherwise the two differ by at
+most one float32 rounding per element.
+
+Choices made here (the spec was silent or sources differ):
+
+- **Saturation.** With dynamic scales ``|x * qscale| <= fmt.max`` up to one float32 rounding,
+  and round-to-nearest maps that to ``fmt.max``, so the explicit clamp torchao adds for
+  PyTorch <= 2.11 is not needed on this path (finite huge values map to ``+-fmt.max``).
+  ``quantize_with_scale`` (static, caller-given scales, e.g. vLLM ``input_scale``) clamps
+  explicitly, so out-of-range values saturate to ``+-fmt.max`` on any PyTorch version.
+- **Power-of-two (MX, E8M0) scales** round the quantization multiplier *down* (the dequant
+  scale up), as torchao's ``round_scales_to_power_of_2`` and Transformer Engine's MXFP8 do, so
+  no element saturates. The OCP MX spec's ``floor(log2(amax)) - emax`` rule would clip the
+  largest values instead; we do not use it. Exponents are clamped to E8M0's [-127, 127].
+- **Non-finite input raises** (``NonFiniteError``) naming the shape, the index of the first
+  non-finite element and the count: FP8 casts would otherwise turn ``inf`` into ``448`` silently
+  (PyTorch >= 2.12 saturates) and NaN would poison a whole block's scale.
+- **Inputs**: float32, bfloat16 and float16 are quantized as is (upcast to float32 for the
+  multiply, as torchao does); float64 is first cast to float32. Empty tensors raise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fp8rl.quant.formats import E4M3, Fp8Format
+from fp8rl.quant.granularity import Granularity, PerTensor
+
+__all__ = [
+    "EPS",
+    "NonFiniteError",
+    "dequantize",
+    "quantize",
+    "quantize_with_scale",
+    "sqnr_db",
+]
+
+#: Smallest amax used to compute a scale (torchao ``float8_utils.EPS``).
+EPS = 1e-12
+_E8M0_MAX_EXP = 127
+
+
+class NonFiniteError(ValueError):
+    """Quantization input holds inf or NaN; the message says where."""
+
+
+def _as_2d(x: torch.Tensor, granularity: Granularity) -> tuple[torch.Tensor, tuple[int, int]]:
+    """View ``x`` as ``[R, C]`` (leading dims folded into rows) and return its block shape."""
+    if not x.is_floating_point() or x.dtype.itemsize == 1:
+        raise TypeError(f"quantize needs a float32/bfloat16/float16 tensor, got {x.dtype}")
+    if x.ndim == 0 or x.numel() == 0:
+        raise ValueError(f"quantize needs a non-empty tensor with >= 1 dim, got shape {tuple(x.shape)}")
+    if x.dtype == torch.float64:
+        x = x.float()
+    x2 = x.reshape(-1, x.shape[-1])
+    br, _ = granularity.block_shape(*x2.shape)
+    if br > 1 and x.ndim != 2 and not isinstance(granularity, PerTensor):
+        raise ValueError(
+            f"{granularity} has blocks of {br} rows, which needs a 2-D operand; got shape "
+            f"{tuple(x.shape)}: reshape to [rows, cols] first (cols = contraction dim)"
+        )
+    return x2, granularity.block_shape(*x2.shape)
+
+
+def _raise_non_finite(x: torch.Tensor, where: str) -> None:
+    bad = ~torch.isfinite(x)
+    idx = tuple(int(i) for i in bad.nonzero()[0].tolist())
+    raise NonFiniteError(
+        f"{where}: input of shape {tuple(x.shape)} and dtype {x.dtype} has a non-finite value "
+        f"({x[idx].item()}) at index {idx} (first of {int(bad.sum())} non-finite elements); "
+        "FP8 scaling needs finite input -- look at what produced this tensor (overflow, "
+        "a division by zero, a bad learning rate)"
+    )
+
+
+def _blocked(x2: torch.Tensor, br: int, bc: int) -> torch.Tensor:
+    """Zero-pad ``[R, C]`` to whole blocks and view it as ``[gr, br, gc, bc]``."""
+    rows, cols = x2.shape
+    gr, gc = math.ceil(rows / br), math.ceil(cols / bc)
+    if gr * br != rows or gc * bc != cols:
+        x2 = F.pad(x2, (0, gc * bc - cols, 0, gr * br - rows))
+    return x2.reshape(gr, br, gc, bc)
+
+
+def _amax_to_qscale(amax: torch.Tensor, fmt: Fp8Format, power_of_two: bool) -> torch.Tensor:
+    """Quantization multiplier (torchao ``amax_to_scale``): ``fp32(max / max(amax, EPS))``."""
+    qscale = (fmt.max / torch.clamp(amax.to(torch.float64), min=EPS)).to(torch.float32)
+    if power_of_two:
+        exp = torch.floor(torch.log2(qscale)).clamp(-_E8M0_MAX_EXP, _E8M0_MAX_EXP)
+        qscale = torch.exp2(exp)
+    return qscale
+
+
+def quantize(
+    x: torch.Tensor,
+    granularity: Granularity,
+    fmt: Fp8Format = E4M3,
+    *,
+    pow2_scale: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` to FP8 with one dynamic scale per block of ``granularity``.
+
+    Args:
+        x: ``[..., C]`` float tensor; ``C`` is the contraction dimension (see ``granularity.py``).
+        granularity: ``PerTensor()``, ``PerRow()``, ``PerBlock(r, c)`` or ``MX(32)``.
+        fmt: ``E4M3`` or ``E5M2``.
+        pow2_scale: round scales to powers of two (always on for ``MX``).
+
+    Returns:
+        ``(q, scale)``: ``q`` has ``x``'s shape and ``fmt.dtype``; ``scale`` is float32, the
+        dequantization multiplier per block, of shape ``()`` (PerTensor), ``(*lead, ceil(C/bc))``
+        (one-row blocks: PerRow gives ``(*lead, 1)``), or ``(ceil(R/br), ceil(C/bc))``.
+
+    Raises:
+        NonFiniteError: ``x`` contains inf or NaN (the message gives the first index).
+    """
+    x2, (br, bc) = _as_2d(x, granularity)
+    rows, cols = x2.shape
+    pow2 = pow2_scale or granularity.power_of_two
+    if isinstance(granularity, PerTensor):
+        amax = torch.linalg.vector_norm(x2, float("inf"))
+    else:
+        amax = torch.linalg.vector_norm(_blocked(x2, br, bc), float("inf"), dim=(1, 3))
+    if not bool(torch.isfinite(amax).all()):
+        _raise_non_finite(x, "quantize")
+    qscale = _amax_to_qscale(amax, fmt, pow2)
+    if isinstance(granularity, PerTensor):
+        q = torch.mul(x2.to(torch.float32), qscale).to(fmt.dtype)  # fp32 multiply, as torchao
+        return q.reshape(x.shape), qscale.reciprocal()
+    xb = _blocked(x2, br, bc)
+    q = (xb.to(torch.float32) * qscale[:, None, :, None]).to(fmt.dtype)
+    q = q.reshape(xb.shape[0] * br, xb.shape[2] * bc)
+    if q.shape != (rows, cols):
+        q = q[:rows, :cols].contiguous()
+    scale = qscale.reciprocal()
+    if br == 1:
+        scale = scale.reshape(*x.shape[:-1], scale.shape[-1])
+    return q.reshape(x.shape), scale
+
+
+def _expand_scale(scale: torch.Tensor, rows: int, cols: int, br: int, bc: int) -> torch.Tensor:
+    """Broadcast a ``[gr, gc]`` block scale to ``[rows, cols]`` (ragged edges cropped)."""
+    return scale.repeat_interleave(br, dim=0)[:rows].repeat_interleave(bc, dim=1)[:, :cols]
+
+
+def dequantize(
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    granularity: Granularity,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Inverse of ``quantize``: ``q * scale`` broadcast over blocks, cast to ``dtype``.
+
+    Args:
+        q: FP8 tensor ``[..., C]`` as returned by ``quantize``.
+        scale: its dequantization scale (shape as documented in ``quantize``).
+        granularity: the granularity ``q`` was quantized with.
+        dtype: output dtype; the multiply is done in float32.
+    """
+    q2 = q.reshape(-1, q.shape[-1])
+    rows, cols = q2.shape
+    br, bc = granularity.block_shape(rows, cols)
+    gr, gc = granularity.grid(rows, cols)
+    if isinstance(granularity, PerTensor):
+        if scale.numel() != 1:
+            raise ValueError(f"PerTensor scale must have one element, got shape {tuple(scale.shape)}")
+        return (q.to(torch.float32) * scale.reshape(())).to(dtype)
+    s2 = scale.reshape(gr, gc) if br > 1 else scale.reshape(rows, gc)
+    if br == 1 and gc * bc == cols:  # fast path: broadcast without materialising the scale
+        out = q2.to(torch.float32).reshape(rows, gc, bc) * s2[:, :, None]
+    else:
+        out = q2.to(torch.float32) * _expand_scale(s2, rows, cols, br, bc)
+    return out.reshape(q.shape).to(dtype)
+
+
+def quantize_with_scale(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    granularity: Granularity,
+    fmt: Fp8Format = E4M3,
+) -> torch.Tensor:
+    """Quantize with a caller-given (static) dequantization ``scale``; saturates to ``+-fmt.max``.
+
+    Used where the scale is not computed from ``x`` itself (vLLM's static ``input_scale``).
+    Shapes as in ``quantize``. Raises ``NonFiniteError`` on inf/NaN input.
+    """
+    x2, (br, bc) = _as_2d(x, granularity)
+    if not bool(torch.isfinite(x2).all()):
+        _raise_non_finite(x, "quantize_with_scale")
+    rows, cols = x2.shape
+    gr, gc = granularity.grid(rows, cols)
+    if isinstance(granularity, PerTensor):
+        s = scale.reshape(()).to(torch.float32)
+    else:
+        s2 = scale.reshape(gr, gc) if br > 1 else scale.reshape(rows, gc)
+        s = _expand_scale(s2.to(torch.float32), rows, cols, br, bc)
+    y = (x2.to(torch.float32) / s).clamp(-fmt.max, fmt.max)
+    return y.to(fmt.dtype).reshape(x.shape)
+
+
+def sqnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio ``20 log10(||x|| / ||x - x_hat||)`` in dB (torchao ``compute_error``)."""
+    x = x.to(torch.float64)
+    noise = torch.linalg.vector_norm(x - x_hat.to(torch.float64))
+    if noise == 0:
+        return math.inf
+    return float(20 * torch.log10(torch.linalg.vector_norm(x) / noise))
