@@ -179,9 +179,9 @@ def corrected_ppo_token_loss(
         log_prob, old_log_prob, advantages, mask, low=low, high=high, dual_clip=dual_clip
     )
     if rollout_log_prob is None:
-        if correction != "none" or correction_params:
+        make_correction(correction, **correction_params)  # validates name and parameters
+        if correction != "none":
             raise ValueError(f"IS correction {correction!r} needs rollout_log_prob (got None)")
-        make_correction(correction)
         return loss_mat, metrics
     weights, is_metrics = is_weights(old_log_prob, rollout_log_prob, mask, correction, **correction_params)
     metrics.update(is_metrics)

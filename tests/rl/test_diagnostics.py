@@ -159,3 +159,37 @@ def test_masked_quantiles_beyond_torch_quantile_limit():
     got = masked_quantiles(x, mask, [0.01, 0.5, 0.99]).double().numpy()
     want = np.quantile(x.double().numpy(), [0.01, 0.5, 0.99])
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_entropy_peak_memory_on_gpu_stays_below_a_float32_copy():
+    """On CUDA the peak extra memory is a few chunks, far below one [B, T, V] float32 copy."""
+    logits = torch.randn(2, 2048, 32000, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    got = token_entropy(logits, chunk_size=256)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    fp32_copy = logits.numel() * 4
+    assert extra < 0.25 * fp32_copy, (extra, fp32_copy)
+    ref = direct_entropy(logits[:, :64].float().cpu())
+    torch.testing.assert_close(got[:, :64].double().cpu(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_quantiles_and_clip_table_on_gpu_match_cpu():
+    g = torch.Generator().manual_seed(0)
+    ratio = torch.exp(torch.randn(64, 512, generator=g) * 0.2)
+    adv = torch.randn(64, 512, generator=g)
+    mask = torch.rand(64, 512, generator=g) > 0.2
+    cpu = {**clip_table(ratio, adv, mask, low=0.8, high=1.28), **ratio_quantiles(ratio, adv, mask)}
+    gpu = {**clip_table(ratio.cuda(), adv.cuda(), mask.cuda(), low=0.8, high=1.28),
+           **ratio_quantiles(ratio.cuda(), adv.cuda(), mask.cuda())}
+    for k, v in cpu.items():
+        torch.testing.assert_close(gpu[k].cpu(), v, rtol=1e-6, atol=1e-7)

@@ -205,3 +205,14 @@ def test_bad_tensors_raise():
         ppo_token_loss(x, x, x, torch.full((2, 3), 2.0), **ok)
     with pytest.raises(TypeError, match=r"torch\.Tensor"):
         ppo_token_loss([[0.0]], x, x, torch.ones(2, 3), **ok)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_matches_cpu():
+    lp, old, adv, mask = make_batch(torch.float32, seed=8)
+    cpu, mc = ppo_token_loss(lp, old, adv, mask, low=0.8, high=1.28, dual_clip=3.0)
+    gpu, mg = ppo_token_loss(lp.cuda(), old.cuda(), adv.cuda(), mask.cuda(), low=0.8, high=1.28, dual_clip=3.0)
+    torch.testing.assert_close(gpu.cpu(), cpu)
+    for k in mc:
+        torch.testing.assert_close(mg[k].cpu(), mc[k], equal_nan=True)
