@@ -1,0 +1,104 @@
+"""Arms: the (fp8, clip) pair a curve or a table row stands for, with a fixed label and style.
+
+An *arm* is one line of a figure and one row of a table: the FP8 setting (``bf16``,
+``rollout_only``, ``tensorwise``, ``rowwise``, ``blockwise``, ``mxfp8``, ...) combined with the
+clip method (``vanilla``, ``tis``, ``calibrated``). Labels follow the paper's wording::
+
+    ("bf16", "vanilla")            -> "BF16"
+    ("rollout_only", "vanilla")    -> "FP8 rollout only"
+    ("rollout_only", "tis")        -> "FP8 rollout only + TIS"
+    ("tensorwise", "vanilla")      -> "FP8 tensorwise (vanilla)"
+    ("tensorwise", "tis")          -> "FP8 tensorwise + TIS"
+    ("tensorwise", "calibrated")   -> "FP8 tensorwise + calibrated"
+
+Style: the **colour** comes from the FP8 setting (one hue family per granularity: BF16
+black, rollout-only grey, tensorwise reds, rowwise blues, blockwise greens, MXFP8 purples) and
+its **shade** from the clip method (vanilla light, TIS medium, calibrated dark); the **line
+style** also comes from the clip method (vanilla dotted, TIS dashed, calibrated solid), so the
+figures stay readable in greyscale. The mapping is a fixed table, so an arm has the same look
+in every figure whatever subset of arms a sweep holds.
+
+Unknown values never crash (the axes are extensible registries): an unknown FP8 setting gets
+the label ``"FP8 <name>"`` and a colour from a fallback palette picked by a stable hash
+(CRC32) of its name; an unknown clip method gets ``"+ <name>"`` and a dash-dot line.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+#: Display order and label of the known FP8 settings.
+FP8_LABELS: dict[str, str] = {
+    "bf16": "BF16",
+    "rollout_only": "FP8 rollout only",
+    "tensorwise": "FP8 tensorwise",
+    "rowwise": "FP8 rowwise",
+    "blockwise": "FP8 blockwise",
+    "mxfp8": "FP8 MXFP8",
+}
+#: Display order and label suffix of the known clip methods.
+CLIP_LABELS: dict[str, str] = {"vanilla": "vanilla", "tis": "TIS", "calibrated": "calibrated"}
+
+# (vanilla, tis, calibrated) shades per FP8 setting: light -> dark
+_COLOURS: dict[str, tuple[str, str, str]] = {
+    "bf16": ("#000000", "#404040", "#000000"),
+    "rollout_only": ("#8c8c8c", "#6e6e6e", "#4d4d4d"),
+    "tensorwise": ("#fc8d59", "#e34a33", "#b30000"),
+    "rowwise": ("#74a9cf", "#2b8cbe", "#045a8d"),
+    "blockwise": ("#78c679", "#31a354", "#006837"),
+    "mxfp8": ("#9e9ac8", "#756bb1", "#54278f"),
+}
+_FALLBACK: tuple[str, ...] = ("#8c564b", "#e377c2", "#bcbd22", "#17becf", "#d95f02", "#7570b3")
+_LINESTYLES: dict[str, str] = {"vanilla": ":", "tis": "--", "calibrated": "-"}
+
+
+@dataclass(frozen=True)
+class ArmStyle:
+    """How one arm is drawn: matplotlib colour, line style and line width."""
+
+    color: str
+    linestyle: str
+    linewidth: float
+
+
+def arm_label(fp8: str, clip: str) -> str:
+    """The paper-style label of the arm ``(fp8, clip)`` (see the module docstring)."""
+    fp8, clip = str(fp8), str(clip)
+    base = FP8_LABELS.get(fp8, f"FP8 {fp8}")
+    if fp8 == "bf16" or fp8 == "rollout_only":
+        return base if clip == "vanilla" else f"{base} + {CLIP_LABELS.get(clip, clip)}"
+    if clip == "vanilla":
+        return f"{base} (vanilla)"
+    return f"{base} + {CLIP_LABELS.get(clip, clip)}"
+
+
+def arm_order_key(fp8: str, clip: str) -> tuple:
+    """Sort key: known FP8 settings in :data:`FP8_LABELS` order, then unknown ones by name;
+    within one, known clip methods in :data:`CLIP_LABELS` order, then unknown ones."""
+    fp8_keys = list(FP8_LABELS)
+    clip_keys = list(CLIP_LABELS)
+    f = (0, fp8_keys.index(fp8), "") if fp8 in FP8_LABELS else (1, 0, str(fp8))
+    c = (0, clip_keys.index(clip), "") if clip in CLIP_LABELS else (1, 0, str(clip))
+    return (*f, *c)
+
+
+def arm_style(fp8: str, clip: str) -> ArmStyle:
+    """The fixed colour / line style of ``(fp8, clip)``; unknown values get a stable fallback."""
+    fp8, clip = str(fp8), str(clip)
+    if fp8 in _COLOURS:
+        shades = _COLOURS[fp8]
+        idx = list(CLIP_LABELS).index(clip) if clip in CLIP_LABELS else 1
+        color = shades[idx]
+    else:
+        color = _FALLBACK[zlib.crc32(fp8.encode()) % len(_FALLBACK)]
+    linestyle = _LINESTYLES.get(clip, "-.")
+    if fp8 in ("bf16",) and clip == "vanilla":
+        linestyle = "-"
+    linewidth = 2.0 if clip == "calibrated" or fp8 == "bf16" else 1.5
+    return ArmStyle(color=color, linestyle=linestyle, linewidth=linewidth)
+
+
+def sort_arms(pairs) -> list[tuple[str, str]]:
+    """Unique ``(fp8, clip)`` pairs in display order."""
+    return sorted({(str(f), str(c)) for f, c in pairs}, key=lambda p: arm_order_key(*p))

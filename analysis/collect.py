@@ -1,0 +1,557 @@
+"""Collect a sweep's run directories into tidy pandas tables.
+
+``collect(SWEEP_DIR)`` reads ``manifest.json`` and every run directory of one or more sweeps
+(the format of ``fp8rl.runs``; DESIGN.md "The run directory") and returns a
+:class:`Collection` with
+
+- ``runs``: one row per grid cell / run directory: ``sweep, run, name, hash, algorithm, model,
+  fp8, clip, seed, scale, arm, state, status_step, reason, cell, in_manifest, n_rows,
+  first_step, last_step, truncated_tail, bad_lines, duplicate_steps, summary, run_dir``;
+- ``steps``: one row per (run, logged step): ``run, step``, the axes and ``arm``, and one
+  float column per metric seen in any run (NaN where a run did not log it: missing optional
+  metrics, non-finite values written as ``null``, runs of different lengths);
+- ``evals``: one row per (run, step, dataset, statistic): ``run, step, dataset, stat
+  ("avg@k" | "pass@k"), k, n, value`` and the axes;
+- ``problems``: every cell that is not a finished run, with why: ``missing`` (in the manifest,
+  no run directory or an empty one), ``failed`` (status FAILED), ``incomplete`` (RUNNING,
+  PREEMPTED, or no status.json), ``unlisted`` (a run directory the manifest does not name);
+- ``notes``: data-quality remarks (a truncated last line dropped, corrupt lines skipped,
+  duplicated steps de-duplicated, no manifest).
+
+Nothing is dropped silently: a cell that is missing or broken is a row of ``runs`` and of
+``problems`` and shows up in the report.
+
+Speed. The JSONL parsing dominates (a 500-run x 2,000-step sweep with every metric of DESIGN.md
+is about 1 GB of JSON). Each file is read in one go and parsed with a single ``loads`` call on
+the lines joined into one JSON array (``orjson`` when installed, the standard library
+otherwise; a file ``orjson`` refuses, e.g. one with ``NaN`` literals written by another tool,
+is re-parsed with the standard library). Rows are grouped by their key sequence (rows written
+by one writer share it) and each group becomes a 2-D float array with one ``np.fromiter``, so
+no per-value Python work is done beyond the parse. ``workers > 1`` parses runs in worker
+processes. ``benchmarks/bench_collect.py`` measures this against a plain ``json.loads`` loop;
+the numbers are in ``docs/analysis.md``.
+
+Choices: a run's *final* evaluation (:func:`final_evals`) is the ``eval/<dataset>/<stat>``
+value in ``summary.json`` when present (the backend's final numbers, DESIGN.md), else the eval
+row with the largest step. When several rows share a step, the last one wins (a resume that
+did not truncate), and a note says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.arms import arm_label, arm_order_key
+from fp8rl.runs import metrics as M
+from fp8rl.runs.identity import parse_run_name
+from fp8rl.runs.manifest import AXES, MANIFEST_FILE, read_manifest
+from fp8rl.runs.rundir import (
+    CONFIG_FILE,
+    DONE,
+    EVAL_FILE,
+    FAILED,
+    METRICS_FILE,
+    STATUS_FILE,
+    SUMMARY_FILE,
+)
+
+try:  # optional fast parser
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - exercised where orjson is absent
+    _orjson = None
+
+CELL_OK, CELL_MISSING, CELL_FAILED, CELL_INCOMPLETE, CELL_UNLISTED = (
+    "ok",
+    "missing",
+    "failed",
+    "incomplete",
+    "unlisted",
+)
+RUN_COLUMNS = [
+    "sweep", "run", "name", "hash", *AXES, "arm", "state", "status_step", "reason", "cell",
+    "in_manifest", "n_rows", "first_step", "last_step", "truncated_tail", "bad_lines",
+    "duplicate_steps", "summary", "run_dir",
+]
+EVAL_COLUMNS = ["run", "step", "dataset", "stat", "k", "n", "value"]
+
+
+# --- parsing -----------------------------------------------------------------------------
+
+
+def _loads(data: bytes):
+    if _orjson is not None:
+        try:
+            return _orjson.loads(data)
+        except _orjson.JSONDecodeError:
+            pass  # e.g. NaN literals: the standard library accepts them
+    return json.loads(data)
+
+
+@dataclasses.dataclass
+class ParsedJsonl:
+    """Rows of one JSONL file and what had to be repaired to read it."""
+
+    rows: list
+    truncated_tail: bool = False
+    bad_lines: int = 0
+
+
+def parse_jsonl(path: str | os.PathLike, *, engine: str = "auto") -> ParsedJsonl:
+    """Read a JSONL file fast; tolerant of a truncated last line and of corrupt lines.
+
+    ``engine`` is ``"auto"`` (orjson when installed), ``"json"`` (standard library) or
+    ``"loop"`` (one ``json.loads`` per line: the reference). A missing file gives no rows.
+    A final line without newline that does not parse is dropped (``truncated_tail``); corrupt
+    lines elsewhere are skipped and counted (``bad_lines``) rather than failing the sweep.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return ParsedJsonl([])
+    truncated = False
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        tail = data[cut:]
+        try:
+            obj = json.loads(tail)
+            ok = isinstance(obj, dict)
+        except ValueError:
+            ok = False
+        if ok:
+            data = data + b"\n"
+        else:
+            truncated = bool(tail.strip())
+            data = data[:cut]
+    body = data.rstrip(b"\n")
+    if not body:
+        return ParsedJsonl([], truncated)
+    if engine != "loop":
+        loads = _loads if engine == "auto" else json.loads
+        try:
+            rows = loads(b"[" + body.replace(b"\n", b",") + b"]")
+            if all(type(r) is dict for r in rows):
+                return ParsedJsonl(rows, truncated)
+        except ValueError:
+            pass  # blank or corrupt lines: fall through to the per-line reader
+    rows, bad = [], 0
+    for line in body.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(obj, dict):
+            rows.append(obj)
+        else:
+            bad += 1
+    return ParsedJsonl(rows, truncated, bad)
+
+
+def rows_to_columns(rows: Sequence[dict]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Metric rows -> (steps int64 [N], {metric: float64 [N]}); rows without an int step dropped.
+
+    Values that are not numbers (null, strings, lists) become NaN; booleans become 0/1.
+    Rows are grouped by key sequence and each group is converted with one ``np.fromiter``.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        sig = tuple(r)
+        g = groups.get(sig)
+        if g is None:
+            groups[sig] = [i]
+        else:
+            g.append(i)
+    n = len(rows)
+    cols: dict[str, np.ndarray] = {}
+    for sig, idx in groups.items():
+        grp = [rows[i] for i in idx]
+        try:
+            block = np.fromiter(
+                itertools.chain.from_iterable([r.values() for r in grp]),
+                dtype=np.float64,
+                count=len(grp) * len(sig),
+            ).reshape(len(grp), len(sig))
+        except (TypeError, ValueError):
+            block = np.array([[_num(v) for v in r.values()] for r in grp], dtype=np.float64)
+            block = block.reshape(len(grp), len(sig))
+        ia = np.asarray(idx)
+        for j, key in enumerate(sig):
+            col = cols.get(key)
+            if col is None:
+                col = cols[key] = np.full(n, np.nan)
+            col[ia] = block[:, j]
+    step = cols.pop(M.STEP, np.full(n, np.nan))
+    keep = np.isfinite(step) & (step >= 0) & (step == np.floor(step))
+    if not keep.all():
+        step = step[keep]
+        cols = {k: v[keep] for k, v in cols.items()}
+    return step.astype(np.int64), cols
+
+
+def _num(v) -> float:
+    if v is None or isinstance(v, (str, list, dict)):
+        return np.nan
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return np.nan
+
+
+def eval_entries(rows: Iterable[dict]) -> list[tuple]:
+    """eval.jsonl rows -> ``(step, dataset, stat, k, n, value)`` tuples.
+
+    Accepts the canonical layout (``eval/<ds>/avg@k`` keys plus ``k``/``n`` fields), a numeric
+    k in the key (``eval/<ds>/avg@16``), rows holding several datasets, and bare
+    ``avg@k``/``pass@k`` keys next to a ``dataset`` field.
+    """
+    out = []
+    for r in rows:
+        step = r.get(M.STEP)
+        if not isinstance(step, int) or isinstance(step, bool):
+            continue
+        k_row, n_row, ds_row = r.get(M.EVAL_K), r.get(M.EVAL_N), r.get(M.EVAL_DATASET)
+        for key, value in r.items():
+            parsed = M.parse_eval_key(key)
+            if parsed is None and ds_row is not None and "/" not in key:
+                parsed = M.parse_eval_key(f"eval/{ds_row}/{key}")
+            if parsed is None:
+                continue
+            ds, stat, k = parsed
+            out.append((step, ds, stat, k if k is not None else k_row, n_row, _num(value)))
+    return out
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return {"__corrupt__": True}
+
+
+def _load_run(path: str, engine: str = "auto") -> dict:
+    """Everything collect needs from one run directory (runs in worker processes)."""
+    p = Path(path)
+    out: dict = {"exists": p.is_dir()}
+    if not out["exists"]:
+        return out
+    out["status"] = _read_json(p / STATUS_FILE)
+    out["summary"] = _read_json(p / SUMMARY_FILE)
+    out["has_config"] = (p / CONFIG_FILE).exists()
+    out["has_metrics"] = (p / METRICS_FILE).exists()
+    pm = parse_jsonl(p / METRICS_FILE, engine=engine)
+    steps, cols = rows_to_columns(pm.rows)
+    out.update(steps=steps, cols=cols, truncated_tail=pm.truncated_tail, bad_lines=pm.bad_lines)
+    pe = parse_jsonl(p / EVAL_FILE, engine=engine)
+    out["eval"] = eval_entries(pe.rows)
+    out["eval_bad_lines"] = pe.bad_lines + int(pe.truncated_tail)
+    return out
+
+
+# --- the collection ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Collection:
+    """The tables of one or more sweeps (see the module docstring for their columns)."""
+
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    evals: pd.DataFrame
+    problems: pd.DataFrame
+    notes: list[str]
+    sweep_dirs: list[Path]
+
+    @property
+    def metrics(self) -> list[str]:
+        """Metric columns present in ``steps``."""
+        return [c for c in self.steps.columns if "/" in c]
+
+    def long(self, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+        """``steps`` melted to ``run, step, <axes>, arm, metric, value`` (NaN rows dropped)."""
+        metrics = list(metrics) if metrics is not None else self.metrics
+        metrics = [m for m in metrics if m in self.steps.columns]
+        ids = [c for c in self.steps.columns if "/" not in c]
+        out = self.steps.melt(id_vars=ids, value_vars=metrics, var_name="metric", value_name="value")
+        return out.dropna(subset=["value"]).reset_index(drop=True)
+
+    def arms(self) -> list[tuple[str, str]]:
+        """``(fp8, clip)`` pairs of all cells, in display order."""
+        pairs = {(str(f), str(c)) for f, c in zip(self.runs["fp8"], self.runs["clip"], strict=True)}
+        return sorted(pairs, key=lambda p: arm_order_key(*p))
+
+
+def _axes_from_name(run: str) -> dict:
+    try:
+        d = parse_run_name(run)
+    except ValueError:
+        return {a: None for a in AXES}
+    return {**{a: d.get(a) for a in AXES}, "scale": None}
+
+
+def _classify(loaded: dict, in_manifest: bool) -> tuple[str, str | None]:
+    if not loaded.get("exists"):
+        return CELL_MISSING, "no run directory"
+    st = loaded.get("status")
+    has_data = loaded.get("has_config") or loaded.get("has_metrics")
+    if st is None:
+        if not has_data:
+            return CELL_MISSING, "empty run directory (never started)"
+        cell, why = CELL_INCOMPLETE, "no status.json"
+    elif st.get("__corrupt__"):
+        cell, why = CELL_INCOMPLETE, "status.json unreadable"
+    elif st.get("state") == DONE:
+        cell, why = CELL_OK, None
+    elif st.get("state") == FAILED:
+        cell, why = CELL_FAILED, st.get("reason") or "FAILED"
+    else:
+        why = f"{st.get('state')} at step {st.get('step')}"
+        if st.get("reason"):
+            why += f": {st['reason']}"
+        cell = CELL_INCOMPLETE
+    if not in_manifest:
+        return CELL_UNLISTED, f"run directory not in manifest ({cell})"
+    return cell, why
+
+
+def _progress(iterable, total: int, progress: bool | None, desc: str):
+    if progress is None:
+        progress = total >= 50
+    if not progress:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, unit="run", leave=False)
+
+
+def _discover(sweep_dir: Path) -> tuple[str, list[dict], list[str]]:
+    """Cells of one sweep: manifest cells plus unlisted run directories."""
+    notes = []
+    cells: list[dict] = []
+    listed: set[str] = set()
+    sweep = sweep_dir.name
+    if (sweep_dir / MANIFEST_FILE).exists():
+        man = read_manifest(sweep_dir)
+        sweep = man.sweep
+        for c in man.cells:
+            run = Path(c.run_dir).name
+            listed.add(str(Path(c.run_dir)))
+            cells.append({"sweep": sweep, "run": run, "name": c.name, "hash": c.hash,
+                          "axes": dict(c.axes), "path": sweep_dir / c.run_dir, "in_manifest": True})
+    else:
+        notes.append(
+            f"{sweep_dir}: no {MANIFEST_FILE}; run directories were discovered by listing, so "
+            "cells that never started cannot be reported"
+        )
+    for d in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+        if d.name in listed or d.name.startswith("."):
+            continue
+        if not any((d / f).exists() for f in (CONFIG_FILE, STATUS_FILE, METRICS_FILE)):
+            continue  # not a run directory (e.g. a report folder)
+        axes = _axes_from_name(d.name)
+        parsed = {}
+        try:
+            parsed = parse_run_name(d.name)
+        except ValueError:
+            pass
+        cells.append({"sweep": sweep, "run": d.name,
+                      "name": d.name[:-9] if parsed.get("hash") else d.name,
+                      "hash": parsed.get("hash"), "axes": axes, "path": d,
+                      "in_manifest": not (sweep_dir / MANIFEST_FILE).exists()})
+    return sweep, cells, notes
+
+
+def collect(
+    sweep_dirs: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    workers: int | None = None,
+    progress: bool | None = None,
+    engine: str = "auto",
+) -> Collection:
+    """Read one or more sweep directories into a :class:`Collection`.
+
+    Args:
+        sweep_dirs: a sweep directory (holding ``manifest.json``) or a list of them.
+        workers: processes parsing runs in parallel; None = 1 below 64 runs, else
+            ``min(os.cpu_count(), 8)``.
+        progress: show a progress bar; None = only for sweeps of 50 runs or more.
+        engine: JSON parser, ``"auto"`` | ``"json"`` | ``"loop"`` (see :func:`parse_jsonl`).
+    """
+    if isinstance(sweep_dirs, (str, os.PathLike)):
+        sweep_dirs = [sweep_dirs]
+    sweep_dirs = [Path(s) for s in sweep_dirs]
+    notes: list[str] = []
+    cells: list[dict] = []
+    for sd in sweep_dirs:
+        if not sd.is_dir():
+            raise FileNotFoundError(f"sweep directory {sd} does not exist")
+        _, cs, ns = _discover(sd)
+        cells.extend(cs)
+        notes.extend(ns)
+    if len(sweep_dirs) > 1:  # runs of different sweeps may share a basename
+        for c in cells:
+            c["run"] = f"{c['sweep']}/{c['run']}"
+    paths = [str(c["path"]) for c in cells]
+    if workers is None:
+        workers = 1 if len(paths) < 64 else min(os.cpu_count() or 1, 8)
+    if workers > 1 and len(paths) > 1:
+        with ProcessPoolExecutor(max_workers=workers) as ex:
+            it = ex.map(_load_run, paths, [engine] * len(paths), chunksize=max(1, len(paths) // (workers * 8)))
+            loaded = list(_progress(it, len(paths), progress, "collect"))
+    else:
+        loaded = [_load_run(p, engine) for p in _progress(paths, len(paths), progress, "collect")]
+    return _assemble(cells, loaded, notes, sweep_dirs)
+
+
+def _assemble(cells: list[dict], loaded: list[dict], notes: list[str], sweep_dirs: list[Path]) -> Collection:
+    run_rows = []
+    step_parts: list[tuple[int, np.ndarray, dict]] = []
+    eval_parts: list[tuple[int, list]] = []
+    for i, (c, ld) in enumerate(zip(cells, loaded, strict=True)):
+        cell, why = _classify(ld, c["in_manifest"])
+        st = ld.get("status") or {}
+        steps = ld.get("steps", np.zeros(0, np.int64))
+        cols = ld.get("cols", {})
+        dup = 0
+        if len(steps) and not (np.diff(steps) > 0).all():
+            # keep the last row of each step, in step order
+            rev = steps[::-1]
+            _, first_rev = np.unique(rev, return_index=True)
+            idx = (len(steps) - 1 - first_rev)
+            dup = len(steps) - len(idx)
+            steps = steps[idx]
+            cols = {k: v[idx] for k, v in cols.items()}
+            if dup:
+                notes.append(f"{c['run']}: {dup} duplicated step row(s) in {METRICS_FILE}; kept the last of each")
+        if ld.get("truncated_tail"):
+            notes.append(f"{c['run']}: truncated last line of {METRICS_FILE} dropped")
+        if ld.get("bad_lines"):
+            notes.append(f"{c['run']}: {ld['bad_lines']} corrupt line(s) of {METRICS_FILE} skipped")
+        if ld.get("eval_bad_lines"):
+            notes.append(f"{c['run']}: {ld['eval_bad_lines']} corrupt/truncated line(s) of {EVAL_FILE} skipped")
+        summary = ld.get("summary")
+        if isinstance(summary, dict) and summary.get("__corrupt__"):
+            notes.append(f"{c['run']}: {SUMMARY_FILE} unreadable; ignored")
+            summary = None
+        axes = c["axes"]
+        run_rows.append({
+            "sweep": c["sweep"], "run": c["run"], "name": c["name"], "hash": c["hash"],
+            **{a: axes.get(a) for a in AXES},
+            "arm": arm_label(axes.get("fp8"), axes.get("clip")),
+            "state": st.get("state"), "status_step": st.get("step"), "reason": why, "cell": cell,
+            "in_manifest": c["in_manifest"], "n_rows": len(steps),
+            "first_step": int(steps[0]) if len(steps) else None,
+            "last_step": int(steps[-1]) if len(steps) else None,
+            "truncated_tail": bool(ld.get("truncated_tail", False)),
+            "bad_lines": int(ld.get("bad_lines", 0)), "duplicate_steps": dup,
+            "summary": summary, "run_dir": str(c["path"]),
+        })
+        if len(steps):
+            step_parts.append((i, steps, cols))
+        if ld.get("eval"):
+            eval_parts.append((i, ld["eval"]))
+    runs = pd.DataFrame(run_rows, columns=RUN_COLUMNS)
+    runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce").astype("Int64")
+    steps_df = _build_steps(runs, step_parts)
+    evals_df = _build_evals(runs, eval_parts)
+    problems = runs.loc[runs["cell"] != CELL_OK, ["sweep", "run", *AXES, "arm", "cell", "state",
+                                                  "status_step", "last_step", "reason"]]
+    return Collection(runs=runs, steps=steps_df, evals=evals_df,
+                      problems=problems.reset_index(drop=True), notes=notes, sweep_dirs=sweep_dirs)
+
+
+def _axis_columns(runs: pd.DataFrame, run_idx: np.ndarray) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for col in ("run", "algorithm", "model", "fp8", "clip", "scale", "arm"):
+        cat = pd.Categorical(runs[col].astype("string"))
+        out[col] = pd.Categorical.from_codes(cat.codes[run_idx], categories=cat.categories)
+    out["seed"] = runs["seed"].to_numpy()[run_idx]
+    return out
+
+
+def _build_steps(runs: pd.DataFrame, parts: list[tuple[int, np.ndarray, dict]]) -> pd.DataFrame:
+    names: dict[str, None] = {}
+    for _, _, cols in parts:
+        for k in cols:
+            names[k] = None
+    metric_names = sorted(names, key=_metric_order)
+    if not parts:
+        return pd.DataFrame(columns=["run", "step", "algorithm", "model", "fp8", "clip", "seed",
+                                     "scale", "arm", *metric_names])
+    lens = np.array([len(s) for _, s, _ in parts])
+    run_idx = np.repeat(np.array([i for i, _, _ in parts]), lens)
+    data: dict[str, object] = {}
+    ax = _axis_columns(runs, run_idx)
+    data["run"] = ax.pop("run")
+    data["step"] = np.concatenate([s for _, s, _ in parts])
+    data.update(ax)
+    for m in metric_names:
+        data[m] = np.concatenate([cols[m] if m in cols else np.full(len(s), np.nan) for _, s, cols in parts])
+    return pd.DataFrame(data)
+
+
+def _metric_order(name: str) -> tuple:
+    known = {m: i for i, m in enumerate(M.TRAIN_METRICS)}
+    return (0, known[name], "") if name in known else (1, 0, name)
+
+
+def _build_evals(runs: pd.DataFrame, parts: list[tuple[int, list]]) -> pd.DataFrame:
+    if not parts:
+        return pd.DataFrame(columns=[*EVAL_COLUMNS, "algorithm", "model", "fp8", "clip", "seed",
+                                     "scale", "arm"])
+    run_idx = np.concatenate([np.full(len(e), i) for i, e in parts])
+    flat = [t for _, e in parts for t in e]
+    df = pd.DataFrame(flat, columns=["step", "dataset", "stat", "k", "n", "value"])
+    ax = _axis_columns(runs, run_idx)
+    df.insert(0, "run", ax.pop("run"))
+    for k, v in ax.items():
+        df[k] = v
+    df["k"] = pd.to_numeric(df["k"], errors="coerce").astype("Int64")
+    df["n"] = pd.to_numeric(df["n"], errors="coerce").astype("Int64")
+    # last row wins per (run, step, dataset, stat)
+    df = df.drop_duplicates(subset=["run", "step", "dataset", "stat"], keep="last")
+    return df.sort_values(["run", "dataset", "stat", "step"], kind="stable").reset_index(drop=True)
+
+
+def final_evals(coll: Collection, stat: str = M.EVAL_AVG, *, cells: Sequence[str] = (CELL_OK,)) -> pd.DataFrame:
+    """Each run's final evaluation per dataset: ``run, dataset, value, step, source`` + axes.
+
+    Only runs whose ``cell`` is in ``cells`` (default: finished runs). ``source`` is
+    ``"summary"`` when ``summary.json`` holds ``eval/<dataset>/<stat>``, else ``"eval"`` (the
+    eval row with the largest step).
+    """
+    runs = coll.runs[coll.runs["cell"].isin(cells)]
+    rows = []
+    ev = coll.evals
+    ev = ev[ev["stat"] == stat] if len(ev) else ev
+    last = ev.sort_values("step").groupby(["run", "dataset"], observed=True).tail(1) if len(ev) else ev
+    last_by_run: dict[str, list] = {}
+    for r in last.itertuples(index=False):
+        last_by_run.setdefault(str(r.run), []).append(r)
+    for r in runs.itertuples(index=False):
+        from_summary: dict[str, float] = {}
+        if isinstance(r.summary, dict):
+            for key, v in r.summary.items():
+                p = M.parse_eval_key(key)
+                if p is not None and p[1] == stat:
+                    from_summary[p[0]] = _num(v)
+        for e in last_by_run.get(r.run, []):
+            if e.dataset not in from_summary:
+                rows.append((r.run, e.dataset, float(e.value), int(e.step), "eval"))
+        for ds, v in from_summary.items():
+            rows.append((r.run, ds, v, r.last_step, "summary"))
+    df = pd.DataFrame(rows, columns=["run", "dataset", "value", "step", "source"])
+    axes = coll.runs[["run", *AXES, "arm"]]
+    return df.merge(axes, on="run", how="left")

@@ -1,0 +1,282 @@
+"""The paper's figures, regenerated from a :class:`analysis.collect.Collection`.
+
+Every figure has one column of panels per (algorithm, model) and one row per metric, one line
+per arm (``analysis.arms``: fixed colour and line style per (fp8, clip), the same in every
+figure), the mean over seeds of the EMA-smoothed per-run curves with a band of +-1 standard
+deviation over seeds where there are two or more, and the legend *below* the panels (it never
+covers data). Each figure is written as PNG (200 dpi) and PDF, with a CSV of exactly the
+plotted numbers beside it (``kind=line`` rows: step, mean, std, n_seeds; ``kind=surge`` rows:
+the surge onsets marked with a triangle), sorted and formatted deterministically.
+
+Figures (:data:`FIGURES`): entropy over training (surge onsets marked, ``analysis.surge``);
+``actor/clipfrac_neg_low`` (the mechanism); reward and rollout accuracy; evaluation accuracy
+(avg@k averaged over the evaluation sets, from ``eval.jsonl``); response length; mismatch KL
+(log scale); the clip bounds ``clip/low``, ``clip/high`` and ``clip/alpha``; the ratio
+quantiles of negative-advantage tokens.
+
+Choices: the EMA span defaults to ``max(1, round(T / 50))`` logged steps for a run of T steps
+(``smooth=1`` disables it); metrics logged on a minority of steps (``clip/alpha``,
+``shadow/*``) are drawn unsmoothed with markers; a metric absent from every run skips its
+figure (the report says so). matplotlib runs on the Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from analysis.arms import arm_label, arm_style, sort_arms
+from analysis.collect import Collection
+from analysis.surge import SurgeRule, ema, surge_table
+from fp8rl.runs import metrics as M
+
+EVAL_AVG_METRIC = "eval/mean/avg@k"  # pseudo-metric: avg@k averaged over evaluation sets
+
+RC = {
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "legend.fontsize": 7,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.5,
+    "pdf.fonttype": 42,
+    "savefig.bbox": "tight",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class FigureSpec:
+    """One figure: a name (file stem), metrics (one row of panels each) and their labels."""
+
+    name: str
+    metrics: tuple[str, ...]
+    ylabels: tuple[str, ...]
+    title: str
+    logy: bool = False
+    mark_surge: bool = False
+
+
+FIGURES: tuple[FigureSpec, ...] = (
+    FigureSpec("entropy", (M.ACTOR_ENTROPY,), ("entropy (nats/token)",),
+               "Policy entropy over training", mark_surge=True),
+    FigureSpec("clipfrac_neg_low", (M.ACTOR_CLIPFRAC_NEG_LOW,),
+               ("A<0 tokens with r < low (fraction)",),
+               "Negative-advantage tokens below the lower clip bound (gradient zeroed)"),
+    FigureSpec("reward_accuracy", (M.ROLLOUT_REWARD_MEAN, M.ROLLOUT_ACC),
+               ("mean reward", "rollout accuracy (fraction)"), "Reward and rollout accuracy"),
+    FigureSpec("eval_accuracy", (EVAL_AVG_METRIC,), ("eval avg@k, mean over sets (%)",),
+               "Evaluation accuracy"),
+    FigureSpec("response_length", (M.ROLLOUT_RESPONSE_LEN,), ("response length (tokens)",),
+               "Response length"),
+    FigureSpec("mismatch_kl", (M.ROLLOUT_MISMATCH_KL,), ("rollout-trainer KL (nats/token)",),
+               "Rollout / trainer mismatch", logy=True),
+    FigureSpec("clip_bounds", (M.CLIP_LOW, M.CLIP_HIGH, M.CLIP_ALPHA),
+               ("lower clip bound", "upper clip bound", "alpha (BF16 shadow clip fraction)"),
+               "Clip bounds in force and the calibration target"),
+    FigureSpec("ratio_quantiles", (M.ACTOR_RATIO_NEG_Q01, M.ACTOR_RATIO_NEG_Q50, M.ACTOR_RATIO_NEG_Q99),
+               ("ratio q01 (A<0)", "ratio q50 (A<0)", "ratio q99 (A<0)"),
+               "PPO ratio quantiles over negative-advantage tokens"),
+)
+FIGURE_NAMES = tuple(f.name for f in FIGURES)
+
+
+def figure_spec(name: str) -> FigureSpec:
+    for f in FIGURES:
+        if f.name == name:
+            return f
+    raise KeyError(f"unknown figure {name!r}; valid names are: {', '.join(FIGURE_NAMES)}")
+
+
+def _eval_mean_steps(coll: Collection) -> pd.DataFrame:
+    """``run, step, eval/mean/avg@k`` (percent): avg@k averaged over the evaluation sets that
+    the run evaluated at that step (only steps where every set of the run is present)."""
+    ev = coll.evals
+    if len(ev) == 0:
+        return pd.DataFrame(columns=["run", "step", EVAL_AVG_METRIC])
+    ev = ev[ev["stat"] == M.EVAL_AVG]
+    n_sets = ev.groupby("run", observed=True)["dataset"].nunique()
+    g = ev.groupby(["run", "step"], observed=True)["value"].agg(["mean", "count"]).reset_index()
+    g = g[g["count"].to_numpy() == n_sets.reindex(g["run"]).to_numpy()]
+    return pd.DataFrame({"run": g["run"].astype(str), "step": g["step"].astype(np.int64),
+                         EVAL_AVG_METRIC: 100.0 * g["mean"].to_numpy()})
+
+
+def _series_table(coll: Collection, metric: str) -> pd.DataFrame:
+    """``run, step, value`` for one metric (NaN dropped)."""
+    if metric == EVAL_AVG_METRIC:
+        df = _eval_mean_steps(coll).rename(columns={EVAL_AVG_METRIC: "value"})
+    elif metric in coll.steps.columns:
+        df = coll.steps[["run", "step", metric]].rename(columns={metric: "value"})
+        df = df.assign(run=df["run"].astype(str))
+    else:
+        return pd.DataFrame(columns=["run", "step", "value"])
+    return df.dropna(subset=["value"])
+
+
+def auto_span(n_steps: int) -> float:
+    """Default EMA span for a run of ``n_steps`` logged steps."""
+    return float(max(1, round(n_steps / 50)))
+
+
+def arm_curves(coll: Collection, metric: str, *, smooth: float | None = None) -> pd.DataFrame:
+    """Per (algorithm, model, arm, step): mean and std over seeds of smoothed per-run curves.
+
+    Returns ``algorithm, model, fp8, clip, arm, metric, step, mean, std, n_seeds``; ``smooth``
+    is the EMA span (None = :func:`auto_span` per run; sparse metrics are never smoothed).
+    """
+    cols = ["algorithm", "model", "fp8", "clip", "arm", "metric", "step", "mean", "std", "n_seeds"]
+    df = _series_table(coll, metric)
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    runs = coll.runs.set_index("run")[["algorithm", "model", "fp8", "clip", "arm", "n_rows"]]
+    parts = []
+    for run, g in df.groupby("run", sort=False):
+        g = g.sort_values("step")
+        n_rows = runs.at[run, "n_rows"] if run in runs.index else len(g)
+        sparse = metric != EVAL_AVG_METRIC and len(g) < 0.5 * max(int(n_rows or 0), 1)
+        span = 1.0 if sparse or metric == EVAL_AVG_METRIC else (smooth or auto_span(len(g)))
+        v = ema(g["value"].to_numpy(), span) if span > 1 else g["value"].to_numpy()
+        parts.append(pd.DataFrame({"run": run, "step": g["step"].to_numpy(), "v": v}))
+    s = pd.concat(parts, ignore_index=True).join(runs, on="run")
+    agg = (
+        s.groupby(["algorithm", "model", "fp8", "clip", "arm", "step"], observed=True)["v"]
+        .agg(mean="mean", std="std", n_seeds="count")
+        .reset_index()
+    )
+    agg["metric"] = metric
+    agg.loc[agg["n_seeds"] < 2, "std"] = np.nan
+    return agg[cols]
+
+
+def _panels(coll: Collection) -> list[tuple[str, str]]:
+    pairs = coll.runs[["algorithm", "model"]].dropna().astype(str).drop_duplicates()
+    return sorted(map(tuple, pairs.to_numpy().tolist()))
+
+
+def _fmt(x) -> str:
+    return "" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.6g}"
+
+
+def plot_figure(
+    coll: Collection,
+    spec: FigureSpec | str,
+    out_dir: str | os.PathLike,
+    *,
+    smooth: float | None = None,
+    surge_rule: SurgeRule = SurgeRule(),  # noqa: B008
+    panel_width: float = 3.0,
+    panel_height: float = 2.1,
+) -> dict[str, Path] | None:
+    """Draw one figure into ``out_dir`` as ``<name>.png``, ``.pdf`` and ``.csv``.
+
+    Returns the written paths, or None when no run logged any of the figure's metrics.
+    """
+    spec = figure_spec(spec) if isinstance(spec, str) else spec
+    curves = {m: arm_curves(coll, m, smooth=smooth) for m in spec.metrics}
+    if all(c.empty for c in curves.values()):
+        return None
+    panels = _panels(coll)
+    arms = sort_arms(zip(coll.runs["fp8"].astype(str), coll.runs["clip"].astype(str), strict=True))
+    nrows, ncols = len(spec.metrics), max(len(panels), 1)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    surges = pd.DataFrame(columns=["run", "surge_step"])
+    if spec.mark_surge and M.ACTOR_ENTROPY in coll.steps.columns:
+        surges = surge_table(coll.steps, surge_rule).dropna()
+        surges = surges.merge(coll.runs[["run", "algorithm", "model", "fp8", "clip", "arm", "seed"]],
+                              on="run", how="left")
+    csv_rows = []
+    with plt.rc_context(RC):
+        fig, axes = plt.subplots(nrows, ncols, figsize=(panel_width * ncols, panel_height * nrows + 0.6),
+                                 squeeze=False, sharex="col")
+        handles: dict[str, object] = {}
+        for r, metric in enumerate(spec.metrics):
+            cur = curves[metric]
+            for c, (algo, model) in enumerate(panels):
+                ax = axes[r][c]
+                sub = cur[(cur["algorithm"].astype(str) == algo) & (cur["model"].astype(str) == model)]
+                for fp8, clip in arms:
+                    a = sub[(sub["fp8"].astype(str) == fp8) & (sub["clip"].astype(str) == clip)]
+                    if a.empty:
+                        continue
+                    a = a.sort_values("step")
+                    st = arm_style(fp8, clip)
+                    label = arm_label(fp8, clip)
+                    x, y, sd = a["step"].to_numpy(), a["mean"].to_numpy(), a["std"].to_numpy()
+                    sparse = len(a) < 30 or metric == EVAL_AVG_METRIC
+                    (line,) = ax.plot(x, y, color=st.color, linestyle=st.linestyle,
+                                      linewidth=st.linewidth, marker="o" if sparse else None,
+                                      markersize=2.5, label=label)
+                    handles.setdefault(label, line)
+                    if np.isfinite(sd).any():
+                        ax.fill_between(x, y - sd, y + sd, color=st.color, alpha=0.15, linewidth=0)
+                    for xi, yi, si, ni in zip(x, y, sd, a["n_seeds"].to_numpy(), strict=True):
+                        csv_rows.append(("line", metric, algo, model, label, fp8, clip, int(xi),
+                                         _fmt(float(yi)), _fmt(float(si)), int(ni), ""))
+                    if spec.mark_surge and not surges.empty:
+                        srg = surges[(surges["algorithm"].astype(str) == algo)
+                                     & (surges["model"].astype(str) == model)
+                                     & (surges["fp8"].astype(str) == fp8)
+                                     & (surges["clip"].astype(str) == clip)]
+                        for s_ in srg.itertuples(index=False):
+                            xs = int(s_.surge_step)
+                            ys = float(np.interp(xs, x, y))
+                            ax.plot([xs], [ys], marker="v", color=st.color, markersize=6,
+                                    markeredgecolor="white", markeredgewidth=0.5, linestyle="none",
+                                    zorder=5)
+                            csv_rows.append(("surge", metric, algo, model, label, fp8, clip, xs,
+                                             _fmt(ys), "", "", str(s_.run)))
+                if spec.logy:
+                    ax.set_yscale("log")
+                if r == 0:
+                    ax.set_title(f"{algo.upper()} · {model}")
+                if r == nrows - 1:
+                    ax.set_xlabel("training step")
+                if c == 0:
+                    ax.set_ylabel(spec.ylabels[r])
+                if sub.empty:
+                    ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center",
+                            color="0.5")
+        if spec.mark_surge and not surges.empty:
+            handles["entropy surge onset"] = plt.Line2D([], [], marker="v", color="0.3",
+                                                         linestyle="none", markersize=6)
+        ncol = min(len(handles), max(2, 2 * ncols), 4)
+        fig.legend(list(handles.values()), list(handles.keys()), loc="upper center",
+                   bbox_to_anchor=(0.5, 0.0), ncol=max(ncol, 1), frameon=False)
+        fig.suptitle(spec.title, fontsize=9)
+        fig.tight_layout()
+        paths = {"png": out_dir / f"{spec.name}.png", "pdf": out_dir / f"{spec.name}.pdf",
+                 "csv": out_dir / f"{spec.name}.csv"}
+        fig.savefig(paths["png"], dpi=200)
+        fig.savefig(paths["pdf"], metadata={"CreationDate": None})
+        plt.close(fig)
+    header = ["kind", "metric", "algorithm", "model", "arm", "fp8", "clip", "step", "mean", "std",
+              "n_seeds", "run"]
+    csv = pd.DataFrame(csv_rows, columns=header).sort_values(
+        ["kind", "metric", "algorithm", "model", "arm", "step", "run"], kind="stable")
+    csv.to_csv(paths["csv"], index=False, lineterminator="\n")
+    return paths
+
+
+def plot_all(
+    coll: Collection,
+    out_dir: str | os.PathLike,
+    names: Sequence[str] = FIGURE_NAMES,
+    **kwargs,
+) -> dict[str, dict[str, Path] | None]:
+    """Draw every figure of :data:`FIGURES` (or ``names``); value None = no data for it."""
+    return {name: plot_figure(coll, name, out_dir, **kwargs) for name in names}
