@@ -463,7 +463,8 @@ def _assemble(cells: list[dict], loaded: list[dict], notes: list[str], sweep_dir
         if ld.get("eval"):
             eval_parts.append((i, ld["eval"]))
     runs = pd.DataFrame(run_rows, columns=RUN_COLUMNS)
-    runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce").astype("Int64")
+    for col in ("seed", "status_step", "first_step", "last_step"):
+        runs[col] = pd.to_numeric(runs[col], errors="coerce").astype("Int64")
     steps_df = _build_steps(runs, step_parts)
     evals_df = _build_evals(runs, eval_parts)
     problems = runs.loc[runs["cell"] != CELL_OK, ["sweep", "run", *AXES, "arm", "cell", "state",

@@ -68,6 +68,7 @@ class FigureSpec:
     title: str
     logy: bool = False
     mark_surge: bool = False
+    smooth: bool = True  # False for step functions such as the clip bounds in force
 
 
 FIGURES: tuple[FigureSpec, ...] = (
@@ -86,7 +87,7 @@ FIGURES: tuple[FigureSpec, ...] = (
                "Rollout / trainer mismatch", logy=True),
     FigureSpec("clip_bounds", (M.CLIP_LOW, M.CLIP_HIGH, M.CLIP_ALPHA),
                ("lower clip bound", "upper clip bound", "alpha (BF16 shadow clip fraction)"),
-               "Clip bounds in force and the calibration target"),
+               "Clip bounds in force and the calibration target", smooth=False),
     FigureSpec("ratio_quantiles", (M.ACTOR_RATIO_NEG_Q01, M.ACTOR_RATIO_NEG_Q50, M.ACTOR_RATIO_NEG_Q99),
                ("ratio q01 (A<0)", "ratio q50 (A<0)", "ratio q99 (A<0)"),
                "PPO ratio quantiles over negative-advantage tokens"),
@@ -149,7 +150,7 @@ def arm_curves(coll: Collection, metric: str, *, smooth: float | None = None) ->
         n_rows = runs.at[run, "n_rows"] if run in runs.index else len(g)
         sparse = metric != EVAL_AVG_METRIC and len(g) < 0.5 * max(int(n_rows or 0), 1)
         span = 1.0 if sparse or metric == EVAL_AVG_METRIC else (smooth or auto_span(len(g)))
-        v = ema(g["value"].to_numpy(), span) if span > 1 else g["value"].to_numpy()
+        v = ema(g["value"].to_numpy(), span) if span > 1 else g["value"].to_numpy(dtype=float)
         parts.append(pd.DataFrame({"run": run, "step": g["step"].to_numpy(), "v": v}))
     s = pd.concat(parts, ignore_index=True).join(runs, on="run")
     agg = (
@@ -186,7 +187,8 @@ def plot_figure(
     Returns the written paths, or None when no run logged any of the figure's metrics.
     """
     spec = figure_spec(spec) if isinstance(spec, str) else spec
-    curves = {m: arm_curves(coll, m, smooth=smooth) for m in spec.metrics}
+    span = smooth if spec.smooth else 1.0
+    curves = {m: arm_curves(coll, m, smooth=span) for m in spec.metrics}
     if all(c.empty for c in curves.values()):
         return None
     panels = _panels(coll)

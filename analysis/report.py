@@ -1,0 +1,141 @@
+"""``python -m analysis.report SWEEP_DIR [SWEEP_DIR ...] [--out DIR]``: the whole analysis.
+
+Reads the sweep directories (never trains, never needs a GPU), then writes into ``--out``
+(default ``<first SWEEP_DIR>/report``)::
+
+    report.md                 figures, tables, the surge rule, missing/failed/incomplete cells
+    figures/<name>.png|pdf|csv   every figure of analysis.figures.FIGURES that has data
+    tables/accuracy.md|tex|csv   the paper-layout accuracy table
+    tables/diagnostics.md|tex|csv
+    tables/cells.csv          one row per cell: axes, state, steps logged, why it is not ok
+    tables/surges.csv         per run: diagnostics including the surge onset step
+
+A progress bar (tqdm, on stderr) is shown while collecting sweeps of 50 runs or more
+(``--progress`` / ``--no-progress`` force it). The exit code is 0 even when cells are
+missing (that is what the report is for); it is 2 when no run directory could be read at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from analysis.collect import Collection, collect
+from analysis.figures import FIGURES, plot_figure
+from analysis.surge import SurgeRule
+from analysis.tables import accuracy_table, diagnostics_table, run_diagnostics
+
+
+def _md_table(df, columns: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for _, r in df.iterrows():
+        cells = []
+        for c in columns:
+            v = r[c]
+            cells.append("" if v is None or (isinstance(v, float) and v != v) else str(v).replace("|", "\\|"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_report(
+    coll: Collection,
+    out_dir: str | os.PathLike,
+    *,
+    rule: SurgeRule = SurgeRule(),  # noqa: B008
+    smooth: float | None = None,
+    progress: bool = False,
+) -> Path:
+    """Write figures, tables and ``report.md`` for ``coll`` into ``out_dir``; returns report.md."""
+    out = Path(out_dir)
+    fig_dir, tab_dir = out / "figures", out / "tables"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    tab_dir.mkdir(parents=True, exist_ok=True)
+
+    specs = list(FIGURES)
+    it = specs
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(specs, desc="figures", unit="fig", leave=False)
+    figs = {}
+    for spec in it:
+        figs[spec.name] = (spec, plot_figure(coll, spec, fig_dir, smooth=smooth, surge_rule=rule))
+
+    acc = accuracy_table(coll)
+    acc.write(tab_dir)
+    diag = diagnostics_table(coll, rule)
+    diag.write(tab_dir)
+    coll.runs.drop(columns=["summary"]).to_csv(tab_dir / "cells.csv", index=False, lineterminator="\n")
+    run_diagnostics(coll, rule).to_csv(tab_dir / "surges.csv", index=False, lineterminator="\n",
+                                       float_format="%.6g")
+
+    n = len(coll.runs)
+    counts = coll.runs["cell"].value_counts().to_dict()
+    sweeps = ", ".join(sorted(coll.runs["sweep"].astype(str).unique())) if n else "(none)"
+    md = [f"# Report: {sweeps}", ""]
+    md.append(f"{n} cells: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ".")
+    md.append("")
+    md.append("## Missing, failed and incomplete cells")
+    md.append("")
+    if len(coll.problems):
+        md.append(_md_table(coll.problems, ["run", "arm", "seed", "cell", "state", "last_step", "reason"]))
+    else:
+        md.append("None: every cell of the manifest finished.")
+    if coll.notes:
+        md += ["", "Data notes:", ""] + [f"- {x}" for x in coll.notes]
+    md += ["", "## Accuracy", "", acc.markdown, "## Diagnostics", "", diag.markdown]
+    md += ["## Figures", ""]
+    for name, (spec, paths) in figs.items():
+        if paths is None:
+            md.append(f"- *{spec.title}*: no run logged {', '.join(spec.metrics)}; figure skipped.")
+            md.append("")
+            continue
+        md.append(f"### {spec.title}")
+        md.append("")
+        md.append(f"![{spec.title}](figures/{name}.png)")
+        md.append("")
+        md.append(f"[PDF](figures/{name}.pdf) · [data](figures/{name}.csv)")
+        md.append("")
+    md += ["## Method", "", f"- {rule.describe()}.",
+           "- Curves: per-run EMA, then mean over seeds; bands are ±1 std over seeds.",
+           "- Tables: `tables/` holds Markdown, LaTeX (booktabs) and CSV versions."]
+    path = out / "report.md"
+    path.write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("sweep_dirs", nargs="+", type=Path, help="sweep directories (with manifest.json)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default SWEEP_DIR/report)")
+    p.add_argument("--workers", type=int, default=None, help="parser processes (default: auto)")
+    p.add_argument("--smooth", type=float, default=None, help="EMA span in steps (default: auto)")
+    p.add_argument("--surge-k", type=float, default=SurgeRule.k)
+    p.add_argument("--surge-m", type=int, default=SurgeRule.m)
+    p.add_argument("--surge-warmup", type=int, default=SurgeRule.warmup)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None)
+    g.add_argument("--no-progress", dest="progress", action="store_false")
+    args = p.parse_args(argv)
+    rule = SurgeRule(k=args.surge_k, m=args.surge_m, warmup=args.surge_warmup)
+    out = args.out or (args.sweep_dirs[0] / "report")
+    t0 = time.perf_counter()
+    coll = collect(args.sweep_dirs, workers=args.workers, progress=args.progress)
+    if coll.runs.empty:
+        print(f"no run directories or manifest cells found in {', '.join(map(str, args.sweep_dirs))}",
+              file=sys.stderr)
+        return 2
+    show = args.progress if args.progress is not None else len(coll.runs) >= 50
+    path = write_report(coll, out, rule=rule, smooth=args.smooth, progress=show)
+    n_bad = len(coll.problems)
+    print(f"{path}: {len(coll.runs)} cells, {n_bad} missing/failed/incomplete "
+          f"({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""The paper's tables, regenerated from a :class:`analysis.collect.Collection`.
+
+**Accuracy table** (paper layout): one block per (algorithm, model), rows = arms, columns =
+evaluation sets (``avg@k`` by default, in percent) and their ``Average``. A cell is the mean
+over the seeds of that arm's *finished* runs (``cell == "ok"``; a run's final evaluation per
+``analysis.collect.final_evals``), shown as ``mean ± std`` (sample std, ddof=1) when there are
+two or more seeds. The best mean per column within a block is marked (Markdown ``**bold**``,
+LaTeX ``\\textbf``, CSV ``best=True``; ties are all marked). A cell without any finished run is
+shown as ``n/a†`` with a footnote; a cell averaged over fewer seeds than the manifest asked for
+carries ``‡`` and a footnote (the report lists which cells are missing, FAILED or incomplete).
+A run's ``Average`` is the mean over the block's evaluation sets and exists only if the run
+has all of them.
+
+**Diagnostics table**: per (algorithm, model, arm), over the runs that logged metrics (finished
+or not, since a surging run may well have FAILED): final entropy (mean of a run's last 5% of
+logged steps, at least one), peak entropy (max of the EMA-smoothed curve), surges
+(``surged/runs``, rule of ``analysis.surge``) and the median onset step, mean
+``actor/clipfrac_neg_low`` over training, and the final garbled fraction (last 5%, as for
+entropy). Each number is a mean over runs.
+
+Both tables are written as Markdown, LaTeX (booktabs: ``\\toprule``/``\\midrule``/
+``\\bottomrule``; needs ``\\usepackage{booktabs}``) and a tidy CSV.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.arms import arm_label, arm_order_key
+from analysis.collect import CELL_OK, Collection, final_evals
+from analysis.surge import SurgeRule, ema, surge_onset
+from fp8rl.runs import metrics as M
+
+#: Known evaluation sets in the paper's column order; others follow alphabetically.
+DATASET_ORDER: tuple[str, ...] = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
+DATASET_LABELS: dict[str, str] = {
+    "aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23", "math500": "MATH-500",
+    "minerva": "Minerva", "olympiadbench": "OlympiadBench",
+}
+AVERAGE = "Average"
+MISSING_MARK = "†"
+PARTIAL_MARK = "‡"
+FINAL_FRACTION = 0.05
+
+
+def _dataset_key(ds: str) -> tuple:
+    return (0, DATASET_ORDER.index(ds), "") if ds in DATASET_ORDER else (1, 0, ds)
+
+
+def _latex_escape(s: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
+                 ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}")):
+        s = s.replace(a, b)
+    return s
+
+
+def _std(x: np.ndarray) -> float:
+    return float(np.std(x, ddof=1)) if len(x) >= 2 else math.nan
+
+
+@dataclasses.dataclass
+class Table:
+    """A rendered table: tidy ``data`` plus its Markdown and LaTeX text."""
+
+    name: str
+    data: pd.DataFrame
+    markdown: str
+    latex: str
+
+    def write(self, out_dir: str | os.PathLike) -> dict[str, Path]:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"md": out / f"{self.name}.md", "tex": out / f"{self.name}.tex",
+                 "csv": out / f"{self.name}.csv"}
+        paths["md"].write_text(self.markdown, encoding="utf-8")
+        paths["tex"].write_text(self.latex, encoding="utf-8")
+        self.data.to_csv(paths["csv"], index=False, lineterminator="\n", float_format="%.6g")
+        return paths
+
+
+def _blocks(coll: Collection) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """(algorithm, model, arms in display order) for every block of the grid."""
+    runs = coll.runs.dropna(subset=["algorithm", "model"])
+    out = []
+    for (algo, model), g in runs.groupby(["algorithm", "model"], sort=True):
+        arms = sorted({(str(f), str(c)) for f, c in zip(g["fp8"], g["clip"], strict=True)},
+                      key=lambda p: arm_order_key(*p))
+        out.append((str(algo), str(model), arms))
+    return out
+
+
+def accuracy_table(coll: Collection, *, stat: str = M.EVAL_AVG, percent: bool = True,
+                   decimals: int = 1, name: str = "accuracy") -> Table:
+    """The accuracy table (see the module docstring)."""
+    fe = final_evals(coll, stat)
+    scale = 100.0 if percent else 1.0
+    expected = coll.runs.groupby(["algorithm", "model", "fp8", "clip"], dropna=True).size()
+    rows = []
+    for algo, model, arms in _blocks(coll):
+        blk = fe[(fe["algorithm"].astype(str) == algo) & (fe["model"].astype(str) == model)]
+        datasets = sorted(blk["dataset"].unique().tolist(), key=_dataset_key)
+        for fp8, clip in arms:
+            a = blk[(blk["fp8"].astype(str) == fp8) & (blk["clip"].astype(str) == clip)]
+            n_exp = int(expected.get((algo, model, fp8, clip), 0))
+            per_run = a.pivot_table(index="run", columns="dataset", values="value", aggfunc="last")
+            for ds in [*datasets, AVERAGE]:
+                if ds == AVERAGE:
+                    vals = (per_run[datasets].dropna().mean(axis=1).to_numpy()
+                            if datasets and set(datasets) <= set(per_run.columns) else np.array([]))
+                else:
+                    vals = per_run[ds].dropna().to_numpy() if ds in per_run.columns else np.array([])
+                vals = vals.astype(float) * scale
+                rows.append({
+                    "algorithm": algo, "model": model, "arm": arm_label(fp8, clip), "fp8": fp8,
+                    "clip": clip, "dataset": ds, "stat": stat,
+                    "mean": float(np.mean(vals)) if len(vals) else math.nan,
+                    "std": _std(vals), "n": len(vals), "n_expected": n_exp,
+                })
+    df = pd.DataFrame(rows, columns=["algorithm", "model", "arm", "fp8", "clip", "dataset", "stat",
+                                     "mean", "std", "n", "n_expected"])
+    df["missing"] = df["n"] == 0
+    df["partial"] = (df["n"] > 0) & (df["n"] < df["n_expected"])
+    best = df.groupby(["algorithm", "model", "dataset"])["mean"].transform("max")
+    df["best"] = (~df["missing"]) & np.isclose(df["mean"], best, rtol=0, atol=1e-12)
+    return Table(name, df, _acc_markdown(df, decimals, stat, percent), _acc_latex(df, decimals, stat, percent))
+
+
+def _cell_text(r, decimals: int, latex: bool) -> str:
+    if r["missing"]:
+        return "n/a$^\\dagger$" if latex else f"n/a{MISSING_MARK}"
+    s = f"{r['mean']:.{decimals}f}"
+    if r["n"] >= 2:
+        s += (f" {{\\scriptsize $\\pm$ {r['std']:.{decimals}f}}}" if latex else f" ± {r['std']:.{decimals}f}")
+    if r["best"]:
+        s = f"\\textbf{{{s}}}" if latex else f"**{s}**"
+    if r["partial"]:
+        s += "$^\\ddagger$" if latex else PARTIAL_MARK
+    return s
+
+
+def _footnotes(df: pd.DataFrame, latex: bool) -> list[str]:
+    notes = []
+    if df["missing"].any():
+        notes.append(("$^\\dagger$" if latex else MISSING_MARK)
+                     + " no finished run for this cell (missing, FAILED or incomplete: see report.md).")
+    if df["partial"].any():
+        notes.append(("$^\\ddagger$" if latex else PARTIAL_MARK)
+                     + " fewer finished seeds than the sweep asked for (see report.md).")
+    return notes
+
+
+def _col_label(ds: str) -> str:
+    return DATASET_LABELS.get(ds, ds)
+
+
+def _acc_markdown(df: pd.DataFrame, decimals: int, stat: str, percent: bool) -> str:
+    out = []
+    unit = " (%)" if percent else ""
+    for (algo, model), g in df.groupby(["algorithm", "model"], sort=False):
+        cols = list(dict.fromkeys(g["dataset"]))
+        out.append(f"**{algo.upper()} · {model}** — {stat}{unit}, mean ± std over seeds\n")
+        out.append("| Arm | " + " | ".join(_col_label(c) for c in cols) + " |")
+        out.append("|---|" + "---:|" * len(cols))
+        for arm, ga in g.groupby("arm", sort=False):
+            cells = {r["dataset"]: _cell_text(r, decimals, False) for _, r in ga.iterrows()}
+            out.append(f"| {arm} | " + " | ".join(cells[c] for c in cols) + " |")
+        out.append("")
+    out.extend(_footnotes(df, False))
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _acc_latex(df: pd.DataFrame, decimals: int, stat: str, percent: bool) -> str:
+    out = []
+    for (algo, model), g in df.groupby(["algorithm", "model"], sort=False):
+        cols = list(dict.fromkeys(g["dataset"]))
+        out.append("\\begin{tabular}{l" + "r" * len(cols) + "}")
+        out.append("\\toprule")
+        unit = ", \\%" if percent else ""
+        out.append(f"\\multicolumn{{{len(cols) + 1}}}{{l}}{{{_latex_escape(algo.upper())} · "
+                   f"{_latex_escape(model)} ({_latex_escape(stat)}{unit})}} \\\\")
+        out.append("\\midrule")
+        out.append("Arm & " + " & ".join(_latex_escape(_col_label(c)) for c in cols) + " \\\\")
+        out.append("\\midrule")
+        for arm, ga in g.groupby("arm", sort=False):
+            cells = {r["dataset"]: _cell_text(r, decimals, True) for _, r in ga.iterrows()}
+            out.append(_latex_escape(arm) + " & " + " & ".join(cells[c] for c in cols) + " \\\\")
+        out.append("\\bottomrule")
+        out.append("\\end{tabular}")
+        out.append("")
+    for n in _footnotes(df, True):
+        out.append(f"\\par\\footnotesize {n}")
+    return "\n".join(out).rstrip() + "\n"
+
+
+# --- diagnostics -------------------------------------------------------------------------
+
+
+def run_diagnostics(coll: Collection, rule: SurgeRule = SurgeRule()) -> pd.DataFrame:  # noqa: B008
+    """Per-run end-of-training diagnostics: ``run, final_entropy, peak_entropy, surge_step,
+    mean_clipfrac_neg_low, final_garbled_frac`` plus axes and ``cell``."""
+    st = coll.steps
+    rows = []
+    for run, g in st.groupby("run", observed=True, sort=False):
+        g = g.sort_values("step")
+        tail = max(1, math.ceil(FINAL_FRACTION * len(g)))
+
+        def col(name, g=g):
+            return g[name].to_numpy(dtype=float) if name in g.columns else np.full(len(g), np.nan)
+
+        ent = col(M.ACTOR_ENTROPY)
+        fin = ent[np.isfinite(ent)]
+        smooth = ema(fin, rule.span) if len(fin) else fin
+        garb = col(M.ROLLOUT_GARBLED_FRAC)
+        garb_fin = garb[np.isfinite(garb)]
+        cnl = col(M.ACTOR_CLIPFRAC_NEG_LOW)
+        rows.append({
+            "run": str(run),
+            "final_entropy": float(np.mean(fin[-tail:])) if len(fin) else math.nan,
+            "peak_entropy": float(np.max(smooth)) if len(smooth) else math.nan,
+            "surge_step": surge_onset(g["step"].to_numpy(), ent, rule),
+            "mean_clipfrac_neg_low": float(np.nanmean(cnl)) if np.isfinite(cnl).any() else math.nan,
+            "final_garbled_frac": float(np.mean(garb_fin[-tail:])) if len(garb_fin) else math.nan,
+        })
+    df = pd.DataFrame(rows, columns=["run", "final_entropy", "peak_entropy", "surge_step",
+                                     "mean_clipfrac_neg_low", "final_garbled_frac"])
+    df["surge_step"] = df["surge_step"].astype("Int64")
+    return df.merge(coll.runs[["run", "algorithm", "model", "fp8", "clip", "seed", "arm", "cell"]],
+                    on="run", how="left")
+
+
+def diagnostics_table(coll: Collection, rule: SurgeRule = SurgeRule(), *, decimals: int = 3,  # noqa: B008
+                      name: str = "diagnostics") -> Table:
+    """End-of-training diagnostics per arm (see the module docstring)."""
+    per_run = run_diagnostics(coll, rule)
+    rows = []
+    for algo, model, arms in _blocks(coll):
+        for fp8, clip in arms:
+            r = per_run[(per_run["algorithm"].astype(str) == algo) & (per_run["model"].astype(str) == model)
+                        & (per_run["fp8"].astype(str) == fp8) & (per_run["clip"].astype(str) == clip)]
+            n_cells = int(((coll.runs["algorithm"] == algo) & (coll.runs["model"] == model)
+                           & (coll.runs["fp8"] == fp8) & (coll.runs["clip"] == clip)).sum())
+            onsets = r["surge_step"].dropna().to_numpy(dtype=float)
+
+            def m(c, r=r):
+                v = r[c].to_numpy(dtype=float)
+                v = v[np.isfinite(v)]
+                return float(v.mean()) if len(v) else math.nan
+
+            rows.append({
+                "algorithm": algo, "model": model, "arm": arm_label(fp8, clip), "fp8": fp8, "clip": clip,
+                "runs": len(r), "finished": int((r["cell"] == CELL_OK).sum()), "cells": n_cells,
+                "final_entropy": m("final_entropy"), "peak_entropy": m("peak_entropy"),
+                "surged": len(onsets),
+                "surge_step_median": float(np.median(onsets)) if len(onsets) else math.nan,
+                "mean_clipfrac_neg_low": m("mean_clipfrac_neg_low"),
+                "final_garbled_frac": m("final_garbled_frac"),
+            })
+    df = pd.DataFrame(rows)
+    header = ["Arm", "runs (finished/cells)", "final entropy", "peak entropy", "surges (onset)",
+              "mean clipfrac_neg_low", "final garbled frac"]
+
+    def cells(r, latex: bool) -> list[str]:
+        def f(x, d=decimals):
+            return "n/a" if not np.isfinite(x) else f"{x:.{d}f}"
+        onset = ("" if not r["surged"] else f" (step {r['surge_step_median']:.0f})")
+        return [_latex_escape(r["arm"]) if latex else r["arm"],
+                f"{r['runs']} ({r['finished']}/{r['cells']})", f(r["final_entropy"]),
+                f(r["peak_entropy"]), f"{r['surged']}/{r['runs']}{onset}",
+                f(r["mean_clipfrac_neg_low"], 4), f(r["final_garbled_frac"])]
+
+    md, tex = [], []
+    if len(df):
+        for (algo, model), g in df.groupby(["algorithm", "model"], sort=False):
+            md.append(f"**{algo.upper()} · {model}** — end-of-training diagnostics (mean over runs)\n")
+            md.append("| " + " | ".join(header) + " |")
+            md.append("|---|" + "---:|" * (len(header) - 1))
+            tex += ["\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
+                    f"\\multicolumn{{{len(header)}}}{{l}}{{{_latex_escape(algo.upper())} · "
+                    f"{_latex_escape(model)}}} \\\\", "\\midrule",
+                    " & ".join(_latex_escape(h) for h in header) + " \\\\", "\\midrule"]
+            for _, r in g.iterrows():
+                md.append("| " + " | ".join(cells(r, False)) + " |")
+                tex.append(" & ".join(cells(r, True)) + " \\\\")
+            md.append("")
+            tex += ["\\bottomrule", "\\end{tabular}", ""]
+    md.append(f"Surge rule: {rule.describe()}. Runs include unfinished ones (a surging run may fail); "
+              f"'final' = mean over the last {FINAL_FRACTION:.0%} of logged steps.")
+    tex.append(f"% Surge rule: {rule.describe()}.")
+    return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
