@@ -2,6 +2,22 @@
 
 from fp8rl.rl.advantages import ADVANTAGE_ESTIMATORS, broadcast_to_tokens, dr_grpo, grpo
 from fp8rl.rl.aggregation import LOSS_AGGREGATIONS, aggregate
+from fp8rl.rl.calibration import (
+    UPPER_RULES,
+    Bounds,
+    CalibratedClipController,
+    Calibration,
+    DegenerateCalibration,
+    calibrate_bounds,
+)
+from fp8rl.rl.clipping import (
+    CLIP_ARMS,
+    CLIP_METHODS,
+    ClipArm,
+    ClipMethod,
+    VanillaClip,
+    make_clipper,
+)
 from fp8rl.rl.correction import (
     IS_CORRECTIONS,
     corrected_ppo_token_loss,
@@ -21,15 +37,24 @@ from fp8rl.rl.diagnostics import (
 )
 from fp8rl.rl.policy_loss import check_bounds, ppo_token_loss
 
-# calibration / clipping exports go here (CalibratedClipController, Bounds, CLIP_METHODS, ...)
-
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "CLIP_ARMS",
+    "CLIP_METHODS",
     "IS_CORRECTIONS",
     "LOSS_AGGREGATIONS",
+    "UPPER_RULES",
+    "Bounds",
+    "CalibratedClipController",
+    "Calibration",
+    "ClipArm",
+    "ClipMethod",
+    "DegenerateCalibration",
     "GroupFilter",
+    "VanillaClip",
     "aggregate",
     "broadcast_to_tokens",
+    "calibrate_bounds",
     "check_bounds",
     "clip_counts",
     "clip_table",
@@ -39,6 +64,7 @@ __all__ = [
     "fractions_from_counts",
     "grpo",
     "is_weights",
+    "make_clipper",
     "make_correction",
     "masked_mean",
     "masked_quantiles",

@@ -264,61 +264,72 @@ def solve_upper_contribution(
 
     Args:
         ratio_pos: ``[m]`` FP8 ratios of the A>0 tokens (finite, > 0).
-        weight_pos: ``[m]`` their contributions |A| r.
+        weight_pos: ``[m]`` their contributions |A| r (> 0).
         target_sum: the wanted ``sum_{r <= H} weight`` (= p_target x FP8 denominator).
         vanilla_high: tie-break target: among equally close H, the one nearest this.
         high_max: upper clamp (inclusive).
 
     Returns:
-        ``(H, achieved_sum)``. Exact: S(H) = sum_{r <= H} w is a step function; the solver
-        sorts the candidate ratios in [nextafter(1), high_max] once (ratios <= 1 are always
-        unclipped, ratios > high_max never), evaluates every step with a cumulative sum and
-        picks the closest, then projects ``vanilla_high`` onto that step's H interval.
+        ``(H, achieved_sum)``. Exact: S(H) = sum_{r <= H} w is a non-decreasing step function.
+        Ratios <= 1 are always unclipped and ratios > high_max never, so only the ratios in
+        [nextafter(1), high_max] are sorted (once); a cumulative sum gives every step and a
+        binary search the crossing of the target. The two steps around the crossing are the
+        only candidates (S is monotone); the closer one wins (on a tie, the one whose H
+        interval lies nearer ``vanilla_high``), and H is ``vanilla_high`` projected onto that
+        step's interval of H values.
     """
     dtype = ratio_pos.dtype
     h_lo = _next_up(1.0, dtype)
     f64 = torch.float64
     always = ratio_pos < h_lo
     c0 = float(torch.where(always, weight_pos, 0).sum(dtype=f64))
-    cand = (~always) & (ratio_pos <= high_max)
-    xs, order = torch.sort(ratio_pos[cand])
-    ws = weight_pos[cand][order]
+    idx = ((~always) & (ratio_pos <= high_max)).nonzero().squeeze(1)
+    xs, order = torch.sort(ratio_pos.index_select(0, idx))
     m = xs.numel()
-    # Steps: level value, its H interval [lo, hi) ([lo, high_max] for the last one).
     if m == 0:
-        levels = torch.tensor([c0], dtype=f64)
-        lo = torch.tensor([h_lo], dtype=f64)
-        hi = torch.tensor([high_max], dtype=f64)
-    else:
-        cum = c0 + torch.cumsum(ws.to(f64), 0)
-        is_end = torch.ones(m, dtype=torch.bool)
-        is_end[:-1] = xs[1:] > xs[:-1]
-        ends = is_end.nonzero().squeeze(1)
-        g_val = xs[ends].to(f64)
-        levels = cum[ends]
-        lo = g_val
-        hi = torch.cat([g_val[1:], torch.tensor([high_max], dtype=f64)])
-        if float(xs[0]) > h_lo:  # the step below the smallest candidate exists
-            levels = torch.cat([torch.tensor([c0], dtype=f64), levels])
-            lo = torch.cat([torch.tensor([h_lo], dtype=f64), lo])
-            hi = torch.cat([g_val[:1], hi])
-    err = (levels - target_sum).abs()
-    best = err.min()
-    dist = torch.clamp(lo - vanilla_high, min=0) + torch.clamp(vanilla_high - hi, min=0)
-    dist = torch.where(err <= best, dist, torch.full_like(dist, _INF))
-    j = int(torch.argmin(dist))
-    last = j == levels.numel() - 1
-    a, b = float(lo[j]), float(hi[j])
-    t = _in_dtype(vanilla_high, dtype)
-    if last:
-        high = vanilla_high if a <= t and vanilla_high <= b else (a if t < a else b)
-    elif a <= t < b:
-        high = vanilla_high
-    elif t < a:
-        high = a
-    else:
-        high = _next_down(b, dtype)
-    return high, float(levels[j])
+        return _project_upper(vanilla_high, h_lo, high_max, True, dtype), c0
+    cum = torch.cumsum(weight_pos.index_select(0, idx).index_select(0, order).to(f64), 0)
+    cum += c0
+
+    def step_at(j: int) -> tuple[float, float, float, bool]:
+        """The step that includes xs[j] and its ties: (S, H interval lo, hi, is_last)."""
+        v = xs[j]
+        end = int(torch.searchsorted(xs, v, right=True))  # one past the last tie of v
+        last = end == m
+        return float(cum[end - 1]), float(v), high_max if last else float(xs[end]), last
+
+    def step_below(j: int) -> tuple[float, float, float, bool] | None:
+        """The step just below xs[j] (all ratios < xs[j]), or None if it is empty."""
+        v = xs[j]
+        start = int(torch.searchsorted(xs, v))  # first tie of v
+        if start == 0:
+            return (c0, h_lo, float(v), False) if float(v) > h_lo else None
+        return float(cum[start - 1]), float(xs[start - 1]), float(v), False
+
+    j = int(torch.searchsorted(cum, torch.tensor(target_sum, dtype=f64)))  # first step >= target
+    cands = [step_at(min(j, m - 1))]
+    if j < m:
+        below = step_below(j)
+        if below is not None:
+            cands.append(below)
+    best = None
+    for value, lo, hi, last in cands:
+        h = _project_upper(vanilla_high, lo, hi, last, dtype)
+        key = (abs(value - target_sum), abs(h - vanilla_high))
+        if best is None or key < best[0]:
+            best = (key, h, value)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _project_upper(target: float, lo: float, hi: float, closed: bool, dtype: torch.dtype) -> float:
+    """The point of [lo, hi) ([lo, hi] if ``closed``) nearest ``target``, in ``dtype`` semantics."""
+    t = _in_dtype(target, dtype)
+    if t < lo:
+        return lo
+    if closed:
+        return target if target <= hi else hi
+    return target if t < hi else _next_down(hi, dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -425,8 +436,10 @@ def _flat_inputs(
 
 
 def _check_ratios(x: torch.Tensor, what: str) -> None:
-    if x.numel() and not bool(torch.isfinite(x).all() & (x > 0).all()):
-        raise DegenerateCalibration(f"non-finite or non-positive {what} ratios on unmasked tokens")
+    if x.numel():
+        lo, hi = torch.aminmax(x)  # NaN propagates into both
+        if not (float(lo) > 0.0 and float(hi) < _INF):
+            raise DegenerateCalibration(f"non-finite or non-positive {what} ratios on unmasked tokens")
 
 
 @torch.no_grad()
@@ -469,9 +482,11 @@ def calibrate_bounds(
     dtype = r.dtype
     if not bool(valid.any()):
         raise DegenerateCalibration("all tokens are masked")
-    if not bool(torch.isfinite(torch.where(valid, adv, 0)).all()):
+    adv = torch.where(valid, adv, 0.0)  # masked tokens count as A == 0 from here on
+    a_min, a_max = torch.aminmax(adv)
+    if not (math.isfinite(float(a_min)) and math.isfinite(float(a_max))):
         raise DegenerateCalibration("non-finite advantages on unmasked tokens")
-    neg_idx = (valid & (adv < 0)).nonzero().squeeze(1)
+    neg_idx = (adv < 0).nonzero().squeeze(1)
     n = neg_idx.numel()
     if n == 0:
         raise DegenerateCalibration("no unmasked tokens with negative advantage")
@@ -497,7 +512,7 @@ def calibrate_bounds(
 
     need_pos = upper_rule == "contribution"
     if need_pos:
-        pos_idx = (valid & (adv > 0)).nonzero().squeeze(1)
+        pos_idx = (adv > 0).nonzero().squeeze(1)
         r_pos = r.index_select(0, pos_idx)
         _check_ratios(r_pos, "FP8")
         s_pos = None
