@@ -29,9 +29,10 @@ Upper rules (``UPPER_RULES`` registry):
   ``p(L, H) = sum_{A>0, r <= H} |A| r / sum_{A<0, r >= L} |A| r``
   (numerator: unclipped positive tokens; denominator: unclipped negative tokens). H is set
   so that p on the FP8 ratios with (L, H) equals p on the BF16 ratios with the vanilla
-  bounds (1 - eps_low, 1 + eps_high). p is a non-decreasing step function of H, so the
-  solver sorts the candidate A>0 FP8 ratios once, takes cumulative sums, and picks the step
-  whose value is closest to the target (so p is reproduced to within one token's
+  bounds (1 - eps_low, 1 + eps_high). p is a non-decreasing step function of H (strictly
+  increasing steps, since every A>0 token has |A| r > 0), so the solver sorts the candidate
+  A>0 FP8 ratios once, takes cumulative sums (float64), binary-searches the crossing of the
+  target and picks the closer of the two steps around it (so p is reproduced to within one token's
   contribution, |A| r of the token at the crossing, whenever the target is reachable inside
   the clamps). Several H give the same p (an interval between two consecutive sorted
   ratios); among the closest steps we take the H nearest to the vanilla ``1 + eps_high``.
@@ -306,7 +307,7 @@ def solve_upper_contribution(
             return (c0, h_lo, float(v), False) if float(v) > h_lo else None
         return float(cum[start - 1]), float(xs[start - 1]), float(v), False
 
-    j = int(torch.searchsorted(cum, torch.tensor(target_sum, dtype=f64)))  # first step >= target
+    j = int(torch.searchsorted(cum, torch.tensor(target_sum, dtype=f64, device=cum.device)))  # first step >= target
     cands = [step_at(min(j, m - 1))]
     if j < m:
         below = step_below(j)

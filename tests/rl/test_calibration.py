@@ -550,3 +550,15 @@ def test_more_than_16m_tokens():
     k = count_below(shadow[neg], VL)
     assert abs(count_below(fp8[neg], b.low) - k) <= 1
     assert ctl.metrics()["clip/degenerate_updates"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rule", RULES)
+def test_cuda_matches_cpu(rule):
+    fp8, shadow, adv, mask = synthetic(6, noise=0.15, bf16_std=0.15)
+    kw = dict(eps_low=EPS_LOW, eps_high=EPS_HIGH, upper_rule=rule, low_min=0.05, high_max=4.0)
+    cpu = calibrate_bounds(fp8, shadow, adv, mask, **kw)
+    gpu = calibrate_bounds(fp8.cuda(), shadow.cuda(), adv.cuda(), mask.cuda(), **kw)
+    assert (gpu.low, gpu.high, gpu.alpha) == (cpu.low, cpu.high, cpu.alpha)
+    assert gpu.p_achieved == pytest.approx(cpu.p_achieved, rel=1e-9, nan_ok=True)
