@@ -42,7 +42,7 @@ CLIP_LABELS: dict[str, str] = {"vanilla": "vanilla", "tis": "TIS", "calibrated":
 
 # (vanilla, tis, calibrated) shades per FP8 setting: light -> dark
 _COLOURS: dict[str, tuple[str, str, str]] = {
-    "bf16": ("#000000", "#404040", "#000000"),
+    "bf16": ("#000000", "#525252", "#252525"),
     "rollout_only": ("#8c8c8c", "#6e6e6e", "#4d4d4d"),
     "tensorwise": ("#fc8d59", "#e34a33", "#b30000"),
     "rowwise": ("#74a9cf", "#2b8cbe", "#045a8d"),

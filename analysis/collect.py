@@ -322,7 +322,7 @@ def _classify(loaded: dict, in_manifest: bool) -> tuple[str, str | None]:
             why += f": {st['reason']}"
         cell = CELL_INCOMPLETE
     if not in_manifest:
-        return CELL_UNLISTED, f"run directory not in manifest ({cell})"
+        return CELL_UNLISTED, f"run directory not in manifest ({cell}{': ' + why if why else ''})"
     return cell, why
 
 

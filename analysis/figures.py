@@ -204,7 +204,7 @@ def plot_figure(
     csv_rows = []
     with plt.rc_context(RC):
         fig, axes = plt.subplots(nrows, ncols, figsize=(panel_width * ncols, panel_height * nrows + 0.6),
-                                 squeeze=False, sharex="col")
+                                 squeeze=False, sharex="col", layout="constrained")
         handles: dict[str, object] = {}
         for r, metric in enumerate(spec.metrics):
             cur = curves[metric]
@@ -256,11 +256,10 @@ def plot_figure(
         if spec.mark_surge and not surges.empty:
             handles["entropy surge onset"] = plt.Line2D([], [], marker="v", color="0.3",
                                                          linestyle="none", markersize=6)
-        ncol = min(len(handles), max(2, 2 * ncols), 4)
-        fig.legend(list(handles.values()), list(handles.keys()), loc="upper center",
-                   bbox_to_anchor=(0.5, 0.0), ncol=max(ncol, 1), frameon=False)
+        ncol = min(len(handles), 2 if ncols == 1 else 4)
+        fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center",
+                   ncol=max(ncol, 1), frameon=False)
         fig.suptitle(spec.title, fontsize=9)
-        fig.tight_layout()
         paths = {"png": out_dir / f"{spec.name}.png", "pdf": out_dir / f"{spec.name}.pdf",
                  "csv": out_dir / f"{spec.name}.csv"}
         fig.savefig(paths["png"], dpi=200)

@@ -1,0 +1,177 @@
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import EVALS, STEPS
+
+from analysis.collect import collect, final_evals, parse_jsonl, rows_to_columns
+from fp8rl.runs import read_jsonl
+from fp8rl.runs.synthetic import RunSpec, make_sweep, write_run
+
+
+def _reference_steps(run_dir):
+    """Slow reference: json.loads per line via fp8rl.runs.read_jsonl, then pandas."""
+    df = pd.DataFrame(read_jsonl(run_dir / "metrics.jsonl")).astype(float)
+    return df.sort_values("step").reset_index(drop=True)
+
+
+def test_runs_table_cells_and_problems(known_coll):
+    runs = known_coll.runs.set_index("run")
+    assert len(runs) == len(EVALS) + 3
+    by_seed2 = {(r.fp8, r.clip): r.cell for r in known_coll.runs.itertuples() if r.seed == 2}
+    assert by_seed2 == {("bf16", "vanilla"): "failed", ("tensorwise", "calibrated"): "missing",
+                        ("blockwise", "tis"): "incomplete"}
+    assert (known_coll.runs[known_coll.runs["seed"] < 2]["cell"] == "ok").all()
+    probs = known_coll.problems
+    assert sorted(probs["cell"]) == ["failed", "incomplete", "missing"]
+    assert "synthetic failure" in probs.loc[probs["cell"] == "failed", "reason"].item()
+    assert "PREEMPTED" in probs.loc[probs["cell"] == "incomplete", "reason"].item()
+    missing = runs[runs["cell"] == "missing"]
+    assert missing["n_rows"].item() == 0 and missing["arm"].item() == "FP8 tensorwise + calibrated"
+
+
+def test_steps_equal_reference_reader(known_coll, known_sweep):
+    for r in known_coll.runs.itertuples():
+        if r.cell == "missing":
+            continue
+        ref = _reference_steps(known_sweep / r.run)
+        got = known_coll.steps[known_coll.steps["run"] == r.run].reset_index(drop=True)
+        assert np.array_equal(got["step"].to_numpy(), ref["step"].to_numpy().astype(int))
+        for col in ref.columns:
+            if col == "step":
+                continue
+            np.testing.assert_array_equal(got[col].to_numpy(), ref[col].to_numpy(), err_msg=col)
+        # metrics that this run never logged are NaN, not dropped rows
+        for col in set(known_coll.metrics) - set(ref.columns):
+            assert got[col].isna().all()
+
+
+def test_truncated_tail_nan_and_lengths(known_coll):
+    pre = known_coll.runs[known_coll.runs["cell"] == "incomplete"].iloc[0]
+    assert pre["truncated_tail"] and pre["n_rows"] == 50 and pre["last_step"] == 49
+    assert any("truncated last line" in n and pre["run"] in n for n in known_coll.notes)
+    ent = known_coll.steps.loc[known_coll.steps["run"] == pre["run"], "actor/entropy"]
+    assert ent.isna().sum() == 10  # nan_every=5 over 50 steps, written as null
+    ok = known_coll.runs[known_coll.runs["cell"] == "ok"]
+    assert (ok["n_rows"] == STEPS).all()
+
+
+def test_evals_and_final_evals(known_coll):
+    fe = final_evals(known_coll)
+    assert set(fe["source"]) == {"summary"}
+    for (fp8, clip, seed), ev in EVALS.items():
+        sub = fe[(fe["fp8"] == fp8) & (fe["clip"] == clip) & (fe["seed"] == seed)]
+        assert dict(zip(sub["dataset"], sub["value"], strict=True)) == ev
+    # the eval table's last rows carry the same numbers
+    ev = known_coll.evals
+    last = ev[(ev["stat"] == "avg@k") & (ev["step"] == STEPS - 1)]
+    assert len(last) == 2 * (len(EVALS) + 1)  # + the FAILED run's evals
+    assert set(ev["stat"]) == {"avg@k", "pass@k"} and (ev["k"] == 4).all()
+    # unfinished runs are not in final_evals by default
+    assert set(fe["run"]) == set(known_coll.runs.loc[known_coll.runs["cell"] == "ok", "run"])
+
+
+def test_final_evals_falls_back_to_eval_rows(tmp_path):
+    make_sweep(tmp_path, [RunSpec(eval={"amc23": 0.4}, summary_eval=False, steps=30)])
+    fe = final_evals(collect(tmp_path))
+    assert fe[["dataset", "value", "step", "source"]].values.tolist() == [["amc23", 0.4, 29, "eval"]]
+
+
+def test_engines_agree(known_sweep):
+    a = collect(known_sweep, engine="auto")
+    b = collect(known_sweep, engine="loop")
+    c = collect(known_sweep, engine="json")
+    for other in (b, c):
+        pd.testing.assert_frame_equal(a.steps, other.steps)
+        pd.testing.assert_frame_equal(a.evals, other.evals)
+
+
+@pytest.mark.slow
+def test_workers_agree(known_sweep):
+    a = collect(known_sweep, workers=1)
+    b = collect(known_sweep, workers=2)
+    pd.testing.assert_frame_equal(a.steps, b.steps)
+    pd.testing.assert_frame_equal(a.runs, b.runs)
+
+
+def test_parse_jsonl_corrupt_lines_and_nan_literals(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"step": 0, "a": NaN}\n{"step": 1, "a": 1.5}\n{"st\n\n{"step": 3, "a": null}\n{"step"')
+    got = parse_jsonl(p)
+    assert got.truncated_tail and got.bad_lines == 1
+    assert [r["step"] for r in got.rows] == [0, 1, 3]
+    steps, cols = rows_to_columns(got.rows)
+    assert steps.tolist() == [0, 1, 3]
+    assert np.isnan(cols["a"][0]) and cols["a"][1] == 1.5 and np.isnan(cols["a"][2])
+    assert parse_jsonl(tmp_path / "absent.jsonl").rows == []
+
+
+def test_rows_to_columns_reference():
+    rng = np.random.default_rng(0)
+    keys = ["x", "y", "z"]
+    rows = []
+    for s in range(50):
+        r = {"step": s}
+        for k in keys:
+            if rng.random() < 0.7:
+                r[k] = float(rng.random())
+        if s % 7 == 0:
+            r["y"] = None
+        if s % 11 == 0:
+            r = dict(reversed(list(r.items())))  # other key order
+        rows.append(r)
+    rows.append({"no_step": 1})
+    rows.append({"step": "bad", "x": 1.0})
+    steps, cols = rows_to_columns(rows)
+    assert steps.tolist() == list(range(50))
+    for k in keys:
+        ref = [np.nan if r.get(k) is None else r[k] for r in rows[:50]]
+        np.testing.assert_array_equal(cols[k], np.array(ref, dtype=float))
+
+
+def test_eval_row_variants(tmp_path):
+    spec = RunSpec(steps=10)
+    write_run(tmp_path, spec)
+    run = next(p for p in tmp_path.iterdir() if p.is_dir())
+    with open(run / "eval.jsonl", "a") as f:
+        f.write(json.dumps({"step": 9, "eval/aime24/avg@16": 0.5, "eval/amc23/avg@16": 0.25}) + "\n")
+        f.write(json.dumps({"step": 9, "dataset": "math500", "avg@k": 0.75, "pass@k": 0.9, "k": 8,
+                            "n": 500}) + "\n")
+    c = collect(tmp_path)
+    ev = c.evals.set_index(["dataset", "stat"])
+    assert ev.loc[("aime24", "avg@k"), "value"] == 0.5 and ev.loc[("aime24", "avg@k"), "k"] == 16
+    assert ev.loc[("amc23", "avg@k"), "value"] == 0.25
+    assert ev.loc[("math500", "pass@k"), "value"] == 0.9 and ev.loc[("math500", "avg@k"), "n"] == 500
+    assert any("no manifest.json" in n for n in c.notes)  # discovered without a manifest
+
+
+def test_duplicates_unlisted_and_corrupt_status(tmp_path):
+    make_sweep(tmp_path, [RunSpec(steps=20)])
+    run = next(p for p in tmp_path.iterdir() if p.is_dir())
+    with open(run / "metrics.jsonl", "a") as f:  # a resume that did not truncate
+        f.write(json.dumps({"step": 10, "actor/entropy": 123.0}) + "\n")
+    shutil.copytree(run, tmp_path / "grpo-8b-bf16-vanilla-s9-0123abcd")
+    (tmp_path / "grpo-8b-bf16-vanilla-s9-0123abcd" / "status.json").write_text("{not json")
+    (tmp_path / "report").mkdir()  # not a run directory: ignored
+    c = collect(tmp_path)
+    r0 = c.runs.set_index("run").loc[run.name]
+    assert r0["duplicate_steps"] == 1 and r0["n_rows"] == 20
+    st = c.steps[c.steps["run"] == run.name].set_index("step")
+    assert st.loc[10, "actor/entropy"] == 123.0  # the last row of a step wins
+    extra = c.runs.set_index("run").loc["grpo-8b-bf16-vanilla-s9-0123abcd"]
+    assert extra["cell"] == "unlisted" and extra["seed"] == 9 and not extra["in_manifest"]
+    assert "status.json unreadable" in extra["reason"]
+    assert any("duplicated step" in n for n in c.notes)
+    assert len(c.runs) == 2
+
+
+def test_long_and_errors(known_coll, tmp_path):
+    lg = known_coll.long(["actor/entropy", "clip/alpha", "not/a_metric"])
+    for m in ("actor/entropy", "clip/alpha"):
+        assert (lg["metric"] == m).sum() == known_coll.steps[m].notna().sum() > 0
+    alpha_runs = set(lg.loc[lg["metric"] == "clip/alpha", "clip"].astype(str))
+    assert alpha_runs == {"calibrated"}  # sparse metric: logged by calibrated arms only
+    with pytest.raises(FileNotFoundError):
+        collect(tmp_path / "nope")

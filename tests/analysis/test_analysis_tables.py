@@ -1,0 +1,92 @@
+import numpy as np
+import pandas as pd
+from conftest import EVALS, SURGES
+
+from analysis.arms import arm_label
+from analysis.tables import accuracy_table, diagnostics_table, run_diagnostics
+
+ARMS = [("bf16", "vanilla"), ("tensorwise", "vanilla"), ("tensorwise", "calibrated"), ("blockwise", "tis")]
+
+
+def expected_cell(fp8, clip, ds):
+    vals = []
+    for (f, c, _seed), ev in EVALS.items():
+        if (f, c) == (fp8, clip):
+            vals.append(100 * (np.mean(list(ev.values())) if ds == "Average" else ev[ds]))
+    return np.mean(vals), np.std(vals, ddof=1), len(vals)
+
+
+def test_accuracy_cells_equal_written_numbers(known_coll):
+    t = accuracy_table(known_coll)
+    d = t.data.set_index(["arm", "dataset"])
+    assert list(dict.fromkeys(t.data["dataset"])) == ["aime24", "math500", "Average"]
+    assert list(dict.fromkeys(t.data["arm"])) == [arm_label(*a) for a in ARMS]  # paper order
+    for fp8, clip in ARMS:
+        for ds in ("aime24", "math500", "Average"):
+            mean, std, n = expected_cell(fp8, clip, ds)
+            row = d.loc[(arm_label(fp8, clip), ds)]
+            assert row["n"] == n == 2
+            assert np.isclose(row["mean"], mean, rtol=0, atol=1e-9)
+            assert np.isclose(row["std"], std, rtol=0, atol=1e-9)
+            assert f"{mean:.1f} ± {std:.1f}" in t.markdown
+    # three arms asked for 3 seeds and 2 finished: partial marks; the FAILED run's 90% is excluded
+    partial = set(t.data.loc[t.data["partial"], "arm"])
+    assert partial == {"BF16", "FP8 tensorwise + calibrated", "FP8 blockwise + TIS"}
+    assert not d["missing"].any()
+    assert "‡" in t.markdown and "fewer finished seeds" in t.markdown
+    assert d["mean"].max() < 90
+
+
+def test_best_marked_per_column(known_coll):
+    t = accuracy_table(known_coll)
+    for ds, g in t.data.groupby("dataset"):
+        best = g.loc[g["best"], "arm"].tolist()
+        assert best == [g.loc[g["mean"].idxmax(), "arm"]], ds
+        mean, std, _ = expected_cell(*{arm_label(*a): a for a in ARMS}[best[0]], ds)
+        assert f"**{mean:.1f} ± {std:.1f}**" in t.markdown
+        assert f"\\textbf{{{mean:.1f} {{\\scriptsize $\\pm$ {std:.1f}}}}}" in t.latex
+
+
+def test_missing_cells_footnoted(known_coll):
+    # drop every finished calibrated run from the collection: its cells become missing
+    coll = known_coll
+    runs = coll.runs.copy()
+    runs.loc[runs["clip"] == "calibrated", "cell"] = "failed"
+    from dataclasses import replace
+
+    t = accuracy_table(replace(coll, runs=runs))
+    miss = t.data[t.data["missing"]]
+    assert set(miss["arm"]) == {"FP8 tensorwise + calibrated"} and len(miss) == 3
+    assert "| FP8 tensorwise + calibrated | n/a† | n/a† | n/a† |" in t.markdown
+    assert "† no finished run" in t.markdown
+    assert "n/a$^\\dagger$" in t.latex
+
+
+def test_latex_is_booktabs_and_csv_roundtrips(known_coll, tmp_path):
+    t = accuracy_table(known_coll)
+    for s in ("\\toprule", "\\midrule", "\\bottomrule", "\\begin{tabular}{lrrr}"):
+        assert s in t.latex
+    assert "MATH-500" in t.latex and "AIME24" in t.markdown
+    paths = t.write(tmp_path)
+    assert all(p.stat().st_size > 0 for p in paths.values())
+    back = pd.read_csv(paths["csv"])
+    np.testing.assert_allclose(back["mean"], t.data["mean"], rtol=1e-5)
+    assert back["best"].sum() == t.data["best"].sum() == 3
+
+
+def test_diagnostics(known_coll):
+    per_run = run_diagnostics(known_coll)
+    surged = per_run.dropna(subset=["surge_step"])
+    assert {(r.fp8, r.clip, int(r.seed)): int(r.surge_step) for r in surged.itertuples()} == SURGES
+    ok = per_run[per_run["surge_step"].isna() & (per_run["cell"] == "ok")]
+    assert np.allclose(ok["final_entropy"], 0.4 * (1 + np.exp(-10) * 1.5), atol=0.02)
+    t = diagnostics_table(known_coll)
+    d = t.data.set_index("arm")
+    assert d.loc["FP8 tensorwise (vanilla)", "surged"] == 2
+    assert d.loc["FP8 blockwise + TIS", "surged"] == 1
+    assert d.loc["FP8 blockwise + TIS", "runs"] == 3 and d.loc["FP8 blockwise + TIS", "finished"] == 2
+    assert d.loc["BF16", "surged"] == 0 and d.loc["BF16", "cells"] == 3
+    assert d.loc["FP8 tensorwise (vanilla)", "surge_step_median"] == np.median([40, 47])
+    assert d.loc["FP8 tensorwise (vanilla)", "final_garbled_frac"] == 0.3
+    assert "2/2 (step 44)" in t.markdown and "Surge rule" in t.markdown
+    assert "\\toprule" in t.latex
