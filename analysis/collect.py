@@ -28,8 +28,11 @@ otherwise; a file ``orjson`` refuses, e.g. one with ``NaN`` literals written by 
 is re-parsed with the standard library). Rows are grouped by their key sequence (rows written
 by one writer share it) and each group becomes a 2-D float array with one ``np.fromiter``, so
 no per-value Python work is done beyond the parse. ``workers > 1`` parses runs in worker
-processes. ``benchmarks/bench_collect.py`` measures this against a plain ``json.loads`` loop;
-the numbers are in ``docs/analysis.md``.
+processes. With ``cache_dir`` the parsed columns of each ``metrics.jsonl`` are kept (a ``.npy``
+and a ``.json`` per run) together with the byte offset they cover; since the file is append-only, a
+later collect parses only the appended lines (a file that was replaced, e.g. by a resume's
+``truncate_after``, is re-parsed whole). ``benchmarks/bench_collect.py`` measures all of this
+against a plain ``json.loads`` loop; the numbers are in ``docs/analysis.md``.
 
 Choices: a run's *final* evaluation (:func:`final_evals`) is the ``eval/<dataset>/<stat>``
 value in ``summary.json`` when present (the backend's final numbers, DESIGN.md), else the eval
@@ -40,6 +43,7 @@ did not truncate), and a note says so.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import os
@@ -117,7 +121,14 @@ def parse_jsonl(path: str | os.PathLike, *, engine: str = "auto") -> ParsedJsonl
         data = Path(path).read_bytes()
     except FileNotFoundError:
         return ParsedJsonl([])
+    return parse_jsonl_bytes(data, engine=engine)[0]
+
+
+def parse_jsonl_bytes(data: bytes, *, engine: str = "auto") -> tuple[ParsedJsonl, int]:
+    """:func:`parse_jsonl` on bytes; also returns how many bytes were consumed (everything
+    but a truncated last line, which a later, longer read may complete)."""
     truncated = False
+    consumed = len(data)
     if data and not data.endswith(b"\n"):
         cut = data.rfind(b"\n") + 1
         tail = data[cut:]
@@ -131,15 +142,16 @@ def parse_jsonl(path: str | os.PathLike, *, engine: str = "auto") -> ParsedJsonl
         else:
             truncated = bool(tail.strip())
             data = data[:cut]
+            consumed = cut
     body = data.rstrip(b"\n")
-    if not body:
-        return ParsedJsonl([], truncated)
+    if not body.strip():
+        return ParsedJsonl([], truncated), consumed
     if engine != "loop":
         loads = _loads if engine == "auto" else json.loads
         try:
             rows = loads(b"[" + body.replace(b"\n", b",") + b"]")
             if all(type(r) is dict for r in rows):
-                return ParsedJsonl(rows, truncated)
+                return ParsedJsonl(rows, truncated), consumed
         except ValueError:
             pass  # blank or corrupt lines: fall through to the per-line reader
     rows, bad = [], 0
@@ -155,7 +167,7 @@ def parse_jsonl(path: str | os.PathLike, *, engine: str = "auto") -> ParsedJsonl
             rows.append(obj)
         else:
             bad += 1
-    return ParsedJsonl(rows, truncated, bad)
+    return ParsedJsonl(rows, truncated, bad), consumed
 
 
 def rows_to_columns(rows: Sequence[dict]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -241,12 +253,121 @@ def _read_json(path: Path):
         return {"__corrupt__": True}
 
 
-def _load_run(path: str, engine: str = "auto") -> dict:
+_SIG = 64  # bytes before the cached offset that must be unchanged for an incremental read
+
+
+def _cache_path(cache_dir: str, run_dir: Path) -> Path:
+    """Stem of a run's cache files: ``<stem>.npy`` (rows = step + metrics) and ``<stem>.json``."""
+    key = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:20]
+    return Path(cache_dir) / f"{run_dir.name[:60]}-{key}"
+
+
+def _cache_load(stem: Path) -> dict | None:
+    try:
+        meta = json.loads(stem.with_suffix(".json").read_text())
+        if meta.get("version") != _CACHE_VERSION:
+            return None
+        data = np.load(stem.with_suffix(".npy"), allow_pickle=False)
+        names = meta["columns"]
+        if data.ndim != 2 or data.shape[0] != len(names) + 1 or data.shape[1] != meta["rows"]:
+            return None
+        cols = {k: data[i + 1] for i, k in enumerate(names)}
+        return {**meta, "steps": data[0].astype(np.int64), "cols": cols}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _cache_save(stem: Path, meta: dict, steps: np.ndarray, cols: dict) -> None:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    names = list(cols)
+    data = np.empty((len(names) + 1, len(steps)), dtype=np.float64)
+    data[0] = steps
+    for i, k in enumerate(names):
+        data[i + 1] = cols[k]
+    tmp = stem.parent / f".{stem.name}.{os.getpid()}.tmp.npy"
+    np.save(tmp, data, allow_pickle=False)
+    os.replace(tmp, stem.with_suffix(".npy"))
+    full = {**meta, "version": _CACHE_VERSION, "columns": names, "rows": len(steps)}
+    tmp_json = stem.parent / f".{stem.name}.{os.getpid()}.tmp.json"
+    tmp_json.write_text(json.dumps(full))
+    os.replace(tmp_json, stem.with_suffix(".json"))
+
+
+_CACHE_VERSION = 1
+
+
+def _read_metrics(p: Path, engine: str, cache_dir: str | None) -> tuple[np.ndarray, dict, bool, int]:
+    """Parse metrics.jsonl, incrementally when ``cache_dir`` holds an earlier parse.
+
+    The file is append-only while a run writes it, so the cache keeps the parsed columns and
+    the byte offset they cover; a later read parses only the bytes after it. The cache is used
+    only if the file is the same inode, at least as long, and the ``_SIG`` bytes before the
+    offset are unchanged (a resume's ``truncate_after`` replaces the file: full re-parse).
+    """
+    mp = p / METRICS_FILE
+    try:
+        st = mp.stat()
+    except FileNotFoundError:
+        return np.zeros(0, np.int64), {}, False, 0
+    cpath = _cache_path(cache_dir, p) if cache_dir else None
+    cached = _cache_load(cpath) if cpath is not None else None
+    with open(mp, "rb") as f:
+        if (cached is not None and cached["ino"] == st.st_ino and st.st_size >= cached["offset"]
+                and cached["engine"] == engine):
+            off = cached["offset"]
+            f.seek(max(0, off - _SIG))
+            sig = f.read(min(_SIG, off))
+            if sig.hex() == cached["sig"]:
+                if st.st_size == off:
+                    return cached["steps"], cached["cols"], cached["truncated_tail"], cached["bad_lines"]
+                parsed, consumed = parse_jsonl_bytes(f.read(), engine=engine)
+                new_steps, new_cols = rows_to_columns(parsed.rows)
+                steps = np.concatenate([cached["steps"], new_steps])
+                n_old, n_new = len(cached["steps"]), len(new_steps)
+                cols = {}
+                for k in dict.fromkeys([*cached["cols"], *new_cols]):
+                    a = cached["cols"].get(k, np.full(n_old, np.nan))
+                    b = new_cols.get(k, np.full(n_new, np.nan))
+                    cols[k] = np.concatenate([a, b])
+                bad = cached["bad_lines"] + parsed.bad_lines
+                _cache_save(cpath, {"ino": st.st_ino, "offset": off + consumed, "engine": engine,
+                                    "sig": _sig_at(mp, off + consumed), "truncated_tail": parsed.truncated_tail,
+                                    "bad_lines": bad}, steps, cols)
+                return steps, cols, parsed.truncated_tail, bad
+            f.seek(0)
+        data = f.read()
+    parsed, consumed = parse_jsonl_bytes(data, engine=engine)
+    steps, cols = rows_to_columns(parsed.rows)
+    if cpath is not None:
+        _cache_save(cpath, {"ino": st.st_ino, "offset": consumed, "engine": engine,
+                            "sig": data[max(0, consumed - _SIG):consumed].hex(),
+                            "truncated_tail": parsed.truncated_tail, "bad_lines": parsed.bad_lines},
+                    steps, cols)
+    return steps, cols, parsed.truncated_tail, parsed.bad_lines
+
+
+def _sig_at(path: Path, off: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, off - _SIG))
+        return f.read(min(_SIG, off)).hex()
+
+
+def _load_run(path: str, engine: str = "auto", cache_dir: str | None = None) -> dict:
     """Everything collect needs from one run directory (runs in worker processes)."""
     p = Path(path)
     out: dict = {"exists": p.is_dir()}
     if not out["exists"]:
         return out
+    out["status"] = _read_json(p / STATUS_FILE)
+    out["summary"] = _read_json(p / SUMMARY_FILE)
+    out["has_config"] = (p / CONFIG_FILE).exists()
+    out["has_metrics"] = (p / METRICS_FILE).exists()
+    steps, cols, truncated, bad = _read_metrics(p, engine, cache_dir)
+    out.update(steps=steps, cols=cols, truncated_tail=truncated, bad_lines=bad)
+    pe = parse_jsonl(p / EVAL_FILE, engine=engine)
+    out["eval"] = eval_entries(pe.rows)
+    out["eval_bad_lines"] = pe.bad_lines + int(pe.truncated_tail)
+    return out
     out["status"] = _read_json(p / STATUS_FILE)
     out["summary"] = _read_json(p / SUMMARY_FILE)
     out["has_config"] = (p / CONFIG_FILE).exists()
@@ -379,6 +500,7 @@ def collect(
     workers: int | None = None,
     progress: bool | None = None,
     engine: str = "auto",
+    cache_dir: str | os.PathLike | None = None,
 ) -> Collection:
     """Read one or more sweep directories into a :class:`Collection`.
 
@@ -388,6 +510,9 @@ def collect(
             ``min(os.cpu_count(), 8)``.
         progress: show a progress bar; None = only for sweeps of 50 runs or more.
         engine: JSON parser, ``"auto"`` | ``"json"`` | ``"loop"`` (see :func:`parse_jsonl`).
+        cache_dir: where to keep parsed ``metrics.jsonl`` columns between calls (a ``.npy`` and a
+            ``.json`` per run); a later collect then parses only the lines appended since. None: no
+            cache. ``python -m analysis.report`` uses ``<out>/.cache``.
     """
     if isinstance(sweep_dirs, (str, os.PathLike)):
         sweep_dirs = [sweep_dirs]
@@ -404,14 +529,16 @@ def collect(
         for c in cells:
             c["run"] = f"{c['sweep']}/{c['run']}"
     paths = [str(c["path"]) for c in cells]
+    cache = None if cache_dir is None else str(cache_dir)
     if workers is None:
         workers = 1 if len(paths) < 64 else min(os.cpu_count() or 1, 8)
     if workers > 1 and len(paths) > 1:
         with ProcessPoolExecutor(max_workers=workers) as ex:
-            it = ex.map(_load_run, paths, [engine] * len(paths), chunksize=max(1, len(paths) // (workers * 8)))
+            it = ex.map(_load_run, paths, [engine] * len(paths), [cache] * len(paths),
+                        chunksize=max(1, len(paths) // (workers * 8)))
             loaded = list(_progress(it, len(paths), progress, "collect"))
     else:
-        loaded = [_load_run(p, engine) for p in _progress(paths, len(paths), progress, "collect")]
+        loaded = [_load_run(p, engine, cache) for p in _progress(paths, len(paths), progress, "collect")]
     return _assemble(cells, loaded, notes, sweep_dirs)
 
 

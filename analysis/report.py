@@ -4,6 +4,7 @@ Reads the sweep directories (never trains, never needs a GPU), then writes into 
 (default ``<first SWEEP_DIR>/report``)::
 
     report.md                 figures, tables, the surge rule, missing/failed/incomplete cells
+    .cache/                   parsed metrics per run (--no-cache to skip): reruns parse only new lines
     figures/<name>.png|pdf|csv   every figure of analysis.figures.FIGURES that has data
     tables/accuracy.md|tex|csv   the paper-layout accuracy table
     tables/diagnostics.md|tex|csv
@@ -113,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("sweep_dirs", nargs="+", type=Path, help="sweep directories (with manifest.json)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default SWEEP_DIR/report)")
     p.add_argument("--workers", type=int, default=None, help="parser processes (default: auto)")
+    p.add_argument("--no-cache", dest="cache", action="store_false",
+                   help="do not keep parsed metrics in OUT/.cache (default: keep, so a rerun "
+                        "parses only the lines appended since)")
     p.add_argument("--smooth", type=float, default=None, help="EMA span in steps (default: auto)")
     p.add_argument("--surge-k", type=float, default=SurgeRule.k)
     p.add_argument("--surge-m", type=int, default=SurgeRule.m)
@@ -124,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rule = SurgeRule(k=args.surge_k, m=args.surge_m, warmup=args.surge_warmup)
     out = args.out or (args.sweep_dirs[0] / "report")
     t0 = time.perf_counter()
-    coll = collect(args.sweep_dirs, workers=args.workers, progress=args.progress)
+    coll = collect(args.sweep_dirs, workers=args.workers, progress=args.progress,
+                   cache_dir=(out / ".cache") if args.cache else None)
     if coll.runs.empty:
         print(f"no run directories or manifest cells found in {', '.join(map(str, args.sweep_dirs))}",
               file=sys.stderr)

@@ -175,3 +175,34 @@ def test_long_and_errors(known_coll, tmp_path):
     assert alpha_runs == {"calibrated"}  # sparse metric: logged by calibrated arms only
     with pytest.raises(FileNotFoundError):
         collect(tmp_path / "nope")
+
+
+def test_cache_incremental_equals_fresh(tmp_path):
+    from fp8rl.runs import RunDir
+
+    make_sweep(tmp_path / "s", [RunSpec(steps=30, truncated_tail=True), RunSpec(seed=1, steps=30)])
+    cache = tmp_path / "cache"
+    first = collect(tmp_path / "s", cache_dir=cache)
+    assert len(list(cache.glob("*.npy"))) == len(list(cache.glob("*.json"))) == 2
+    again = collect(tmp_path / "s", cache_dir=cache)  # served from the cache
+    pd.testing.assert_frame_equal(first.steps, again.steps)
+    assert again.notes == first.notes
+    runs = sorted(p for p in (tmp_path / "s").iterdir() if p.is_dir())
+    # a writer resumes: it cuts the truncated tail in place and appends new steps
+    with RunDir(runs[0]).metrics_writer() as w:
+        for s in range(30, 35):
+            w.write({"step": s, "actor/entropy": 0.5, "new/metric": float(s)})
+    # the other run is resumed from step 19: truncate_after replaces the file
+    rd = RunDir(runs[1])
+    rd.truncate_after(19)
+    with rd.metrics_writer() as w:
+        w.write({"step": 20, "actor/entropy": 7.0})
+    inc = collect(tmp_path / "s", cache_dir=cache)
+    fresh = collect(tmp_path / "s")
+    pd.testing.assert_frame_equal(inc.steps, fresh.steps)
+    assert inc.runs["n_rows"].tolist() == [35, 21]
+    assert inc.steps["new/metric"].notna().sum() == 5
+    # a cache file that is garbage is ignored
+    for f in cache.glob("*.npy"):
+        f.write_bytes(b"junk")
+    pd.testing.assert_frame_equal(collect(tmp_path / "s", cache_dir=cache).steps, fresh.steps)
