@@ -35,6 +35,7 @@ Choices made here (the spec was silent or sources differ):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -99,13 +100,34 @@ def _blocked(x2: torch.Tensor, br: int, bc: int) -> torch.Tensor:
     return x2.reshape(gr, br, gc, bc)
 
 
-def _amax_to_qscale(amax: torch.Tensor, fmt: Fp8Format, power_of_two: bool) -> torch.Tensor:
-    """Quantization multiplier (torchao ``amax_to_scale``): ``fp32(max / max(amax, EPS))``."""
-    qscale = (fmt.max / torch.clamp(amax.to(torch.float64), min=EPS)).to(torch.float32)
-    if power_of_two:
-        exp = torch.floor(torch.log2(qscale)).clamp(-_E8M0_MAX_EXP, _E8M0_MAX_EXP)
-        qscale = torch.exp2(exp)
-    return qscale
+def _quantize_blocks(
+    x2: torch.Tensor, br: int, bc: int, fmt_max: float, pow2: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Core of ``quantize`` on ``[R, C]`` with ``br x bc`` blocks: ``(q [R, C], qscale, amax)``.
+
+    ``qscale`` and ``amax`` are ``[gr, gc]``. Pure tensor code without data-dependent control
+    flow, so ``torch.compile`` fuses it (``quantize(..., compile=True)``).
+    """
+    rows, cols = x2.shape
+    xb = _blocked(x2, br, bc)  # [gr, br, gc, bc]
+    if xb.shape[2] == 1:  # whole rows (PerTensor, PerRow): one fused pass is fastest on CPU
+        amax = torch.linalg.vector_norm(xb, float("inf"), dim=(1, 3))
+    else:  # many short blocks per row: abs + amax measured 1.4-2.3x faster than vector_norm
+        amax = xb.abs().amax(dim=(1, 3))
+    qscale = (fmt_max / torch.clamp(amax.to(torch.float64), min=EPS)).to(torch.float32)
+    if pow2:
+        qscale = torch.exp2(torch.floor(torch.log2(qscale)).clamp(-_E8M0_MAX_EXP, _E8M0_MAX_EXP))
+    # float32 multiply (as torchao), round-to-nearest cast; see the module docstring on saturation
+    q = (xb.to(torch.float32) * qscale[:, None, :, None]).to(dtype)
+    q = q.reshape(xb.shape[0] * br, xb.shape[2] * bc)
+    if q.shape != (rows, cols):
+        q = q[:rows, :cols].contiguous()
+    return q, qscale, amax
+
+
+@functools.cache
+def _compiled_quantize_blocks():
+    return torch.compile(_quantize_blocks, dynamic=False)
 
 
 def quantize(
@@ -114,6 +136,7 @@ def quantize(
     fmt: Fp8Format = E4M3,
     *,
     pow2_scale: bool = False,
+    compile: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` to FP8 with one dynamic scale per block of ``granularity``.
 
@@ -122,6 +145,8 @@ def quantize(
         granularity: ``PerTensor()``, ``PerRow()``, ``PerBlock(r, c)`` or ``MX(32)``.
         fmt: ``E4M3`` or ``E5M2``.
         pow2_scale: round scales to powers of two (always on for ``MX``).
+        compile: run the core through ``torch.compile`` (one compilation per shape and
+            granularity; worth it for repeated fixed shapes, see ``benchmarks/bench_quant.py``).
 
     Returns:
         ``(q, scale)``: ``q`` has ``x``'s shape and ``fmt.dtype``; ``scale`` is float32, the
@@ -132,25 +157,14 @@ def quantize(
         NonFiniteError: ``x`` contains inf or NaN (the message gives the first index).
     """
     x2, (br, bc) = _as_2d(x, granularity)
-    rows, cols = x2.shape
-    pow2 = pow2_scale or granularity.power_of_two
-    if isinstance(granularity, PerTensor):
-        amax = torch.linalg.vector_norm(x2, float("inf"))
-    else:
-        amax = torch.linalg.vector_norm(_blocked(x2, br, bc), float("inf"), dim=(1, 3))
+    core = _compiled_quantize_blocks() if compile else _quantize_blocks
+    q, qscale, amax = core(x2, br, bc, fmt.max, pow2_scale or granularity.power_of_two, fmt.dtype)
     if not bool(torch.isfinite(amax).all()):
         _raise_non_finite(x, "quantize")
-    qscale = _amax_to_qscale(amax, fmt, pow2)
-    if isinstance(granularity, PerTensor):
-        q = torch.mul(x2.to(torch.float32), qscale).to(fmt.dtype)  # fp32 multiply, as torchao
-        return q.reshape(x.shape), qscale.reciprocal()
-    xb = _blocked(x2, br, bc)
-    q = (xb.to(torch.float32) * qscale[:, None, :, None]).to(fmt.dtype)
-    q = q.reshape(xb.shape[0] * br, xb.shape[2] * bc)
-    if q.shape != (rows, cols):
-        q = q[:rows, :cols].contiguous()
     scale = qscale.reciprocal()
-    if br == 1:
+    if isinstance(granularity, PerTensor):
+        scale = scale.reshape(())
+    elif br == 1:
         scale = scale.reshape(*x.shape[:-1], scale.shape[-1])
     return q.reshape(x.shape), scale
 
