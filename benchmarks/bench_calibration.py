@@ -14,7 +14,10 @@ It prints median times (warm-up first), the median of the per-repeat ratios upda
 and the growth of the update time normalised by n log n relative to the smallest size
 (<= 1 means growth no worse than n log n). Targets (issue 2): update/loss <= 5 at 1M tokens.
 
-    .venv/bin/python benchmarks/bench_calibration.py [--sizes 1 4 16] [--repeats 7]
+    .venv/bin/python benchmarks/bench_calibration.py [--sizes 1 4 16] [--repeats 7] [--threads N]
+
+On a loaded machine, intra-op threads that wait on each other slow both sides down a lot;
+``--threads 1`` gives steadier numbers there.
 """
 
 from __future__ import annotations
@@ -102,7 +105,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16], help="token counts in units of 2**20")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)"
+    )
     args = ap.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     print(
         f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
         f"{platform.machine()} {platform.system()}"

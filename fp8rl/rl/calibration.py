@@ -113,6 +113,7 @@ __all__ = [
     "Calibration",
     "DegenerateCalibration",
     "calibrate_bounds",
+    "solve_upper_contribution",
 ]
 
 log = logging.getLogger(__name__)
