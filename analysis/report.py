@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.collect import Collection, collect
-from analysis.figures import FIGURES, plot_figure
+from analysis.figures import FIGURE_NAMES, FIGURES, figure_spec, plot_figure
 from analysis.surge import SurgeRule
 from analysis.tables import accuracy_table, diagnostics_table, run_diagnostics
 
@@ -49,14 +49,18 @@ def write_report(
     rule: SurgeRule = SurgeRule(),  # noqa: B008
     smooth: float | None = None,
     progress: bool = False,
+    figures: Sequence[str] | None = None,
 ) -> Path:
-    """Write figures, tables and ``report.md`` for ``coll`` into ``out_dir``; returns report.md."""
+    """Write figures, tables and ``report.md`` for ``coll`` into ``out_dir``; returns report.md.
+
+    ``figures``: names from ``analysis.figures.FIGURE_NAMES`` to draw (default: all).
+    """
     out = Path(out_dir)
     fig_dir, tab_dir = out / "figures", out / "tables"
     fig_dir.mkdir(parents=True, exist_ok=True)
     tab_dir.mkdir(parents=True, exist_ok=True)
 
-    specs = list(FIGURES)
+    specs = list(FIGURES) if figures is None else [figure_spec(n) for n in figures]
     it = specs
     if progress:
         from tqdm.auto import tqdm
@@ -117,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-cache", dest="cache", action="store_false",
                    help="do not keep parsed metrics in OUT/.cache (default: keep, so a rerun "
                         "parses only the lines appended since)")
+    p.add_argument("--figures", default=None,
+                   help=f"comma-separated subset of figures (default all: {','.join(FIGURE_NAMES)})")
     p.add_argument("--smooth", type=float, default=None, help="EMA span in steps (default: auto)")
     p.add_argument("--surge-k", type=float, default=SurgeRule.k)
     p.add_argument("--surge-m", type=int, default=SurgeRule.m)
@@ -135,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     show = args.progress if args.progress is not None else len(coll.runs) >= 50
-    path = write_report(coll, out, rule=rule, smooth=args.smooth, progress=show)
+    figures = None if args.figures is None else [f.strip() for f in args.figures.split(",") if f.strip()]
+    path = write_report(coll, out, rule=rule, smooth=args.smooth, progress=show, figures=figures)
     n_bad = len(coll.problems)
     print(f"{path}: {len(coll.runs)} cells, {n_bad} missing/failed/incomplete "
           f"({time.perf_counter() - t0:.1f} s)")

@@ -1,20 +1,16 @@
-import time
+import pytest
 
+from analysis.figures import FIGURE_NAMES
 from analysis.report import main
 
 
-def test_report_cli(known_sweep, tmp_path, capsys):
-    out = tmp_path / "rep"
-    t0 = time.perf_counter()
-    assert main([str(known_sweep), "--out", str(out), "--no-progress"]) == 0
-    elapsed = time.perf_counter() - t0
+def _check_report(out, figures):
     text = (out / "report.md").read_text()
     assert "1 failed, 1 incomplete, 1 missing, 8 ok" in text
     for cell in ("| failed |", "| missing |", "| incomplete |", "no run directory", "synthetic failure"):
         assert cell in text
     assert "truncated last line" in text
-    for name in ("entropy", "clipfrac_neg_low", "reward_accuracy", "eval_accuracy", "response_length",
-                 "mismatch_kl", "clip_bounds", "ratio_quantiles"):
+    for name in figures:
         for ext in ("png", "pdf", "csv"):
             assert (out / "figures" / f"{name}.{ext}").stat().st_size > 0
         assert f"](figures/{name}.png)" in text
@@ -22,8 +18,25 @@ def test_report_cli(known_sweep, tmp_path, capsys):
         for ext in ("md", "tex", "csv"):
             assert (out / "tables" / f"{t}.{ext}").stat().st_size > 0
     assert (out / "tables" / "cells.csv").exists()
+    assert list((out / ".cache").glob("*.npy"))  # parsed metrics kept for the next run
+
+
+def test_report_cli(known_sweep, tmp_path, capsys):
+    out = tmp_path / "rep"
+    figs = ["entropy", "clip_bounds"]
+    assert main([str(known_sweep), "--out", str(out), "--no-progress", "--figures", ",".join(figs)]) == 0
+    _check_report(out, figs)
     assert "report.md: 11 cells, 3 missing/failed/incomplete" in capsys.readouterr().out
-    print(f"report took {elapsed:.1f} s")
+    assert not (out / "figures" / "mismatch_kl.png").exists()
+    with pytest.raises(KeyError, match="valid names"):
+        main([str(known_sweep), "--out", str(out), "--figures", "nope"])
+
+
+@pytest.mark.slow
+def test_report_cli_all_figures(known_sweep, tmp_path):
+    out = tmp_path / "rep"
+    assert main([str(known_sweep), "--out", str(out), "--no-progress"]) == 0
+    _check_report(out, FIGURE_NAMES)
 
 
 def test_report_default_out_and_empty(tmp_path, capsys):
