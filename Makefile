@@ -34,3 +34,11 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# The project's local Slurm cluster for the `slurm` tests (root; see slurm/README.md):
+#   eval "$(make -s slurm-up)"   ...   make slurm-down
+.PHONY: slurm-up slurm-down
+slurm-up:
+	@bash slurm/local_cluster.sh start
+slurm-down:
+	@bash slurm/local_cluster.sh stop
