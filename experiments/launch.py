@@ -1,0 +1,48 @@
+"""``python -m experiments.launch [+sweep=NAME] [key=value ...]``: run or submit a sweep.
+
+With no overrides: one mini run (GRPO, model slot 8b, BF16, vanilla clip, seed 0) on this
+machine. ``+sweep=main_table`` (or ``entropy_granularity``, ``calibration_ablation``,
+``quick``, ``smoke``) runs a paper artefact's grid; ``seeds=3`` adds a seed axis;
+``dry_run=true`` prints every cell and runs nothing; ``launcher=slurm cluster=NAME`` submits
+the grid as a Slurm array and returns. The config tree is ``sweeps/`` and docs/launch.md
+describes everything.
+
+The config always runs in Hydra's multirun mode (``hydra.mode: MULTIRUN`` in
+``sweeps/config.yaml``): the ``fp8rl`` sweeper expands and validates the whole grid and
+launches it (``fp8rl.launch.sweep``). The task function below is what Hydra would call for a
+single job; it is used only if someone forces ``hydra.mode=RUN``, and then it runs the one
+composed config through the same planning and launching code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from fp8rl.launch.schema import register_configs
+
+register_configs()
+
+#: The config tree (absolute, so the app also works when imported, e.g. from tests).
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "sweeps")
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    """``hydra.mode=RUN``: plan and launch the composed config as a one-cell sweep."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from fp8rl.launch.sweep import run_sweep
+
+    loader = GlobalHydra.instance().config_loader()
+    overrides = list(HydraConfig.get().overrides.task)
+    status = run_sweep(cfg, loader, {}, overrides)
+    if status:
+        raise SystemExit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The backend registry: which code runs one validated cell into its run directory.
+
+A backend is registered once, by name, with *import paths* (``"module:attr"``) rather than
+objects, so that ``fp8rl.launch`` imports without torch and a backend's heavy dependencies
+load only when a cell of that backend is validated or run.
+
+Only backends that exist are registered: ``mini`` here. The OpenRLHF backend registers itself
+(``BACKENDS.add("openrlhf", Backend(...))``) from its own package when it lands; until then a
+paper-scale cell (``backend=openrlhf``) fails validation with the list of registered backends.
+
+Contract of a backend (what the launcher relies on):
+
+- ``config_class``: a dataclass extending ``fp8rl.config.RunConfig`` whose constructor
+  validates (``__post_init__``) and whose extra block lives under ``settings_key``;
+- ``run``: ``run(cfg, overrides, *, progress) -> summary dict``; it resumes from the run
+  directory's checkpoint when there is one and returns the stored summary (with
+  ``"skipped": True``) when the run is DONE;
+- ``resolve_run_dir``: ``resolve_run_dir(cfg) -> Path``, the run directory of a config
+  (``<cfg.output_dir>/<name>-<hash8>``), so the launcher knows every cell's directory before
+  anything runs;
+- ``data``: the data set names (``data=...``) the backend can run; ``scales``: the scales
+  (``scale=...``) it serves;
+- ``shared_cache``: ``(dotted key, subdirectory)``: when that key is null the launcher sets it
+  to ``<output_dir>/<subdirectory>`` so every sweep under one runs root shares one cache (the
+  mini backend's SFT warm starts); the key must be excluded from the run identity.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from fp8rl.registry import Registry
+
+
+def load_object(path: str) -> Any:
+    """``"package.module:attr"`` -> the attribute (raises ``ImportError`` naming the path)."""
+    if ":" not in path:
+        raise ValueError(f"import path {path!r} must look like 'package.module:attr'")
+    module, attr = path.split(":", 1)
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except AttributeError as e:
+        raise ImportError(f"{module} has no attribute {attr!r} (import path {path!r})") from e
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A registered backend (see the module docstring for the contract)."""
+
+    name: str
+    config_class: str
+    run: str
+    resolve_run_dir: str
+    settings_key: str | None
+    settings_class: str | None
+    data: tuple[str, ...]
+    scales: tuple[str, ...]
+    shared_cache: tuple[str, str] | None = None
+    description: str = ""
+
+    def load_config_class(self) -> type:
+        return load_object(self.config_class)
+
+    def load_settings_class(self) -> type | None:
+        return None if self.settings_class is None else load_object(self.settings_class)
+
+    def load_run(self):
+        return load_object(self.run)
+
+    def load_resolve_run_dir(self):
+        return load_object(self.resolve_run_dir)
+
+
+BACKENDS: Registry[Backend] = Registry("backend")
+
+BACKENDS.add(
+    "mini",
+    Backend(
+        name="mini",
+        config_class="fp8rl.backends.mini.config:MiniRunConfig",
+        run="fp8rl.backends.mini.run:run_mini",
+        resolve_run_dir="fp8rl.backends.mini.run:resolve_run_dir",
+        settings_key="mini",
+        settings_class="fp8rl.backends.mini.config:MiniSettings",
+        data=("arith",),
+        scales=("mini",),
+        shared_cache=("mini.cache_dir", ".cache/sft"),
+        description="the embedded backend: tiny Qwen3 models, our own RL loop, CPU or one GPU",
+    ),
+)

@@ -1,0 +1,78 @@
+"""What runs inside a job: one validated cell, from its payload, into its run directory.
+
+The payload (``CellPlan.payload()``) carries the backend's *resolved* run config, so a job runs
+exactly the config that was validated at launch time; editing a YAML file while jobs wait in
+the queue changes nothing (hydra-submitit-launcher, by contrast, re-composes the config inside
+each job).
+
+``run_cell`` rebuilds the backend's config dataclass (which validates again), checks that it
+still resolves to the run directory the launcher recorded, and calls the backend's run
+function, which skips a DONE run and resumes an incomplete one from its checkpoint. When the
+backend fails before it could record why (an exception while building the model, a missing
+CUDA device), ``run_cell`` writes ``FAILED`` with the exception as the reason, then re-raises
+so the job itself fails (Slurm shows FAILED, ``experiments/status.py`` shows the reason).
+
+``CellJob`` is the callable submitted to Slurm. It is a ``submitit.helpers.Checkpointable``:
+on preemption or on the signal before the time limit, submitit calls its ``checkpoint``, which
+resubmits the same payload, and Slurm requeues the array task (same job id). A requeued task
+(also one requeued by hand with ``scontrol requeue``) starts the same payload again and the
+backend resumes from the run directory's checkpoint; rows logged after that checkpoint are
+dropped first (``RunDir.truncate_after``), so no step is logged twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import submitit
+
+
+class CellFailed(RuntimeError):
+    """The backend ended the run FAILED (its reason is the message)."""
+
+
+def build_config(payload: dict):
+    """The backend's validated config dataclass from a payload."""
+    from fp8rl.launch.backends import BACKENDS
+    from fp8rl.launch.grid import build_dataclass
+
+    return build_dataclass(BACKENDS[payload["backend"]].load_config_class(), payload["config"])
+
+
+def run_cell(payload: dict) -> dict:
+    """Run (or resume, or skip) one cell; returns the backend's summary.
+
+    Raises :class:`CellFailed` when the run ends FAILED, and re-raises any exception of the
+    backend after recording it in ``status.json``.
+    """
+    from fp8rl.launch.backends import BACKENDS
+    from fp8rl.runs import FAILED, TERMINAL_STATES, RunDir
+
+    backend = BACKENDS[payload["backend"]]
+    run_dir = Path(payload["run_dir"])
+    try:
+        cfg = build_config(payload)
+        resolved = Path(backend.load_resolve_run_dir()(cfg))
+        if resolved != run_dir:
+            raise RuntimeError(
+                f"the payload's config resolves to {resolved}, not to the recorded run directory "
+                f"{run_dir}: the backend's run identity changed since launch; relaunch the sweep"
+            )
+        summary = backend.load_run()(cfg, payload.get("overrides", ()), progress=payload.get("progress", False))
+    except BaseException as e:
+        rd = RunDir(run_dir)
+        st = rd.status() if rd.status_path.exists() else None
+        if not isinstance(e, KeyboardInterrupt) and (st is None or st.get("state") not in TERMINAL_STATES):
+            step = int(st.get("step", 0)) if st else 0
+            rd.set_status(FAILED, step, reason=f"{type(e).__name__}: {e}")
+        raise
+    if summary.get("state") == FAILED:
+        raise CellFailed(f"{run_dir.name}: {summary.get('reason')}")
+    return summary
+
+
+class CellJob(submitit.helpers.Checkpointable):
+    """The submitted callable: ``CellJob()(payload)``; requeued with the same payload."""
+
+    def __call__(self, payload: dict) -> dict:
+        return run_cell(payload)

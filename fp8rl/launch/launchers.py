@@ -1,0 +1,190 @@
+"""Launchers: how the validated cells of a sweep run (registry ``LAUNCHERS``).
+
+=================  ==================================================================  =======
+name               what it does                                                         blocks
+=================  ==================================================================  =======
+``local``          one cell after the other in this process (default at mini scale)     yes
+``local_parallel`` submitit's local executor: up to ``array_parallelism`` (default 2)    yes
+                   cells side by side, each in its own process
+``slurm``          submitit's Slurm executor: one array job per sweep (one per          no
+                   distinct resource request) with ``array_parallelism``, resources
+                   from the cluster profile; submit and return (``wait=true`` blocks)
+=================  ==================================================================  =======
+
+Why not hydra-submitit-launcher's ``launch()``: it blocks until every job of the sweep has
+ended (``[j.results()[0] for j in jobs]``), and each job re-composes its config from the YAML
+files when it starts, possibly hours after validation. We use submitit (the library that
+launcher wraps) directly, with the same parameter names as its ``SlurmQueueConf``, submit the
+already validated configs (``fp8rl.launch.job``), record the job ids in the manifest and
+return. Preemption and time-out requeue the task (``CellJob`` is ``Checkpointable``), and the
+run resumes from its checkpoint.
+
+Every launcher returns a :class:`LaunchResult`: the job id of each submitted cell (Slurm) and
+the cells that failed (blocking launchers).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fp8rl.registry import Registry
+
+
+@dataclass
+class LaunchResult:
+    """``job_ids``: run-dir basename -> job id; ``failed``: (run-dir basename, reason)."""
+
+    job_ids: dict[str, str] = field(default_factory=dict)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    waited: bool = True
+
+
+def _reason_from_rundir(run_dir: Path, fallback: str) -> str:
+    from fp8rl.runs import RunDir
+
+    st = RunDir(run_dir).status() if run_dir.exists() else None
+    return (st or {}).get("reason") or fallback
+
+
+class Launcher:
+    """Base: ``name``, ``needs_cluster`` and ``launch(cells, plan) -> LaunchResult``."""
+
+    name = "abstract"
+    needs_cluster = False
+    default_wait = True
+
+    def launch(self, cells: list, plan) -> LaunchResult:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+LAUNCHERS: Registry[Launcher] = Registry("launcher")
+
+
+class LocalLauncher(Launcher):
+    """Run the cells one after the other in this process, with the sweep progress display."""
+
+    name = "local"
+
+    def launch(self, cells: list, plan) -> LaunchResult:
+        from fp8rl.launch.job import run_cell
+        from fp8rl.launch.progress import SweepProgress
+
+        res = LaunchResult()
+        display = SweepProgress(cells, name=plan.sweep_name) if plan.progress else None
+        if display:
+            display.__enter__()
+        try:
+            for c in cells:
+                try:
+                    run_cell(c.payload(progress=False))
+                except Exception as e:
+                    res.failed.append((c.run_dir.name, _reason_from_rundir(c.run_dir, f"{type(e).__name__}: {e}")))
+        finally:
+            if display:
+                display.__exit__(None, None, None)
+        return res
+
+
+class LocalParallelLauncher(Launcher):
+    """submitit's local executor (``submitit_local``): a window of parallel processes."""
+
+    name = "local_parallel"
+
+    def launch(self, cells: list, plan) -> LaunchResult:
+        import submitit
+
+        from fp8rl.launch.job import CellJob
+        from fp8rl.launch.progress import SweepProgress
+
+        executor = submitit.LocalExecutor(folder=plan.sweep_dir / ".submitit" / "%j")
+        executor.update_parameters(timeout_min=24 * 60, tasks_per_node=1, nodes=1, gpus_per_node=0)
+        width = plan.array_parallelism or 2
+        res = LaunchResult()
+        pending, running = list(cells), []
+        display = SweepProgress(cells, name=plan.sweep_name) if plan.progress else None
+        if display:
+            display.__enter__()
+        try:
+            while pending or running:
+                while pending and len(running) < width:
+                    c = pending.pop(0)
+                    job = executor.submit(CellJob(), c.payload())
+                    res.job_ids[c.run_dir.name] = str(job.job_id)
+                    running.append((c, job))
+                still = []
+                for c, job in running:
+                    if not job.done():
+                        still.append((c, job))
+                        continue
+                    exc = job.exception()
+                    if exc is not None:
+                        res.failed.append((c.run_dir.name, _reason_from_rundir(c.run_dir, str(exc).strip().splitlines()[-1])))
+                running = still
+                time.sleep(0.5)
+        finally:
+            if display:
+                display.__exit__(None, None, None)
+        return res
+
+
+class SlurmLauncher(Launcher):
+    """One Slurm array per sweep (per distinct resource request); submit and return."""
+
+    name = "slurm"
+    needs_cluster = True
+    default_wait = False
+
+    def launch(self, cells: list, plan) -> LaunchResult:
+        import submitit
+
+        from fp8rl.launch.job import CellJob
+
+        profile = plan.profile
+        assert profile is not None, "validated plans for launcher=slurm carry a cluster profile"
+        executor = submitit.AutoExecutor(folder=plan.sweep_dir / ".submitit" / "%j", cluster="slurm",
+                                         slurm_max_num_timeout=profile.max_num_timeout)
+        groups: dict = defaultdict(list)
+        for c in cells:
+            groups[c.resources].append(c)
+        res = LaunchResult(waited=False)
+        jobs = []
+        for resources, group in groups.items():
+            executor.update_parameters(name=f"fp8rl-{plan.sweep_name}",
+                                       **profile.executor_parameters(resources, array_parallelism=plan.array_parallelism))
+            submitted = executor.map_array(CellJob(), [c.payload() for c in group])
+            for c, job in zip(group, submitted, strict=True):
+                res.job_ids[c.run_dir.name] = str(job.job_id)
+                jobs.append((c, job))
+        arrays = sorted({j.split("_", 1)[0] for j in res.job_ids.values()})
+        print(f"[{plan.sweep_name}] submitted {len(cells)} cell(s) as Slurm array job(s) "
+              f"{', '.join(arrays)}; follow with: python -m experiments.status {plan.sweep_dir}",
+              file=sys.stderr)
+        wait = plan.wait if plan.wait is not None else self.default_wait
+        if wait:
+            res.waited = True
+            from fp8rl.launch.progress import SweepProgress
+
+            with SweepProgress(cells, name=plan.sweep_name) if plan.progress else _Null():
+                while not all(job.done(force_check=True) for _, job in jobs):
+                    time.sleep(2.0)
+            for c, job in jobs:
+                if job.state not in ("COMPLETED",):
+                    res.failed.append((c.run_dir.name, _reason_from_rundir(c.run_dir, f"Slurm state {job.state}")))
+        return res
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+LAUNCHERS.add("local", LocalLauncher())
+LAUNCHERS.add("local_parallel", LocalParallelLauncher())
+LAUNCHERS.add("slurm", SlurmLauncher())

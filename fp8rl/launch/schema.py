@@ -1,0 +1,93 @@
+"""Typed config schema of ``python -m experiments.launch``, registered in Hydra's ConfigStore.
+
+The schema is not a new set of dataclasses: it is ``fp8rl.config.RunConfig`` (the four axes
+``algorithm/ model/ fp8/ clip/`` as ``AlgorithmConfig``, ``ModelConfig``, ``Fp8Config``,
+``ClipConfig``, plus schedule and optimiser fields), one settings block per registered backend
+(``mini: MiniSettings``), and :class:`LaunchFields` (where and how to run). Hydra checks every
+YAML file and command-line override against it while composing (unknown keys and values of the
+wrong type fail there, naming the key); the cross-field checks run when each cell is built
+into its backend's config class (``fp8rl.launch.grid``).
+
+``register_configs()`` stores the schema as ``fp8rl_launch_schema`` (the first entry of
+``sweeps/config.yaml``'s defaults list) and the sweeper's config as ``hydra/sweeper: fp8rl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_NAME = "fp8rl_launch_schema"
+
+
+@dataclass
+class LaunchFields:
+    """Where and how the cells run (none of these enter a run's identity).
+
+    Attributes:
+        scale: ``mini`` or ``paper`` (set by ``scale/*.yaml``; checked against the backend).
+        backend: key of ``fp8rl.launch.backends.BACKENDS``.
+        launcher: key of ``fp8rl.launch.launchers.LAUNCHERS`` (``local``, ``local_parallel``,
+            ``slurm``).
+        data: the data set; each backend lists what it can run.
+        cluster: cluster profile for ``launcher=slurm``: a name in ``slurm/profiles/`` or a path
+            to a YAML file (``fp8rl.launch.profiles``).
+        sweep_name: the sweep's directory under ``output_dir``.
+        seeds: seeds per cell: ``seed, seed+1, ..., seed+seeds-1`` (an axis of the grid).
+        dry_run: expand, validate and print every cell; run and write nothing.
+        wait: block until every cell ends; ``None`` = the launcher's default (local launchers
+            block, ``slurm`` submits and returns).
+        array_parallelism: most array tasks running at once on Slurm, or the most local
+            processes for ``local_parallel`` (``None`` = the profile's value, or 2 locally).
+        progress: show the sweep-level progress display (local launchers).
+    """
+
+    scale: str = "mini"
+    backend: str = "mini"
+    launcher: str = "local"
+    data: str = "arith"
+    cluster: str | None = None
+    sweep_name: str = "default"
+    seeds: int = 1
+    dry_run: bool = False
+    wait: bool | None = None
+    array_parallelism: int | None = None
+    progress: bool = True
+
+
+#: Top-level keys that belong to launching, not to a backend's run config.
+LAUNCH_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LaunchFields))
+
+
+@dataclass
+class SweeperConf:
+    """``hydra/sweeper: fp8rl``: the grid, as Hydra's basic sweeper spells it.
+
+    ``params`` maps a key or config group to a comma-separated sweep (``fp8: bf16,tensorwise``).
+    """
+
+    _target_: str = "hydra_plugins.fp8rl_launch.fp8rl_sweeper.Fp8rlSweeper"
+    params: dict[str, str] = field(default_factory=dict)
+
+
+def build_schema() -> type:
+    """``LaunchConfig``: ``LaunchFields`` + ``RunConfig`` + one block per registered backend."""
+    from fp8rl.config import RunConfig
+    from fp8rl.launch.backends import BACKENDS
+
+    blocks: list[tuple[str, Any, Any]] = []
+    for b in BACKENDS.values():
+        cls = b.load_settings_class()
+        if b.settings_key and cls is not None:
+            blocks.append((b.settings_key, cls, field(default_factory=cls)))
+    return dataclasses.make_dataclass("LaunchConfig", blocks, bases=(LaunchFields, RunConfig))
+
+
+def register_configs() -> None:
+    """Store the schema and the sweeper config in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name=SCHEMA_NAME, node=build_schema())
+    cs.store(group="hydra/sweeper", name="fp8rl", node=SweeperConf, provider="fp8rl")

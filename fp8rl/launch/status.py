@@ -1,0 +1,124 @@
+"""The status table of a sweep: every manifest cell, its run state, and Slurm's view of it.
+
+``sweep_status(sweep_dir)`` reads ``manifest.json`` and each cell's run directory
+(``status.json``, the last row of ``metrics.jsonl``) and, where cells have job ids and
+``sacct`` works, the Slurm state of each array task. ``format_table`` renders it;
+``failed_cells`` lists the cells that failed with their reasons: the run's own reason
+(``status.json``), else Slurm's state and exit code with the path of the job's log.
+
+State of a cell (column ``state``): the run directory's state (RUNNING, DONE, FAILED,
+PREEMPTED) or ``MISSING`` (never started). A cell whose Slurm task ended (FAILED, TIMEOUT,
+OUT_OF_MEMORY, CANCELLED, NODE_FAIL) while its run directory still says RUNNING, or was never
+written, is shown as ``FAILED`` with Slurm's reason: the job died outside Python.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from fp8rl.runs import DONE, FAILED, RunDir, read_manifest
+from fp8rl.runs import metrics as M
+
+_DEAD = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
+         "PREEMPTED"}
+
+
+@dataclass
+class CellStatus:
+    """One row of the table."""
+
+    run_dir: str
+    state: str
+    step: int | None
+    steps: int | None
+    reward: float | None
+    entropy: float | None
+    job_id: str | None
+    slurm_state: str | None
+    reason: str | None
+    overrides: tuple[str, ...]
+
+
+def _last_metrics(rd: RunDir) -> dict:
+    path = rd.metrics_path
+    if not path.exists():
+        return {}
+    last = None
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                last = line
+    if last is None:
+        return {}
+    try:
+        return json.loads(last)
+    except ValueError:  # a line being written
+        return {}
+
+
+def _log_path(sweep_dir: Path, job_id: str) -> Path | None:
+    hits = sorted((sweep_dir / ".submitit").glob(f"*/{job_id}_0_log.err"))
+    return hits[0] if hits else None
+
+
+def sweep_status(sweep_dir: str | Path, *, query_slurm: bool = True) -> list[CellStatus]:
+    """The status of every manifest cell of ``sweep_dir``."""
+    from fp8rl.launch.slurm import job_states
+
+    man = read_manifest(sweep_dir)
+    sweep_dir = Path(sweep_dir)
+    ids = [c.job_id for c in man.cells if c.job_id]
+    slurm = job_states(ids) if (query_slurm and ids) else {}
+    rows = []
+    for c in man.cells:
+        rd = RunDir(man.run_path(c))
+        st = rd.status() if rd.status_path.exists() else None
+        cfg = rd.config() if rd.config_path.exists() else None
+        last = _last_metrics(rd)
+        sl = slurm.get(c.job_id or "", {})
+        state = st["state"] if st else "MISSING"
+        reason = st.get("reason") if st else None
+        if sl.get("state") in _DEAD and state not in (DONE, FAILED):
+            state = FAILED
+            log = _log_path(sweep_dir, c.job_id) if c.job_id else None
+            reason = (f"Slurm {sl['state']} (exit code {sl.get('exit_code')})"
+                      + (f"; log: {log}" if log else ""))
+        elif state == FAILED and not reason and c.job_id:
+            log = _log_path(sweep_dir, c.job_id)
+            reason = f"see {log}" if log else None
+        rows.append(CellStatus(
+            run_dir=c.run_dir, state=state, step=st.get("step") if st else None,
+            steps=(cfg or {}).get("steps"), reward=last.get(M.ROLLOUT_REWARD_MEAN),
+            entropy=last.get(M.ACTOR_ENTROPY), job_id=c.job_id,
+            slurm_state=sl.get("state") or None, reason=reason, overrides=c.overrides,
+        ))
+    return rows
+
+
+def _num(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.3f}"
+
+
+def format_table(rows: list[CellStatus]) -> str:
+    """A fixed-width table, one line per cell, and a count per state."""
+    head = ("cell", "state", "step", "reward", "entropy", "job", "slurm")
+    body = [(r.run_dir, r.state, f"{r.step if r.step is not None else '-'}/{r.steps or '-'}",
+             _num(r.reward), _num(r.entropy), r.job_id or "-", r.slurm_state or "-") for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
+             for line in (head, *body)]
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    lines.append(f"{len(rows)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    return "\n".join(lines)
+
+
+def failed_cells(rows: list[CellStatus]) -> list[tuple[str, str]]:
+    """``(run dir, reason)`` of every FAILED cell."""
+    return [(r.run_dir, r.reason or "no reason recorded") for r in rows if r.state == FAILED]

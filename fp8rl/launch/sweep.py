@@ -1,0 +1,113 @@
+"""The sweep driver behind ``python -m experiments.launch``: plan, then dry-run or launch.
+
+Called by the Hydra sweeper (``hydra_plugins/fp8rl_launch``) with the composed primary config:
+
+1. ``fp8rl.launch.grid.plan_sweep``: expand the grid and validate every cell (nothing is
+   written; any problem aborts with :class:`~fp8rl.launch.grid.SweepError`);
+2. ``dry_run=true``: print every cell (run directory, state, resources, command) and stop;
+3. otherwise classify the cells: DONE cells are skipped, cells whose Slurm job (from the
+   manifest) is still pending or running are left alone, all others (new, FAILED, PREEMPTED,
+   interrupted) are launched, and incomplete ones resume from their checkpoints;
+4. write ``<output_dir>/<sweep_name>/manifest.json`` *before* launching (cells of earlier
+   launches of the same sweep that are not in this grid are kept), launch, and record the job
+   ids; a blocking launcher's failed cells are listed and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from fp8rl.launch.grid import CellPlan, SweepError, SweepPlan, plan_sweep
+
+
+def describe_cell(c: CellPlan, plan: SweepPlan) -> list[str]:
+    """Lines a dry run prints for one cell."""
+    drop = ("dry_run=", "seeds=")
+    cmd = ["python", "-m", "experiments.launch", *[o for o in c.overrides if not o.startswith(drop)]]
+    if not any(o.startswith("seed=") for o in c.overrides):
+        cmd.append(f"seed={c.seed}")
+    res = c.resources.describe() if c.resources else "this machine"
+    return [
+        f"{c.label}  [{c.state or 'new'}]",
+        f"    run dir:   {c.run_dir}",
+        f"    backend:   {c.backend}, launcher: {plan.launcher}, resources: {res}",
+        f"    command:   {shlex.join(cmd)}",
+    ]
+
+
+def print_plan(plan: SweepPlan, stream=None) -> None:
+    stream = stream or sys.stdout
+    n_done = sum(c.state == "DONE" for c in plan.cells)
+    prof = f", cluster profile {plan.profile.name} ({plan.profile.path})" if plan.profile else ""
+    print(f"sweep {plan.sweep_name}: {len(plan.cells)} cell(s) valid, {n_done} DONE; "
+          f"sweep dir {plan.sweep_dir}; launcher {plan.launcher}{prof}", file=stream)
+    for c in plan.cells:
+        for line in describe_cell(c, plan):
+            print(line, file=stream)
+    print("dry run: nothing was run, submitted or written", file=stream)
+
+
+def execute(plan: SweepPlan, stream=None) -> int:
+    """Launch the plan's cells that need running; returns an exit status."""
+    from fp8rl.launch.launchers import LAUNCHERS
+    from fp8rl.launch.slurm import active_jobs
+    from fp8rl.runs import DONE, MANIFEST_FILE, Cell, read_manifest, write_manifest
+
+    stream = stream or sys.stderr
+    if plan.dry_run:
+        print_plan(plan, sys.stdout)
+        return 0
+    previous: dict[str, Cell] = {}
+    if (plan.sweep_dir / MANIFEST_FILE).exists():
+        previous = {c.run_dir: c for c in read_manifest(plan.sweep_dir).cells}
+    old_ids = {k: c.job_id for k, c in previous.items() if c.job_id}
+    active = active_jobs(old_ids.values()) if old_ids else set()
+
+    todo, skipped_done, skipped_active = [], [], []
+    for c in plan.cells:
+        key = c.run_dir.name
+        if c.state == DONE:
+            skipped_done.append(c)
+        elif old_ids.get(key) in active:
+            skipped_active.append(c)
+        else:
+            todo.append(c)
+
+    def manifest_cells(job_ids: dict[str, str]) -> list[Cell]:
+        cur = {}
+        for c in plan.cells:
+            key = c.run_dir.name
+            cur[key] = Cell(name=c.name, hash=c.hash, run_dir=key, axes=c.axes, overrides=c.overrides,
+                            job_id=job_ids.get(key, old_ids.get(key)))
+        kept = [p for k, p in previous.items() if k not in cur]
+        return kept + list(cur.values())
+
+    plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+    write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells({}))
+    print(f"[{plan.sweep_name}] {len(plan.cells)} cell(s): {len(skipped_done)} DONE (skipped), "
+          f"{len(skipped_active)} still queued or running (left alone), {len(todo)} to "
+          f"{'submit' if LAUNCHERS[plan.launcher].needs_cluster else 'run'}", file=stream)
+    if not todo:
+        print(f"[{plan.sweep_name}] nothing to do", file=stream)
+        return 0
+    result = LAUNCHERS[plan.launcher].launch(todo, plan)
+    if result.job_ids:
+        write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells(result.job_ids))
+    if result.failed:
+        print(f"[{plan.sweep_name}] {len(result.failed)} cell(s) FAILED:", file=stream)
+        for name, reason in result.failed:
+            print(f"  {name}: {reason}", file=stream)
+        return 1
+    if result.waited:
+        print(f"[{plan.sweep_name}] all {len(plan.cells)} cell(s) finished; runs in {plan.sweep_dir}", file=stream)
+    return 0
+
+
+def run_sweep(config, config_loader, params, arguments) -> int:
+    """Plan (validate) and execute; ``SweepError`` propagates (Hydra prints it, exit 1)."""
+    plan = plan_sweep(config, config_loader, params, arguments)
+    return execute(plan)
+
+
+__all__ = ["SweepError", "describe_cell", "execute", "print_plan", "run_sweep"]
