@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 ALGORITHMS = ("grpo", "dapo", "dr_grpo")
 MODEL_SLOTS = ("8b", "14b", "32b")
-CLIP_ARMS = ("vanilla", "tis", "calibrated")
 
 
 def _check_registry(module: str, attr: str, name: str, what: str) -> None:
@@ -125,36 +124,70 @@ class Fp8Config:
 
 @dataclass
 class ClipConfig:
-    """Clip method arm and its options.
+    """Clip-method arm and its options (``fp8rl.rl.clipping.CLIP_ARMS`` and the controller).
 
     Attributes:
-        arm: ``vanilla`` (no IS correction), ``tis`` (vanilla bounds + token TIS) or
-            ``calibrated`` (Calibrated Clipping + TIS); mapped to (clip method, IS correction)
-            by ``fp8rl.rl.clipping``.
+        arm: ``vanilla`` (vanilla bounds, no IS correction), ``tis`` (vanilla bounds + token
+            TIS) or ``calibrated`` (Calibrated Clipping + TIS); ``CLIP_ARMS`` maps the arm to
+            (clip method, IS correction).
         tis_cap: TIS truncation C (paper: 2).
-        period: calibrated: recalibrate every K steps (paper: 20).
-        ema: calibrated: EMA weight of the previous bounds when smoothing (0 = no smoothing).
-        upper_rule: calibrated: how the upper bound is rebalanced (a controller option name).
-        init_bounds: calibrated: ``[low, high]`` in force before the first calibration.
-        reference: calibrated: where alpha comes from (``shadow`` = the BF16 shadow pass).
+        period, ema, upper_rule, init_bounds, reference, alpha, p_target, low_min, high_max,
+            calibrate_at_start: the options of
+            ``fp8rl.rl.calibration.CalibratedClipController`` (used by ``calibrated`` only;
+            see that class). ``init_bounds`` default [0.6, 1.8] is the paper's wide start.
     """
 
     arm: str = "vanilla"
     tis_cap: float = 2.0
     period: int = 20
     ema: float = 0.5
-    upper_rule: str = "balance"
+    upper_rule: str = "contribution"
     init_bounds: list[float] = field(default_factory=lambda: [0.6, 1.8])
     reference: str = "shadow"
+    alpha: float | None = None
+    p_target: float | None = None
+    low_min: float = 0.5
+    high_max: float = 2.0
+    calibrate_at_start: bool = True
 
     def __post_init__(self) -> None:
-        _require(self.arm in CLIP_ARMS, f"clip.arm {self.arm!r} must be one of {CLIP_ARMS}")
+        _check_registry("fp8rl.rl.clipping", "CLIP_ARMS", self.arm, "clip.arm")
+        _check_registry("fp8rl.rl.calibration", "UPPER_RULES", self.upper_rule, "clip.upper_rule")
         _require(self.tis_cap > 0, f"clip.tis_cap must be > 0 (inf = no truncation), got {self.tis_cap}")
         _require(self.period >= 1, f"clip.period must be >= 1, got {self.period}")
         _require(0 <= self.ema < 1, f"clip.ema must be in [0, 1), got {self.ema}")
         b = list(self.init_bounds)
         _require(len(b) == 2 and 0 < b[0] < 1 < b[1],
                  f"clip.init_bounds must be [low, high] with 0 < low < 1 < high, got {b}")
+
+    @property
+    def method(self) -> str:
+        """The clip method of the arm (``vanilla`` or ``calibrated``)."""
+        from fp8rl.rl.clipping import CLIP_ARMS
+
+        return CLIP_ARMS[self.arm].method
+
+    @property
+    def is_correction(self) -> str:
+        """The train/rollout IS correction of the arm (``none`` or ``tis``)."""
+        from fp8rl.rl.clipping import CLIP_ARMS
+
+        return CLIP_ARMS[self.arm].is_correction
+
+    def clipper_options(self) -> dict:
+        """Constructor options of the arm's clip method (empty for ``vanilla``)."""
+        if self.method != "calibrated":
+            return {}
+        return {
+            "period": self.period, "ema": self.ema, "upper_rule": self.upper_rule,
+            "init_bounds": tuple(self.init_bounds), "reference": self.reference,
+            "alpha": self.alpha, "p_target": self.p_target, "low_min": self.low_min,
+            "high_max": self.high_max, "calibrate_at_start": self.calibrate_at_start,
+        }
+
+    def correction_params(self) -> dict:
+        """Parameters of the arm's IS correction (``{"cap": tis_cap}`` for tis)."""
+        return {"cap": self.tis_cap} if self.is_correction == "tis" else {}
 
 
 @dataclass
@@ -234,3 +267,16 @@ class RunConfig:
         _require(a.overlong_buffer < self.max_response_len,
                  f"algorithm.overlong_buffer ({a.overlong_buffer}) must be smaller than "
                  f"max_response_len ({self.max_response_len})")
+        # build the clip method once: its constructor checks the calibration options against
+        # the algorithm's epsilons (e.g. init_bounds inside the clamps)
+        from fp8rl.rl.clipping import make_clipper
+
+        try:
+            make_clipper(self.clip.method, a.eps_low, a.eps_high, **self.clip.clipper_options())
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"clip options do not fit clip.arm={self.clip.arm!r}: {e}") from e
+
+
+#: Config keys left out of the run-identity hash besides ``fp8rl.runs.identity.DEFAULT_EXCLUDE``:
+#: where outputs go and how often checkpoints are written do not change what a run computes.
+IDENTITY_EXCLUDE: tuple[str, ...] = ("output_dir", "run_dir", "checkpoint_every", "mini.cache_dir")

@@ -135,25 +135,20 @@ class RolloutEngine:
         self._prepare()
 
     def _prepare(self) -> None:
-        """Swap the copy's linears for FP8 inference linears (no-op for ``bf16``)."""
-        if self.recipe == "bf16":
-            return
-        from fp8rl.quant import prepare_rollout_model
+        """Swap the copy's linears (LM head excluded) for FP8 W8A8 inference linears.
 
-        self.model = prepare_rollout_model(self.model, self.recipe, emulate=self.emulate)
+        ``bf16``: nothing is swapped and the engine runs the exact high-precision copy.
+        """
+        from fp8rl.quant.rollout import convert_for_rollout
+
+        self.model = convert_for_rollout(self.model, self.recipe, emulate=self.emulate)
 
     @torch.no_grad()
     def sync(self, trainer_model: torch.nn.Module) -> None:
-        """Copy the trainer's master weights into the engine and re-quantize them."""
-        state = _master_state_dict(trainer_model)
-        if self.recipe == "bf16":
-            own = self.model.state_dict()
-            for k, v in state.items():
-                own[k].copy_(v)
-            return
-        from fp8rl.quant import sync_rollout_model
+        """Copy the trainer's master weights into the engine, re-quantizing the FP8 layers."""
+        from fp8rl.quant.rollout import sync_rollout_weights
 
-        sync_rollout_model(self.model, state, self.recipe)
+        sync_rollout_weights(self.model, _master_state_dict(trainer_model), self.recipe)
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, **kw) -> RolloutBatch:
         return generate(self.model, prompt_ids, prompt_mask, **kw)

@@ -1,0 +1,56 @@
+"""Held-out evaluation of the mini backend: avg@k and pass@k on the task's eval split.
+
+Each eval problem is sampled ``k`` times by the **rollout engine** (so an FP8 rollout arm is
+evaluated with its FP8 engine, as the paper evaluates with its vLLM engine) at
+``eval_temperature``, with a generator seeded from ``(seed, step)`` only, so evaluation never
+perturbs the training random stream and a resumed run evaluates identically.
+
+- avg@k: mean accuracy over the ``n * k`` samples;
+- pass@k: fraction of problems with at least one correct sample among its ``k``;
+- garbled: fraction of garbled samples (logged beside the two, ``eval/<ds>/garbled_frac``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp8rl.backends.mini.batch import left_pad
+from fp8rl.backends.mini.rollout import RolloutEngine
+from fp8rl.backends.mini.task import Problem
+from fp8rl.backends.mini.tokenizer import CharTokenizer
+from fp8rl.rewards.exact import grade_exact
+
+DATASET = "arith"
+
+
+@torch.no_grad()
+def evaluate(
+    engine: RolloutEngine,
+    problems: list[Problem],
+    tok: CharTokenizer,
+    *,
+    k: int,
+    temperature: float,
+    max_new_tokens: int,
+    generator: torch.Generator,
+    device: torch.device,
+) -> dict[str, float]:
+    """``{"avg@k", "pass@k", "garbled_frac", "n", "k"}`` over ``problems``."""
+    if k < 1 or not problems:
+        raise ValueError(f"need k >= 1 and at least one problem, got k={k}, {len(problems)} problems")
+    rows = [p for p in problems for _ in range(k)]
+    ids, mask = left_pad([tok.encode(p.prompt, bos=True) for p in rows], tok.pad_id)
+    out = engine.generate(ids.to(device), mask.to(device), max_new_tokens=max_new_tokens,
+                          temperature=temperature, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                          generator=generator)
+    grades = [grade_exact(tok.decode(r.tolist()), str(p.answer))
+              for r, p in zip(out.response_ids.cpu(), rows, strict=True)]
+    correct = torch.tensor([g.correct for g in grades], dtype=torch.float32).view(len(problems), k)
+    garbled = torch.tensor([g.garbled for g in grades], dtype=torch.float32)
+    return {
+        "avg@k": float(correct.mean()),
+        "pass@k": float((correct.max(dim=1).values > 0).float().mean()),
+        "garbled_frac": float(garbled.mean()),
+        "n": len(problems),
+        "k": k,
+    }

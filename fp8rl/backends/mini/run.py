@@ -1,0 +1,56 @@
+"""Run one mini-backend configuration into its run directory (identity, skip-if-DONE, resume).
+
+``run_mini(cfg)``:
+
+1. resolves the run directory: ``cfg.run_dir`` if set, else
+   ``<output_dir>/<algo>-<model>-<fp8>-<clip>-s<seed>-<hash8>`` with the hash of the resolved
+   config minus ``fp8rl.runs.identity.DEFAULT_EXCLUDE`` and ``fp8rl.config.IDENTITY_EXCLUDE``;
+2. returns the stored summary if that run is DONE (a sweep asking again skips it);
+3. otherwise writes ``config.yaml``/``overrides.txt`` (a resume checks the config is the same),
+   provenance, and runs the trainer, which resumes from ``checkpoint/`` when there is one.
+
+The SFT cache is ``mini.cache_dir`` or ``<output_dir>/.cache/sft``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from fp8rl.backends.mini.config import MiniRunConfig
+from fp8rl.backends.mini.trainer import MiniTrainer, config_dict, torch_settings
+from fp8rl.config import IDENTITY_EXCLUDE
+
+
+def resolve_run_dir(cfg: MiniRunConfig) -> Path:
+    """The run directory of ``cfg`` (``cfg.run_dir`` or derived from its identity)."""
+    from fp8rl.runs.identity import DEFAULT_EXCLUDE, config_hash, run_dir_name, run_name
+
+    if cfg.run_dir:
+        return Path(cfg.run_dir)
+    name = run_name(cfg.algorithm.name, cfg.model.slot, cfg.fp8.name, cfg.clip.arm, cfg.seed)
+    h = config_hash(config_dict(cfg), exclude=(*DEFAULT_EXCLUDE, *IDENTITY_EXCLUDE))
+    return Path(cfg.output_dir) / run_dir_name(name, h)
+
+
+def sft_cache_dir(cfg: MiniRunConfig) -> Path:
+    return Path(cfg.mini.cache_dir) if cfg.mini.cache_dir else Path(cfg.output_dir) / ".cache" / "sft"
+
+
+def run_mini(cfg: MiniRunConfig, overrides: Iterable[str] = (), *, progress: bool = False) -> dict:
+    """Run (or resume, or skip) ``cfg``; returns its summary (with ``run_dir``)."""
+    from fp8rl.runs import RunDir
+
+    rd = RunDir(resolve_run_dir(cfg))
+    if rd.is_done():
+        return {**(rd.summary() or {}), "run_dir": str(rd.path), "skipped": True}
+    rd.init(config_dict(cfg), overrides)
+    device = torch.device(cfg.mini.device)
+    desc = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}"
+    rd.write_provenance({"backend": "mini"}, device=desc)
+    with torch_settings(cfg.mini.deterministic, cfg.mini.num_threads):
+        trainer = MiniTrainer(cfg, rd, sft_cache=sft_cache_dir(cfg))
+        summary = trainer.run(progress=progress)
+    return {**summary, "run_dir": str(rd.path)}

@@ -1,0 +1,643 @@
+"""The mini trainer: one RL loop, full-pipeline FP8, on a tiny Qwen3 and the arithmetic task.
+
+One step (``MiniTrainer.train_step``) reads as the paper's pipeline:
+
+    rollout (FP8 engine) -> reward -> [DAPO dynamic sampling] -> advantages
+      -> old log-probs (trainer, its own precision) -> [calibration step: BF16 shadow]
+      -> M mini-batch updates (clip method + IS correction) -> re-sync the engine
+      -> [evaluate] -> log
+
+- **Rollout**: ``RolloutEngine`` (own weight copy, re-quantized per the rollout recipe after
+  every update; ``rollout.py``). ``prompts_per_step`` prompts, ``n_samples_per_prompt``
+  responses each, grouped contiguously (group id = prompt index).
+- **Reward**: exact-match 0/1 (``fp8rl.rewards.exact``) plus DAPO's soft overlong penalty when
+  ``algorithm.overlong_buffer > 0``. Garbled responses are counted (``rollout/garbled_frac``).
+- **Dynamic sampling** (DAPO): groups with identical rewards are dropped; up to
+  ``max_extra_rounds`` further rounds of fresh prompts refill the batch; the batch is cut to
+  ``prompts_per_step`` groups. ``dapo/kept_group_frac`` is the kept fraction of the *first*
+  round (how informative the policy's batches are). A step with no group left makes no update.
+- **Advantages**: ``ADVANTAGE_ESTIMATORS[algorithm.advantage_estimator]`` over the groups,
+  broadcast to tokens.
+- **Old log-probs**: recomputed by the trainer model (FP8 for full-FP8 arms) without grad,
+  mini-batch by mini-batch *with the same partition as the updates* (dynamic per-tensor
+  scales depend on the batch a GEMM sees; the same partition makes the first mini-batch's
+  ratio exactly 1, as in verl/OpenRLHF where old log-probs come from the same micro-batches).
+  ``actor/entropy`` is the entropy of these logits (policy at the rollout temperature).
+- **IS correction**: weights from (trainer old log-prob, engine log-prob), detached
+  (``fp8rl.rl.correction.is_weights``); ``rollout/mismatch_kl`` is logged for every arm.
+- **Updates**: the rollout batch is shuffled (per-step generator) and split into
+  ``num_mini_batches`` mini-batches, one AdamW step each, so from the second mini-batch on the
+  ratio pi_theta/pi_old differs from 1 (with ``num_mini_batches=1`` it is exactly 1 and
+  nothing is clipped). The loss is ``ppo_token_loss * w`` aggregated per mini-batch.
+
+**Where the BF16 shadow is measured** (the controller needs FP8 and BF16 ratios of the *same*
+tokens; the paper's shadow is two extra BF16 forwards: old policy and current policy). On a
+calibration step the measured mini-batch is the second one (index ``min(1, M-1)``):
+
+1. while computing old log-probs, that mini-batch is also run under ``fp8_disabled`` (BF16
+   old log-probs, the first shadow forward, on the pre-update weights theta_0);
+2. after the first update (weights theta_1), the training forward of that mini-batch gives the
+   FP8 log-probs, and one more forward under ``fp8_disabled`` gives the BF16 current log-probs
+   (the second shadow forward);
+3. ``controller.update(step, ratio=exp(fp8_cur - fp8_old), shadow_ratio=exp(bf16_cur -
+   bf16_old), ...)`` runs *before* that mini-batch's loss, so the new bounds apply from that
+   mini-batch onward (the first mini-batch of a calibration step uses the previous bounds,
+   whose ratio is 1 anyway).
+
+This is the first point of the mini-batch sequence where the ratio carries the noise that the
+update itself exposes; measuring after one update matches what the remaining mini-batches see.
+The shadow costs two BF16 forwards of one mini-batch every K steps (``perf/shadow_s``).
+With ``num_mini_batches=1`` the measurement sees ratio 1 and the controller's degenerate-input
+guard keeps its bounds.
+
+Step numbering: logged steps are 1..``steps`` (step k = the k-th update); ``eval.jsonl`` has a
+row at step 0 (the warm-started model) and after every ``eval_every`` steps and the last. The
+controller, whose steps count from 0, gets ``k - 1`` (so step 1 is a calibration step).
+
+Determinism: all randomness of step k (prompt choice, sampling, mini-batch shuffle) comes
+from generators seeded by ``(seed, k)``; eval from ``(seed, "eval", k)``. A run resumed from
+the checkpoint of step k therefore continues exactly as the uninterrupted run (the checkpoint
+also stores torch/python RNG states for code that would use the global streams).
+
+Non-finite values: a mini-batch whose loss or gradient norm is not finite is skipped (no
+optimizer step; ``train/skipped_updates``), the step counts as bad; ``max_bad_steps``
+consecutive bad steps, or non-finite parameters, end the run FAILED with the reason.
+
+Deviations / choices (the paper gives none of these at this scale): one PPO epoch; AdamW
+without weight decay; gradient clipping at ``max_grad_norm``; KL off; the engine sync happens
+after the last mini-batch of every step (its time is in ``perf/train_s``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from fp8rl.backends.mini.batch import left_pad, response_logits, token_logprobs
+from fp8rl.backends.mini.config import MiniRunConfig
+from fp8rl.backends.mini.evaluate import DATASET, evaluate
+from fp8rl.backends.mini.rollout import RolloutBatch, RolloutEngine
+from fp8rl.backends.mini.sft import warm_start
+from fp8rl.backends.mini.task import Problem, make_splits
+from fp8rl.backends.mini.tokenizer import CharTokenizer
+from fp8rl.rewards.exact import grade_exact
+from fp8rl.runs import metrics as M
+
+CHECKPOINT_FILE = "state.pt"
+
+
+class RunFailed(RuntimeError):
+    """The run diverged (non-finite values); the message is the reason written to status.json."""
+
+
+def seed_for(*parts: object) -> int:
+    """A 63-bit seed from any parts (stable across processes, unlike ``hash``)."""
+    h = hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).digest()
+    return int.from_bytes(h[:8], "little") >> 1
+
+
+@contextlib.contextmanager
+def torch_settings(deterministic: bool, num_threads: int) -> Iterator[None]:
+    """Deterministic algorithms and a thread count for the duration of a run, then restored."""
+    prev_det = torch.are_deterministic_algorithms_enabled()
+    prev_threads = torch.get_num_threads()
+    torch.use_deterministic_algorithms(deterministic)
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev_det)
+        torch.set_num_threads(prev_threads)
+
+
+@dataclass
+class ScoredBatch:
+    """A rollout batch with rewards: ``N`` responses in groups of ``n_samples_per_prompt``.
+
+    Tensors are ``[N, P]`` (prompts), ``[N, T]`` (responses) or ``[N]``.
+    """
+
+    rollout: RolloutBatch
+    problems: list[Problem]
+    texts: list[str]
+    rewards: torch.Tensor
+    correct: torch.Tensor
+    garbled: torch.Tensor
+    group_ids: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+    def select(self, idx: torch.Tensor) -> ScoredBatch:
+        r = self.rollout
+        i = idx.tolist()
+        return ScoredBatch(
+            rollout=RolloutBatch(r.prompt_ids[idx], r.prompt_mask[idx], r.response_ids[idx],
+                                 r.response_mask[idx], r.rollout_log_probs[idx], r.truncated[idx]),
+            problems=[self.problems[j] for j in i], texts=[self.texts[j] for j in i],
+            rewards=self.rewards[idx], correct=self.correct[idx], garbled=self.garbled[idx],
+            group_ids=self.group_ids[idx])
+
+
+def concat_batches(batches: list[ScoredBatch], pad_id: int) -> ScoredBatch:
+    """Concatenate scored batches, re-padding prompts (left) and responses (right)."""
+    if len(batches) == 1:
+        return batches[0]
+    p = max(b.rollout.prompt_ids.shape[1] for b in batches)
+    t = max(b.rollout.response_ids.shape[1] for b in batches)
+
+    def lpad(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+    def rpad(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    rb = RolloutBatch(
+        prompt_ids=torch.cat([lpad(b.rollout.prompt_ids, p, pad_id) for b in batches]),
+        prompt_mask=torch.cat([lpad(b.rollout.prompt_mask, p, 0) for b in batches]),
+        response_ids=torch.cat([rpad(b.rollout.response_ids, t, pad_id) for b in batches]),
+        response_mask=torch.cat([rpad(b.rollout.response_mask, t, 0) for b in batches]),
+        rollout_log_probs=torch.cat([rpad(b.rollout.rollout_log_probs, t, 0.0) for b in batches]),
+        truncated=torch.cat([b.rollout.truncated for b in batches]),
+    )
+    return ScoredBatch(
+        rollout=rb, problems=[q for b in batches for q in b.problems],
+        texts=[s for b in batches for s in b.texts],
+        rewards=torch.cat([b.rewards for b in batches]), correct=torch.cat([b.correct for b in batches]),
+        garbled=torch.cat([b.garbled for b in batches]), group_ids=torch.cat([b.group_ids for b in batches]))
+
+
+def _f(x: object) -> float:
+    return float(x.detach().float()) if isinstance(x, torch.Tensor) else float(x)  # type: ignore[arg-type]
+
+
+class MiniTrainer:
+    """Builds the task, the warm-started policy, the rollout engine and the clip method of a
+    ``MiniRunConfig``, and runs the loop. ``run_dir`` is an ``fp8rl.runs.RunDir`` (or None:
+    nothing is written, no checkpoint, e.g. for benchmarks)."""
+
+    def __init__(self, cfg: MiniRunConfig, run_dir=None, *, sft_cache: str | Path) -> None:
+        from fp8rl.quant.convert import convert_to_fp8
+        from fp8rl.rl.clipping import make_clipper
+
+        self.cfg, self.run_dir = cfg, run_dir
+        mini = cfg.mini
+        self.device = torch.device(mini.device)
+        self.tok = CharTokenizer()
+        self.train_set, self.eval_set = make_splits(
+            mini.data_seed, mini.n_train, mini.n_eval, min_terms=mini.min_terms,
+            max_terms=mini.max_terms, max_operand=mini.max_operand)
+        base, self.sft_meta = warm_start(cfg.model.slot, self.train_set, self.tok, mini, sft_cache)
+        self.engine = RolloutEngine(base, cfg.fp8.rollout_recipe, emulate=cfg.fp8.emulate)
+        self.policy = convert_to_fp8(copy.deepcopy(base).train(), cfg.fp8.trainer_recipe,
+                                     emulate=cfg.fp8.emulate)
+        self.engine.sync(self.policy)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr,
+                                           betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay)
+        a = cfg.algorithm
+        self.clipper = make_clipper(cfg.clip.method, a.eps_low, a.eps_high, **cfg.clip.clipper_options())
+        self.step = 0  # last completed step
+        self.bad_steps = 0  # consecutive
+        self.skipped_updates = 0  # total
+        self.history: list[dict] = []
+
+    # ----- rollout and reward ---------------------------------------------------------------
+
+    def rollout(self, step: int, round_: int, gen: torch.Generator) -> ScoredBatch:
+        """Sample ``prompts_per_step`` prompts x ``n`` responses with the engine and score them."""
+        cfg, n = self.cfg, self.cfg.algorithm.n_samples_per_prompt
+        rng = random.Random(seed_for(cfg.seed, "prompts", step, round_))
+        problems = rng.sample(self.train_set, cfg.prompts_per_step)
+        rows = [p for p in problems for _ in range(n)]
+        ids, mask = left_pad([self.tok.encode(p.prompt, bos=True) for p in rows], self.tok.pad_id)
+        rb = self.engine.generate(ids.to(self.device), mask.to(self.device),
+                                  max_new_tokens=cfg.max_response_len, temperature=cfg.temperature,
+                                  eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, generator=gen)
+        group_ids = torch.arange(len(problems)).repeat_interleave(n) + round_ * len(problems)
+        return self.score(rb, rows, group_ids)
+
+    def score(self, rb: RolloutBatch, rows: list[Problem], group_ids: torch.Tensor) -> ScoredBatch:
+        from fp8rl.rl.dapo import overlong_penalty
+
+        texts = [self.tok.decode(r.tolist()) for r in rb.response_ids.cpu()]
+        grades = [grade_exact(t, str(p.answer)) for t, p in zip(texts, rows, strict=True)]
+        correct = torch.tensor([g.correct for g in grades], dtype=torch.float32)
+        rewards = correct.clone()
+        a = self.cfg.algorithm
+        if a.overlong_buffer > 0:
+            lengths = rb.response_lengths.cpu()
+            rewards = rewards + overlong_penalty(lengths, max_len=self.cfg.max_response_len,
+                                                 cache_len=a.overlong_buffer, factor=a.overlong_penalty)
+        return ScoredBatch(rollout=rb, problems=rows, texts=texts, rewards=rewards, correct=correct,
+                           garbled=torch.tensor([g.garbled for g in grades], dtype=torch.float32),
+                           group_ids=group_ids)
+
+    def collect(self, step: int, gen: torch.Generator) -> tuple[ScoredBatch, ScoredBatch, dict]:
+        """``(training batch, everything generated, metrics)``; DAPO filtering when enabled."""
+        from fp8rl.rl.dapo import dynamic_sampling_filter
+
+        a = self.cfg.algorithm
+        first = self.rollout(step, 0, gen)
+        if not a.dynamic_sampling:
+            return first, first, {}
+        n_groups = self.cfg.prompts_per_step
+        generated, kept = [first], []
+        filt = dynamic_sampling_filter(first.rewards, first.group_ids)
+        metrics = {M.DAPO_KEPT_GROUP_FRAC: filt.kept_group_frac}
+        kept.append(first.select(filt.indices))
+        n_kept, rounds = filt.num_kept, 0
+        while n_kept < n_groups and rounds < a.max_extra_rounds:
+            rounds += 1
+            more = self.rollout(step, rounds, gen)
+            generated.append(more)
+            f = dynamic_sampling_filter(more.rewards, more.group_ids)
+            kept.append(more.select(f.indices))
+            n_kept += f.num_kept
+        batch = concat_batches(kept, self.tok.pad_id)
+        keep_n = min(n_kept, n_groups) * a.n_samples_per_prompt
+        batch = batch.select(torch.arange(keep_n))
+        metrics.update({"dapo/extra_rounds": rounds, "dapo/groups_used": keep_n // a.n_samples_per_prompt})
+        return batch, concat_batches(generated, self.tok.pad_id), metrics
+
+    def rollout_metrics(self, gen_batch: ScoredBatch) -> dict:
+        lengths = gen_batch.rollout.response_lengths.float().cpu()
+        return {
+            M.ROLLOUT_REWARD_MEAN: _f(gen_batch.rewards.mean()),
+            M.ROLLOUT_ACC: _f(gen_batch.correct.mean()),
+            M.ROLLOUT_RESPONSE_LEN: _f(lengths.mean()),
+            M.ROLLOUT_TRUNCATED_FRAC: _f(gen_batch.rollout.truncated.float().mean()),
+            M.ROLLOUT_GARBLED_FRAC: _f(gen_batch.garbled.mean()),
+        }
+
+    # ----- advantages, old log-probs, shadow ------------------------------------------------
+
+    def advantages(self, batch: ScoredBatch) -> torch.Tensor:
+        """``[N, T]`` per-token advantages."""
+        from fp8rl.rl.advantages import ADVANTAGE_ESTIMATORS, broadcast_to_tokens
+
+        adv = ADVANTAGE_ESTIMATORS[self.cfg.algorithm.advantage_estimator](batch.rewards, batch.group_ids)
+        return broadcast_to_tokens(adv.to(self.device), batch.rollout.response_mask)
+
+    def forward_logits(self, rb: RolloutBatch, idx: torch.Tensor) -> torch.Tensor:
+        """Trainer logits ``[n, T, V]`` for rows ``idx`` (grad enabled if the caller allows)."""
+        return response_logits(self.policy, rb.prompt_ids[idx], rb.prompt_mask[idx],
+                               rb.response_ids[idx], rb.response_mask[idx])
+
+    @torch.no_grad()
+    def old_log_probs(self, rb: RolloutBatch, parts: list[torch.Tensor], shadow_part: int | None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, dict, float]:
+        """Old log-probs ``[N, T]`` per mini-batch, the BF16 old log-probs of ``shadow_part``,
+        the entropy metric, and the shadow time."""
+        from fp8rl.quant.convert import fp8_disabled
+        from fp8rl.rl.diagnostics import masked_mean, token_entropy
+
+        tau = self.cfg.temperature
+        old = torch.zeros_like(rb.rollout_log_probs)
+        ent = torch.zeros_like(rb.rollout_log_probs)
+        shadow_old, shadow_s = None, 0.0
+        for j, idx in enumerate(parts):
+            logits = self.forward_logits(rb, idx)
+            old[idx] = token_logprobs(logits, rb.response_ids[idx], tau)
+            ent[idx] = token_entropy(logits, temperature=tau)
+            if j == shadow_part:
+                t0 = time.perf_counter()
+                with fp8_disabled(self.policy):
+                    shadow_old = token_logprobs(self.forward_logits(rb, idx), rb.response_ids[idx], tau)
+                shadow_s += time.perf_counter() - t0
+        return old, shadow_old, {M.ACTOR_ENTROPY: _f(masked_mean(ent, rb.response_mask))}, shadow_s
+
+    # ----- the update -------------------------------------------------------------------------
+
+    def update(self, step: int, batch: ScoredBatch, gen: torch.Generator) -> dict:
+        """Advantages, old log-probs, IS weights, shadow, and the mini-batch updates of one step."""
+        from fp8rl.rl.correction import is_weights
+
+        cfg, rb = self.cfg, batch.rollout
+        ctl_step = step - 1
+        perm = torch.randperm(len(batch), generator=gen, device=gen.device).to(self.device)
+        parts = [p for p in torch.tensor_split(perm, cfg.num_mini_batches) if p.numel() > 0]
+        calibrate = self.clipper.is_calibration_step(ctl_step)
+        measure = min(1, len(parts) - 1) if calibrate else None
+        shadow = calibrate and self.clipper.needs_shadow(ctl_step)
+        adv = self.advantages(batch)
+        self.policy.train()
+        old, shadow_old, out, shadow_s = self.old_log_probs(rb, parts, measure if shadow else None)
+        weights, is_metrics = is_weights(old, rb.rollout_log_probs, rb.response_mask,
+                                         cfg.clip.is_correction, **cfg.clip.correction_params())
+        out.update({k: _f(v) for k, v in is_metrics.items()})
+        acc = _UpdateStats()
+        for j, idx in enumerate(parts):
+            if j == measure:
+                shadow_s += self.calibrate(ctl_step, rb, idx, old[idx], shadow_old, adv[idx])
+            acc.add(self.minibatch_update(ctl_step, rb, idx, old[idx], adv[idx], weights[idx]))
+        out.update(acc.result())
+        out.update({k: v for k, v in self.clipper.metrics(ctl_step).items()})
+        if shadow:
+            out[M.PERF_SHADOW_S] = shadow_s
+        self.skipped_updates += acc.skipped
+        out["train/skipped_updates"] = acc.skipped
+        return out
+
+    def calibrate(self, ctl_step: int, rb: RolloutBatch, idx: torch.Tensor, old: torch.Tensor,
+                  shadow_old: torch.Tensor | None, adv: torch.Tensor) -> float:
+        """Feed the controller FP8 and BF16-shadow ratios of mini-batch ``idx``; returns shadow time."""
+        from fp8rl.quant.convert import fp8_disabled
+
+        tau, mask = self.cfg.temperature, rb.response_mask[idx]
+        with torch.no_grad():
+            cur = token_logprobs(self.forward_logits(rb, idx), rb.response_ids[idx], tau)
+            ratio = torch.exp((cur - old).clamp(-20, 20))
+            shadow_ratio, t = None, 0.0
+            if shadow_old is not None:
+                t0 = time.perf_counter()
+                with fp8_disabled(self.policy):
+                    s_cur = token_logprobs(self.forward_logits(rb, idx), rb.response_ids[idx], tau)
+                t = time.perf_counter() - t0
+                shadow_ratio = torch.exp((s_cur - shadow_old).clamp(-20, 20))
+        self.clipper.update(ctl_step, ratio=ratio, shadow_ratio=shadow_ratio, advantages=adv, mask=mask)
+        return t
+
+    def minibatch_update(self, ctl_step: int, rb: RolloutBatch, idx: torch.Tensor, old: torch.Tensor,
+                         adv: torch.Tensor, weights: torch.Tensor) -> dict:
+        """One AdamW step on mini-batch ``idx``; returns its counts and metrics."""
+        from fp8rl.rl.aggregation import aggregate
+        from fp8rl.rl.diagnostics import clip_counts
+        from fp8rl.rl.policy_loss import ppo_token_loss
+
+        cfg, a = self.cfg, self.cfg.algorithm
+        mask = rb.response_mask[idx]
+        low, high = self.clipper.bounds(ctl_step).as_tuple()
+        logp = token_logprobs(self.forward_logits(rb, idx), rb.response_ids[idx], cfg.temperature)
+        loss_mat, m = ppo_token_loss(logp, old, adv, mask, low=low, high=high, dual_clip=a.dual_clip)
+        loss = aggregate(loss_mat * weights, mask, a.loss_agg_mode, horizon=cfg.max_response_len)
+        ratio = torch.exp((logp.detach() - old).clamp(-20, 20))
+        res = {"counts": clip_counts(ratio, adv, mask, low=low, high=high), "ratio": ratio,
+               "adv": adv, "mask": mask, "pg_loss": _f(loss), "ppo_kl": _f(m[M.ACTOR_PPO_KL]),
+               "skipped": 0, "grad_norm": float("nan")}
+        self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss) or not bool(torch.isfinite(logp.detach()[mask.bool()]).all()):
+            res["skipped"] = 1
+            return res
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+        res["grad_norm"] = _f(grad_norm)
+        if not math.isfinite(res["grad_norm"]):
+            self.optimizer.zero_grad(set_to_none=True)
+            res["skipped"] = 1
+            return res
+        self.optimizer.step()
+        return res
+
+    # ----- one step, evaluation, logging ------------------------------------------------------
+
+    def train_step(self, step: int) -> dict:
+        """Run step ``step`` (1-based) and return its metrics row."""
+        gen = torch.Generator(device=self.device).manual_seed(seed_for(self.cfg.seed, "step", step))
+        t0 = time.perf_counter()
+        batch, generated, row = self.collect(step, gen)
+        t1 = time.perf_counter()
+        row.update(self.rollout_metrics(generated))
+        if len(batch) > 0:
+            row.update(self.update(step, batch, gen))
+            self.engine.sync(self.policy)
+        t2 = time.perf_counter()
+        self.check_finite_parameters()
+        skipped = row.get("train/skipped_updates", 0)
+        self.bad_steps = self.bad_steps + 1 if skipped else 0
+        gen_tokens = int(generated.rollout.response_lengths.sum())
+        train_tokens = int(batch.rollout.response_lengths.sum()) if len(batch) else 0
+        shadow_s = row.get(M.PERF_SHADOW_S, 0.0)
+        row.update({
+            M.PERF_STEP_S: t2 - t0, M.PERF_ROLLOUT_S: t1 - t0, M.PERF_TRAIN_S: t2 - t1 - shadow_s,
+            M.PERF_TOKENS_PER_S: gen_tokens / max(t2 - t0, 1e-9),
+            "perf/rollout_tokens_per_s": gen_tokens / max(t1 - t0, 1e-9),
+            "perf/train_tokens_per_s": train_tokens / max(t2 - t1, 1e-9),
+        })
+        if self.bad_steps >= self.cfg.max_bad_steps:
+            raise RunFailed(f"{self.bad_steps} consecutive steps with non-finite loss or gradients "
+                            f"(last at step {step}); the run diverged")
+        self._last_samples = (step, generated)
+        return {M.STEP: step, **row}
+
+    def check_finite_parameters(self) -> None:
+        for name, p in self.policy.named_parameters():
+            if not bool(torch.isfinite(p).all()):
+                raise RunFailed(f"parameter {name} became non-finite; the run diverged")
+
+    def evaluate(self, step: int) -> dict:
+        cfg = self.cfg
+        gen = torch.Generator(device=self.device).manual_seed(seed_for(cfg.seed, "eval", step))
+        res = evaluate(self.engine, self.eval_set, self.tok, k=cfg.eval_k, temperature=cfg.eval_temperature,
+                       max_new_tokens=cfg.max_response_len, generator=gen, device=self.device)
+        row = M.eval_row(step, DATASET, avg_at_k=res["avg@k"], pass_at_k=res["pass@k"],
+                         k=res["k"], n=res["n"])
+        row[f"eval/{DATASET}/garbled_frac"] = res["garbled_frac"]
+        return row
+
+    def write_samples(self, step: int, batch: ScoredBatch, n: int = 8) -> None:
+        if self.run_dir is None:
+            return
+        path = Path(self.run_dir.samples_dir) / f"step_{step:06d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            for i in range(min(n, len(batch))):
+                f.write(json.dumps({
+                    "prompt": batch.problems[i].prompt, "response": batch.texts[i],
+                    "answer": batch.problems[i].answer, "reward": float(batch.rewards[i]),
+                    "correct": bool(batch.correct[i]), "garbled": bool(batch.garbled[i])}) + "\n")
+
+    # ----- checkpoints --------------------------------------------------------------------------
+
+    def checkpoint_path(self) -> Path | None:
+        return None if self.run_dir is None else Path(self.run_dir.checkpoint_dir) / CHECKPOINT_FILE
+
+    def save_checkpoint(self) -> None:
+        path = self.checkpoint_path()
+        if path is None:
+            return
+        from fp8rl.backends.mini.sft import _atomic_save
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "step": self.step, "model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "clipper": self.clipper.state_dict(), "bad_steps": self.bad_steps,
+            "skipped_updates": self.skipped_updates, "history": self.history,
+            "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+        }
+        _atomic_save(lambda f: torch.save(state, f), path)
+
+    def load_checkpoint(self) -> bool:
+        """Restore the latest checkpoint if there is one; True if restored."""
+        path = self.checkpoint_path()
+        if path is None or not path.exists():
+            return False
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        self.policy.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.clipper.load_state_dict(state["clipper"])
+        self.step, self.bad_steps = int(state["step"]), int(state["bad_steps"])
+        self.skipped_updates, self.history = int(state["skipped_updates"]), list(state["history"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        self.engine.sync(self.policy)
+        return True
+
+    # ----- the loop -------------------------------------------------------------------------------
+
+    def run(self, *, progress: bool = False) -> dict:
+        """Train to ``cfg.steps`` (resuming from a checkpoint if present); returns the summary."""
+        from fp8rl.runs import DONE, FAILED, PREEMPTED, RUNNING
+
+        cfg, rd = self.cfg, self.run_dir
+        t_start = time.perf_counter()
+        resumed = self.load_checkpoint()
+        if rd is not None:
+            if resumed:
+                rd.truncate_after(self.step)
+            rd.set_status(RUNNING, self.step)
+        mw = rd.metrics_writer() if rd is not None else None
+        ew = rd.eval_writer() if rd is not None else None
+        bar = _progress(range(self.step + 1, cfg.steps + 1), progress, initial=self.step, total=cfg.steps)
+        try:
+            if self.step == 0:
+                self._log_eval(ew, self.evaluate(0))
+            for step in bar:
+                row = self.train_step(step)
+                self.step = step
+                self.history.append(_brief(row))
+                if mw is not None:
+                    mw.write(row)
+                if cfg.samples_every and step % cfg.samples_every == 0:
+                    self.write_samples(step, self._last_samples[1])
+                if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+                    self._log_eval(ew, self.evaluate(step))
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                    self.save_checkpoint()
+                if rd is not None:
+                    rd.set_status(RUNNING, step)
+                if hasattr(bar, "set_postfix"):
+                    bar.set_postfix(reward=f"{row[M.ROLLOUT_REWARD_MEAN]:.3f}",
+                                    entropy=f"{row.get(M.ACTOR_ENTROPY, float('nan')):.3f}")
+        except RunFailed as e:
+            if rd is not None:
+                rd.set_status(FAILED, self.step, reason=str(e))
+                rd.write_summary(self.summary(time.perf_counter() - t_start, FAILED, str(e)))
+            return self.summary(time.perf_counter() - t_start, FAILED, str(e))
+        except KeyboardInterrupt:
+            if rd is not None:
+                rd.set_status(PREEMPTED, self.step, reason="interrupted")
+            raise
+        except BaseException as e:
+            if rd is not None:
+                rd.set_status(FAILED, self.step, reason=f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            for w in (mw, ew):
+                if w is not None:
+                    w.close()
+            if hasattr(bar, "close"):
+                bar.close()
+        summary = self.summary(time.perf_counter() - t_start, DONE, None)
+        if rd is not None:
+            rd.write_summary(summary)
+            rd.set_status(DONE, self.step)
+        return summary
+
+    def _log_eval(self, writer, row: dict) -> None:
+        self.history.append({"eval": row})
+        if writer is not None:
+            writer.write(row)
+
+    def summary(self, wall_s: float, state: str, reason: str | None) -> dict:
+        """The numbers tables read: final/best eval, late-training rollout stats, clip stats."""
+        train = [h for h in self.history if "eval" not in h]
+        evals = [h["eval"] for h in self.history if "eval" in h]
+        avg, pas = M.eval_key(DATASET, "avg@k"), M.eval_key(DATASET, "pass@k")
+
+        def mean_of(key: str, rows: list[dict]) -> float | None:
+            vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+            return sum(vals) / len(vals) if vals else None
+
+        last = train[-10:]
+        out = {
+            "state": state, "reason": reason, "steps": self.step, "wall_s": wall_s,
+            "skipped_updates": self.skipped_updates,
+            avg: evals[-1][avg] if evals else None, pas: evals[-1][pas] if evals else None,
+            f"{avg}/initial": evals[0][avg] if evals else None,
+            f"{avg}/best": max((e[avg] for e in evals), default=None),
+            f"{M.ROLLOUT_ACC}/last10": mean_of(M.ROLLOUT_ACC, last),
+            f"{M.ROLLOUT_GARBLED_FRAC}/last10": mean_of(M.ROLLOUT_GARBLED_FRAC, last),
+            f"{M.ACTOR_ENTROPY}/last10": mean_of(M.ACTOR_ENTROPY, last),
+            f"{M.ACTOR_ENTROPY}/max": max((r[M.ACTOR_ENTROPY] for r in train if M.ACTOR_ENTROPY in r), default=None),
+            f"{M.ACTOR_CLIPFRAC_NEG_LOW}/mean": mean_of(M.ACTOR_CLIPFRAC_NEG_LOW, train),
+            f"{M.ROLLOUT_MISMATCH_KL}/mean": mean_of(M.ROLLOUT_MISMATCH_KL, train),
+            f"{M.PERF_STEP_S}/mean": mean_of(M.PERF_STEP_S, train),
+            "sft": {k: v for k, v in self.sft_meta.items() if k != "path"},
+        }
+        return out
+
+
+class _UpdateStats:
+    """Accumulates mini-batch results into the step's actor/ metrics (exact clip fractions from
+    summed counts; ratio quantiles over all mini-batches' tokens)."""
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+        self.skipped = 0
+
+    def add(self, res: dict) -> None:
+        self.items.append(res)
+        self.skipped += res["skipped"]
+
+    def result(self) -> dict:
+        from fp8rl.rl.diagnostics import fractions_from_counts, ratio_quantiles
+
+        if not self.items:
+            return {}
+        counts = {k: sum(r["counts"][k] for r in self.items) for k in self.items[0]["counts"]}
+        out = {k: _f(v) for k, v in fractions_from_counts(counts).items()}
+        t = max(r["ratio"].shape[1] for r in self.items)
+
+        def cat(key: str) -> torch.Tensor:
+            return torch.cat([torch.nn.functional.pad(r[key].float(), (0, t - r[key].shape[1])) for r in self.items])
+
+        out.update({k: _f(v) for k, v in ratio_quantiles(cat("ratio"), cat("adv"), cat("mask")).items()})
+        good = [r for r in self.items if not r["skipped"]]
+
+        def mean(key: str) -> float:
+            vals = [r[key] for r in good]
+            return sum(vals) / len(vals) if vals else float("nan")
+
+        out.update({M.ACTOR_PG_LOSS: mean("pg_loss"), M.ACTOR_GRAD_NORM: mean("grad_norm"),
+                    M.ACTOR_PPO_KL: mean("ppo_kl")})
+        return out
+
+
+def _brief(row: dict) -> dict:
+    keep = (M.STEP, M.ROLLOUT_ACC, M.ROLLOUT_GARBLED_FRAC, M.ACTOR_ENTROPY, M.ACTOR_CLIPFRAC_NEG_LOW,
+            M.ROLLOUT_MISMATCH_KL, M.PERF_STEP_S)
+    return {k: row[k] for k in keep if k in row}
+
+
+def _progress(it, enabled: bool, **kw):
+    if not enabled:
+        return it
+    from tqdm import tqdm
+
+    return tqdm(it, desc="mini", dynamic_ncols=True, **kw)
+
+
+def config_dict(cfg: MiniRunConfig) -> dict:
+    """The config as plain containers (what ``config.yaml`` holds and the hash reads)."""
+    return asdict(cfg)
