@@ -32,6 +32,11 @@ block / MX                ``emulate=True`` required          ``emulate=True`` re
                                                              kernel wired in, see linear.py)
 ========================  =================================  =================================
 
+Deviation from DESIGN.md: the implementation registry holds ``torchao`` and ``fp8rl``; emulation
+is the boolean ``emulate`` (config key ``fp8.emulate``) on top of either, not a third registry
+entry, because it changes *how* GEMMs are computed, not which code quantizes (the issue names the
+fix ``emulate=True``). A ``transformer_engine`` entry would be a new registration.
+
 torchao on CPU runs with and without its ``emulate`` flag (without it, ``torch._scaled_mm``'s
 CPU kernel; checked in the tests). Anything else raises ``Fp8UnsupportedError`` naming the fix:
 ``fp8.emulate=true`` (``emulate=True``), which computes the same quantization in float32.
