@@ -209,12 +209,12 @@ def _convert_fp8rl(model: nn.Module, recipe: Recipe, module_filter: ModuleFilter
 def swap_linears(
     model: nn.Module, make: Callable[[nn.Linear], nn.Module], module_filter: ModuleFilter
 ) -> nn.Module:
-    """Replace every plain ``nn.Linear`` passing ``module_filter(mod, fqn)`` by ``make(mod)``."""
-    if type(model) is nn.Linear:
+    """Replace every ``nn.Linear`` (subclasses included) passing ``module_filter(mod, fqn)`` by ``make(mod)``."""
+    if isinstance(model, nn.Linear):
         return make(model) if module_filter(model, "") else model
     targets = [
         (fqn, mod) for fqn, mod in model.named_modules()
-        if type(mod) is nn.Linear and fqn and module_filter(mod, fqn)
+        if isinstance(mod, nn.Linear) and fqn and module_filter(mod, fqn)
     ]
     for fqn, mod in targets:
         parent_name, _, child = fqn.rpartition(".")

@@ -103,8 +103,11 @@ def test_convert_and_sync_rollout_model(tiny):
     plain = copy.deepcopy(tiny)
     plain.load_state_dict(trainer.state_dict())
     expected = convert_for_rollout(plain, "tensorwise")
+    # converting a copy of the FP8 trainer itself gives the same rollout model
+    from_trainer = convert_for_rollout(copy.deepcopy(trainer), "tensorwise")
     with torch.no_grad():
         assert torch.equal(rollout(input_ids=ids).logits, expected(input_ids=ids).logits)
+        assert torch.equal(from_trainer(input_ids=ids).logits, expected(input_ids=ids).logits)
     with pytest.raises(ValueError, match="not 'blockwise'"):
         sync_rollout_weights(rollout, trainer.state_dict(), "blockwise")
     with pytest.raises(KeyError, match="lacks"):
