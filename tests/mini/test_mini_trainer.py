@@ -1,0 +1,165 @@
+"""End-to-end tests of the mini trainer loop (tiny configs; CPU; FP8 emulated)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from fp8rl.backends.mini import run_mini
+from fp8rl.backends.mini.trainer import MiniTrainer
+from fp8rl.runs import RunDir
+from fp8rl.runs import metrics as M
+
+ALWAYS = [m for m in M.TRAIN_METRICS if m not in M.SPARSE_METRICS]
+
+
+def _rows(summary: dict) -> list[dict]:
+    return RunDir(summary["run_dir"]).read_metrics()
+
+
+def _no_perf(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+
+@pytest.mark.parametrize("arm", ["bf16", "rollout_only", "tensorwise", "blockwise"])
+@pytest.mark.parametrize("clip", ["vanilla", "tis", "calibrated"])
+def test_five_step_run_writes_every_metric(tiny, arm, clip):
+    cfg = tiny(arm, clip)
+    summary = run_mini(cfg)
+    assert summary["state"] == "DONE", summary
+    rd = RunDir(summary["run_dir"])
+    rows = rd.read_metrics()
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    for r in rows:
+        missing = [m for m in ALWAYS if m not in r and m != M.DAPO_KEPT_GROUP_FRAC]
+        assert not missing, (r["step"], missing)
+    if clip == "calibrated":
+        # period 2: controller steps 0, 2, 4 = logged steps 1, 3, 5 run the shadow pass; a
+        # calibration with no A<0 token is degenerate (bounds kept, counted)
+        done = 0
+        for r in rows:
+            calib = r["step"] % 2 == 1
+            assert (M.PERF_SHADOW_S in r) == calib, r["step"]
+            done_now = r["clip/calibrations"] + r["clip/degenerate_updates"]
+            assert done_now == done + calib
+            done = done_now
+            if M.SHADOW_CLIPFRAC_NEG_LOW in r:
+                assert calib and M.CLIP_ALPHA in r
+        assert done == 3
+        assert rows[-1]["clip/calibrations"] >= 1  # at least one real calibration
+    else:
+        assert all(r[M.CLIP_LOW] == 0.8 and r[M.CLIP_HIGH] == 1.2 for r in rows)
+    if arm in ("bf16", "blockwise"):
+        # bf16: exact copy. blockwise: engine and trainer quantize identically (1x128 activation
+        # tiles are per token, so independent of the batch) -> only float round-off differs
+        assert all(0 <= r[M.ROLLOUT_MISMATCH_KL] < 1e-6 for r in rows)
+    else:
+        # tensorwise activation scales depend on the batch the GEMM sees (decode step vs
+        # full sequences), so the engine's FP8 policy differs from the trainer's
+        assert all(r[M.ROLLOUT_MISMATCH_KL] > 1e-6 for r in rows)
+    ev = rd.read_eval()
+    assert [e["step"] for e in ev] == [0, 5]
+    assert 0 <= ev[-1][M.eval_key("arith", "avg@k")] <= ev[-1][M.eval_key("arith", "pass@k")] <= 1
+    assert rd.status()["state"] == "DONE" and rd.summary()["steps"] == 5
+    assert (rd.path / "config.yaml").exists() and (rd.path / "provenance.json").exists()
+    samples = sorted(rd.samples_dir.glob("*.jsonl"))
+    assert [p.name for p in samples] == ["step_000002.jsonl", "step_000004.jsonl"]
+    first = json.loads(samples[0].read_text().splitlines()[0])
+    assert set(first) >= {"prompt", "response", "answer", "reward", "garbled"}
+
+
+def test_same_seed_same_metrics(tiny, tmp_path):
+    a = run_mini(tiny("tensorwise", "calibrated", steps=3, run_dir=str(tmp_path / "a")))
+    b = run_mini(tiny("tensorwise", "calibrated", steps=3, run_dir=str(tmp_path / "b")))
+    c = run_mini(tiny("tensorwise", "calibrated", steps=3, seed=1, run_dir=str(tmp_path / "c")))
+    assert _no_perf(_rows(a)) == _no_perf(_rows(b))
+    assert _no_perf(_rows(a)) != _no_perf(_rows(c))
+    assert RunDir(a["run_dir"]).read_eval() == RunDir(b["run_dir"]).read_eval()
+
+
+def test_kill_and_resume_gives_the_same_metrics(tiny, tmp_path, monkeypatch):
+    kw = dict(steps=5, checkpoint_every=2, eval_every=2)
+    ref = run_mini(tiny("tensorwise", "calibrated", run_dir=str(tmp_path / "ref"), **kw))
+    cfg = tiny("tensorwise", "calibrated", run_dir=str(tmp_path / "killed"), **kw)
+    original = MiniTrainer.train_step
+
+    def dies_at_4(self, step):
+        if step == 4:
+            raise KeyboardInterrupt("killed")
+        return original(self, step)
+
+    monkeypatch.setattr(MiniTrainer, "train_step", dies_at_4)
+    with pytest.raises(KeyboardInterrupt):
+        run_mini(cfg)
+    rd = RunDir(tmp_path / "killed")
+    assert rd.status()["state"] == "PREEMPTED"
+    assert [r["step"] for r in rd.read_metrics()] == [1, 2, 3]  # step 3 logged after the checkpoint
+    monkeypatch.setattr(MiniTrainer, "train_step", original)
+    resumed = run_mini(cfg)
+    assert resumed["state"] == "DONE"
+    assert _no_perf(rd.read_metrics()) == _no_perf(_rows(ref))
+    assert rd.read_eval() == RunDir(ref["run_dir"]).read_eval()
+    # a DONE run is skipped when asked again
+    assert run_mini(cfg).get("skipped") is True
+
+
+@pytest.mark.parametrize("arm", ["bf16", "tensorwise"])
+def test_one_update_per_batch_ratio_is_one(tiny, arm):
+    summary = run_mini(tiny(arm, "vanilla", steps=2, num_mini_batches=1))
+    for r in _rows(summary):
+        assert r[M.ACTOR_CLIPFRAC] == 0.0
+        for cell in ("neg_low", "neg_high", "pos_low", "pos_high"):
+            v = r[f"actor/clipfrac_{cell}"]
+            assert v is None or v == 0.0  # None: no token of that sign
+        for q in ("q01", "q50", "q99"):
+            v = r[f"actor/ratio_neg_{q}"]
+            assert v is None or v == 1.0
+        assert r[M.ACTOR_PPO_KL] == 0.0
+
+
+def test_several_minibatches_move_the_ratio(tiny):
+    rows = _rows(run_mini(tiny("bf16", "vanilla", steps=2, num_mini_batches=4)))
+    assert any(r[M.ACTOR_RATIO_NEG_Q01] not in (None, 1.0) or r[M.ACTOR_PPO_KL] != 0.0 for r in rows)
+
+
+def test_dapo_dynamic_sampling_and_overlong(tiny):
+    cfg = tiny("bf16", "vanilla", steps=3,
+               algorithm=dict(name="dapo", eps_high=0.28, dynamic_sampling=True, max_extra_rounds=2,
+                              overlong_buffer=8))
+    rows = _rows(run_mini(cfg))
+    for r in rows:
+        assert 0.0 <= r[M.DAPO_KEPT_GROUP_FRAC] <= 1.0
+        assert 0 <= r["dapo/extra_rounds"] <= 2
+        assert r[M.ROLLOUT_REWARD_MEAN] <= r[M.ROLLOUT_ACC] + 1e-6  # penalties only subtract
+
+
+def test_non_finite_loss_fails_the_run(tiny, monkeypatch):
+    import fp8rl.rl.aggregation as agg
+
+    real = agg.aggregate
+    monkeypatch.setattr(agg, "aggregate", lambda *a, **k: real(*a, **k) * float("nan"))
+    cfg = tiny("bf16", "vanilla", steps=5, max_bad_steps=2)
+    summary = run_mini(cfg)
+    assert summary["state"] == "FAILED"
+    rd = RunDir(summary["run_dir"])
+    st = rd.status()
+    assert st["state"] == "FAILED" and "non-finite" in st["reason"]
+    rows = rd.read_metrics()
+    assert [r["train/skipped_updates"] for r in rows] == [2]  # step 1 logged; step 2 raised
+    # the skipped updates left the weights finite
+    assert rd.summary()["state"] == "FAILED"
+
+
+def test_rollout_engine_is_resynced_after_every_update(tiny):
+    cfg = tiny("bf16", "vanilla", steps=1)
+    trainer = MiniTrainer(cfg, None, sft_cache=cfg.mini.cache_dir)
+    before = {k: v.clone() for k, v in trainer.engine.model.state_dict().items()}
+    trainer.train_step(1)
+    after = trainer.engine.model.state_dict()
+    policy = trainer.policy.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.equal(after[k], policy[k]) for k in after)
+    assert math.isfinite(trainer.summary(0.0, "DONE", None)["wall_s"])
