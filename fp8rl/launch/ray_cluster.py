@@ -1,0 +1,179 @@
+"""Multi-node Ray inside a Slurm allocation (paper scale): head, workers, readiness, driver, teardown.
+
+``slurm/ray_bootstrap.py`` runs :func:`bootstrap` once per allocation, on the first node (the
+batch script's node):
+
+1. the allocation's nodes: ``scontrol show hostnames $SLURM_JOB_NODELIST`` (outside Slurm: this
+   host only);
+2. ``ray start --head --block`` on the first node, with ``--num-gpus`` = GPUs per node;
+3. ``srun --nodes=1 --ntasks=1 -w NODE --overlap ray start --address=HEAD:PORT --block`` for
+   every other node (background);
+4. readiness: poll ``ray.nodes()`` until every node is alive and the cluster has
+   ``nodes x gpus_per_node`` GPUs, with a deadline; past it, raise :class:`RayBootstrapError`
+   naming how many nodes and GPUs joined and which hosts are missing;
+5. run the backend driver (any command) with ``RAY_ADDRESS`` set, and return its exit status;
+6. tear down in every case: stop the worker ``srun`` steps, ``ray stop`` on the head node.
+
+On a CPU node the same code runs a one-node Ray with zero GPUs (``gpus_per_node=0``).
+OpenRLHF's upstream Slurm example starts Ray the same way but sleeps fixed times instead of
+checking that the nodes joined (``reference/openrlhf.md``); here the driver starts only once
+the cluster is complete.
+
+Ray is imported lazily (it is in the ``cluster`` extra, not a core dependency).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+class RayBootstrapError(RuntimeError):
+    """Ray did not come up as requested (the message says what is missing)."""
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """What Ray reports: alive node hosts and the total number of GPUs."""
+
+    hosts: tuple[str, ...]
+    gpus: float
+
+
+def allocation_nodes() -> list[str]:
+    """Host names of the Slurm allocation, first = head; outside Slurm ``[this host]``."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return [socket.gethostname()]
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    nodes = [n for n in out.split() if n]
+    if not nodes:
+        raise RayBootstrapError(f"scontrol returned no hosts for SLURM_JOB_NODELIST={nodelist!r}")
+    return nodes
+
+
+def wait_for_cluster(get_state: Callable[[], ClusterState | None], *, nodes: int, gpus: float,
+                     deadline_s: float, poll_s: float = 1.0, expected_hosts: Sequence[str] = (),
+                     clock: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], None] = time.sleep) -> ClusterState:
+    """Poll ``get_state`` until ``nodes`` nodes and ``gpus`` GPUs are up; raise past the deadline.
+
+    ``get_state`` returns ``None`` while the head does not answer.
+    """
+    t0 = clock()
+    state: ClusterState | None = None
+    while True:
+        state = get_state()
+        if state is not None and len(state.hosts) >= nodes and state.gpus >= gpus:
+            return state
+        if clock() - t0 >= deadline_s:
+            if state is None:
+                raise RayBootstrapError(f"the Ray head did not answer within {deadline_s:.0f} s")
+            missing = sorted(set(expected_hosts) - set(state.hosts))
+            raise RayBootstrapError(
+                f"Ray cluster incomplete after {deadline_s:.0f} s: {len(state.hosts)}/{nodes} nodes "
+                f"and {state.gpus:g}/{gpus:g} GPUs joined"
+                + (f"; missing hosts: {', '.join(missing)}" if missing else "")
+                + "; check the worker logs (srun output) and that GPUs are visible on every node"
+            )
+        sleep(poll_s)
+
+
+def _ray_state(address: str) -> Callable[[], ClusterState | None]:
+    """A ``get_state`` for :func:`wait_for_cluster` that asks Ray (connects lazily)."""
+    import ray
+
+    host, port = address.rsplit(":", 1)
+
+    def get() -> ClusterState | None:
+        if not ray.is_initialized():
+            try:
+                with socket.create_connection((host, int(port)), timeout=1):
+                    pass
+            except OSError:
+                return None
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        return ClusterState(hosts=tuple(sorted(n.get("NodeManagerHostname", "?") for n in alive)),
+                            gpus=float(sum(n.get("Resources", {}).get("GPU", 0) for n in alive)))
+
+    return get
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def bootstrap(command: Sequence[str], *, gpus_per_node: int, port: int | None = None,
+              deadline_s: float = 300.0, ray_bin: str | None = None, log=sys.stderr) -> int:
+    """Start Ray on the allocation, run ``command`` against it, tear down; returns its status."""
+    if not command:
+        raise RayBootstrapError("no driver command given (usage: ray_bootstrap.py [options] -- CMD ...)")
+    ray_bin = ray_bin or shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
+    if not os.path.exists(ray_bin):
+        raise RayBootstrapError(f"the ray CLI was not found ({ray_bin}); install the cluster extra: "
+                                "pip install -e '.[cluster]'")
+    nodes = allocation_nodes()
+    head = nodes[0]
+    head_ip = socket.gethostbyname(head)
+    port = port or _free_port()
+    address = f"{head_ip}:{port}"
+    procs: list[subprocess.Popen] = []
+    print(f"[ray_bootstrap] head {head} ({address}), {len(nodes)} node(s) x {gpus_per_node} GPU(s)", file=log)
+    try:
+        procs.append(subprocess.Popen(
+            [ray_bin, "start", "--head", f"--node-ip-address={head_ip}", f"--port={port}",
+             f"--num-gpus={gpus_per_node}", "--block", "--disable-usage-stats", "--include-dashboard=false"],
+            stdin=subprocess.DEVNULL, start_new_session=True))
+        for node in nodes[1:]:
+            procs.append(subprocess.Popen(
+                ["srun", "--nodes=1", "--ntasks=1", "-w", node, "--overlap",
+                 ray_bin, "start", f"--address={address}", f"--num-gpus={gpus_per_node}", "--block",
+                 "--disable-usage-stats"],
+                stdin=subprocess.DEVNULL, start_new_session=True))
+        state = wait_for_cluster(_ray_state(address), nodes=len(nodes), gpus=len(nodes) * gpus_per_node,
+                                 deadline_s=deadline_s, expected_hosts=nodes)
+        print(f"[ray_bootstrap] ready: {len(state.hosts)} node(s), {state.gpus:g} GPU(s); running "
+              f"{' '.join(command)}", file=log)
+        import ray
+
+        ray.shutdown()
+        return subprocess.run(list(command), env={**os.environ, "RAY_ADDRESS": address}, check=False).returncode
+    finally:
+        teardown(procs, ray_bin, log=log)
+
+
+def teardown(procs: list[subprocess.Popen], ray_bin: str, *, timeout_s: float = 30.0, log=sys.stderr) -> None:
+    """Stop the worker steps and the head (SIGTERM, then SIGKILL), then ``ray stop`` here."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    except ImportError:
+        pass
+    for p in reversed(procs):
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=60, check=False)
+    print("[ray_bootstrap] Ray stopped", file=log)
