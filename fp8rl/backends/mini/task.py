@@ -73,7 +73,11 @@ def make_splits(
     rng = random.Random(seed)
     eval_set: list[Problem] = []
     seen: set[str] = set()
+    tries = 0
     while len(eval_set) < n_eval:
+        tries += 1
+        if tries > 50 * n_eval:
+            raise ValueError(f"cannot draw {n_eval} distinct eval problems; widen the task or ask fewer")
         p = sample_problem(rng, min_terms, max_terms, max_operand)
         if p.prompt not in seen:
             seen.add(p.prompt)
@@ -83,7 +87,7 @@ def make_splits(
     while len(train) < n_train:
         tries += 1
         if tries > 50 * n_train:
-            raise ValueError("cannot draw enough distinct train problems; widen the task")
+            raise ValueError("cannot draw train problems distinct from the eval set; widen the task")
         p = sample_problem(rng, min_terms, max_terms, max_operand)
         if p.prompt not in seen:
             train.append(p)
