@@ -42,3 +42,8 @@ slurm-up:
 	@bash slurm/local_cluster.sh start
 slurm-down:
 	@bash slurm/local_cluster.sh stop
+
+# The README's main command: the paper's main table at mini scale, on this machine.
+.PHONY: reproduce
+reproduce: install
+	$(BIN)/python -m experiments.launch +sweep=main_table
