@@ -293,3 +293,25 @@ def diagnostics_table(coll: Collection, rule: SurgeRule = SurgeRule(), *, decima
               f"'final' = mean over the last {FINAL_FRACTION:.0%} of logged steps.")
     tex.append(f"% Surge rule: {rule.describe()}.")
     return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
+
+
+CLIP_CELLS: tuple[str, ...] = (M.ACTOR_CLIPFRAC_NEG_LOW, M.ACTOR_CLIPFRAC_NEG_HIGH,
+                               M.ACTOR_CLIPFRAC_POS_LOW, M.ACTOR_CLIPFRAC_POS_HIGH)
+
+
+def clip_cells_table(coll: Collection) -> pd.DataFrame:
+    """Mean over training (all logged steps of all runs) of the four clip cells per arm.
+
+    Rows: (algorithm, model, arm) in display order; columns: the ``actor/clipfrac_*`` cells
+    (A<0 below low = gradient zeroed, the paper's signal; A<0 above high; A>0 below low; A>0
+    above high). Cells no run logged are left out.
+    """
+    cols = [c for c in CLIP_CELLS if c in coll.steps.columns]
+    if not cols:
+        return pd.DataFrame()
+    st = coll.steps
+    df = st.groupby(["algorithm", "model", "fp8", "clip"], observed=True)[cols].mean().reset_index()
+    df["arm"] = [arm_label(f, c) for f, c in zip(df["fp8"], df["clip"], strict=True)]
+    df["_k"] = [arm_order_key(str(f), str(c)) for f, c in zip(df["fp8"], df["clip"], strict=True)]
+    df = df.sort_values(["algorithm", "model", "_k"]).drop(columns=["_k", "fp8", "clip"])
+    return df.set_index(["algorithm", "model", "arm"])[cols]

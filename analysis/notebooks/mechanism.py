@@ -31,6 +31,7 @@ from IPython.display import Image, display
 
 from analysis.collect import collect
 from analysis.figures import plot_figure
+from analysis.tables import clip_cells_table
 from fp8rl.runs.synthetic import demo_specs, make_sweep
 
 if SWEEP_DIR is None:
@@ -43,9 +44,7 @@ out = Path(tempfile.mkdtemp())
 # The four clip cells (A<0 / A>0 x below low / above high), mean over training per arm:
 
 # %%
-cells = ["actor/clipfrac_neg_low", "actor/clipfrac_neg_high", "actor/clipfrac_pos_low",
-         "actor/clipfrac_pos_high"]
-coll.long(cells).groupby(["arm", "metric"], observed=True)["value"].mean().unstack()
+clip_cells_table(coll)
 
 # %%
 for name in ("clipfrac_neg_low", "ratio_quantiles", "clip_bounds"):

@@ -90,3 +90,18 @@ def test_diagnostics(known_coll):
     assert d.loc["FP8 tensorwise (vanilla)", "final_garbled_frac"] == 0.3
     assert "2/2 (step 44)" in t.markdown and "Surge rule" in t.markdown
     assert "\\toprule" in t.latex
+
+
+def test_clip_cells_table(known_coll):
+    from analysis.tables import clip_cells_table
+
+    t = clip_cells_table(known_coll)
+    assert list(t.index.get_level_values("arm")) == [arm_label(*a) for a in ARMS]
+    st = known_coll.steps
+    for fp8, clip in ARMS:
+        for cell in ("actor/clipfrac_neg_low", "actor/clipfrac_pos_high"):
+            ref = st[(st["fp8"] == fp8) & (st["clip"] == clip)][cell].mean()
+            assert np.isclose(t.loc[("grpo", "8b", arm_label(fp8, clip)), cell], ref)
+    # planted: surging runs clip more A<0 tokens than BF16
+    assert (t.loc[("grpo", "8b", "FP8 tensorwise (vanilla)"), "actor/clipfrac_neg_low"]
+            > t.loc[("grpo", "8b", "BF16"), "actor/clipfrac_neg_low"])
