@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -163,3 +164,25 @@ def test_rollout_engine_is_resynced_after_every_update(tiny):
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert all(torch.equal(after[k], policy[k]) for k in after)
     assert math.isfinite(trainer.summary(0.0, "DONE", None)["wall_s"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("emulate", [True, False])
+def test_cuda_run(tiny, emulate, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    cfg = tiny("tensorwise", "calibrated", steps=3, mini={"device": "cuda"})
+    cfg = dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, emulate=emulate))
+    summary = run_mini(cfg)
+    assert summary["state"] == "DONE"
+    assert len(_rows(summary)) == 3
+
+
+def test_cuda_determinism_needs_cublas_config(monkeypatch):
+    from fp8rl.backends.mini.trainer import torch_settings
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    with pytest.raises(RuntimeError, match="CUBLAS_WORKSPACE_CONFIG"), torch_settings(True, 0, "cuda"):
+        pass
+    with torch_settings(False, 0, "cuda"):
+        pass

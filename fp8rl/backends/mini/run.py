@@ -50,7 +50,7 @@ def run_mini(cfg: MiniRunConfig, overrides: Iterable[str] = (), *, progress: boo
     device = torch.device(cfg.mini.device)
     desc = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}"
     rd.write_provenance({"backend": "mini"}, device=desc)
-    with torch_settings(cfg.mini.deterministic, cfg.mini.num_threads):
+    with torch_settings(cfg.mini.deterministic, cfg.mini.num_threads, cfg.mini.device):
         trainer = MiniTrainer(cfg, rd, sft_cache=sft_cache_dir(cfg))
         summary = trainer.run(progress=progress)
     return {**summary, "run_dir": str(rd.path)}

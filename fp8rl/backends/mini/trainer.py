@@ -107,8 +107,18 @@ def seed_for(*parts: object) -> int:
 
 
 @contextlib.contextmanager
-def torch_settings(deterministic: bool, num_threads: int) -> Iterator[None]:
-    """Deterministic algorithms and a thread count for the duration of a run, then restored."""
+def torch_settings(deterministic: bool, num_threads: int, device: str = "cpu") -> Iterator[None]:
+    """Deterministic algorithms and a thread count for the duration of a run, then restored.
+
+    On CUDA, deterministic cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` set before the process
+    starts; we check it and raise naming the fix rather than set it behind the user's back.
+    """
+    import os
+
+    if deterministic and torch.device(device).type == "cuda" and not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
+        raise RuntimeError(
+            "mini.deterministic=true on CUDA needs CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment "
+            "(export it before starting), or set mini.deterministic=false")
     prev_det = torch.are_deterministic_algorithms_enabled()
     prev_threads = torch.get_num_threads()
     torch.use_deterministic_algorithms(deterministic)
