@@ -34,12 +34,16 @@ def main(cfg: DictConfig) -> None:
     """``hydra.mode=RUN``: plan and launch the composed config as a one-cell sweep."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from fp8rl.launch.sweep import run_sweep
 
+    del cfg  # recomposed with its hydra node, as the sweeper gets it
+    hc = HydraConfig.get()
     loader = GlobalHydra.instance().config_loader()
-    overrides = list(HydraConfig.get().overrides.task)
-    status = run_sweep(cfg, loader, {}, overrides)
+    overrides = list(hc.overrides.task)
+    master = loader.load_configuration(hc.job.config_name, overrides=overrides, run_mode=RunMode.MULTIRUN)
+    status = run_sweep(master, loader, dict(master.hydra.sweeper.params), overrides)
     if status:
         raise SystemExit(status)
 

@@ -53,8 +53,11 @@ class SweepProgress:
         steps = done = failed = 0
         running = []
         for c in self.cells:
-            st = RunDir(Path(c.run_dir)).status() if Path(c.run_dir).exists() else None
+            exists = Path(c.run_dir).exists()
+            st = RunDir(Path(c.run_dir)).status() if exists else None
             if st is None:
+                if exists:  # the backend set the directory up and is preparing (e.g. a warm start)
+                    running.append(f"cell {c.index}/{c.total} {Path(c.run_dir).name} preparing")
                 continue
             state, step = st.get("state"), int(st.get("step") or 0)
             if state == DONE:
@@ -78,7 +81,7 @@ class SweepProgress:
         fail = f", {failed} FAILED" if failed else ""
         text = (f"{head}{done + failed}/{len(self.cells)} cells finished{fail} | {run} | "
                 f"elapsed {_fmt(elapsed)} ETA {_fmt(eta)}")
-        return text, (done, failed, tuple(r.rsplit(' step ', 1)[0] for r in running))
+        return text, (done, failed, tuple(r.rsplit(" step ", 1)[0].removesuffix(" preparing") for r in running))
 
     def show(self, force: bool = False) -> None:
         text, key = self.line()

@@ -1,9 +1,10 @@
 """Typed config schema of ``python -m experiments.launch``, registered in Hydra's ConfigStore.
 
-The schema is not a new set of dataclasses: it is ``fp8rl.config.RunConfig`` (the four axes
-``algorithm/ model/ fp8/ clip/`` as ``AlgorithmConfig``, ``ModelConfig``, ``Fp8Config``,
-``ClipConfig``, plus schedule and optimiser fields), one settings block per registered backend
-(``mini: MiniSettings``), and :class:`LaunchFields` (where and how to run). Hydra checks every
+The schema is not a new set of dataclasses: it is the default backend's run config
+(``MiniRunConfig``, i.e. ``fp8rl.config.RunConfig`` -- the four axes ``algorithm/ model/ fp8/
+clip/`` as ``AlgorithmConfig``, ``ModelConfig``, ``Fp8Config``, ``ClipConfig``, schedule and
+optimiser fields -- plus its ``mini: MiniSettings`` block), the settings blocks of the other
+registered backends, and :class:`LaunchFields` (where and how to run). Hydra checks every
 YAML file and command-line override against it while composing (unknown keys and values of the
 wrong type fail there, naming the key); the cross-field checks run when each cell is built
 into its backend's config class (``fp8rl.launch.grid``).
@@ -72,16 +73,26 @@ class SweeperConf:
 
 
 def build_schema() -> type:
-    """``LaunchConfig``: ``LaunchFields`` + ``RunConfig`` + one block per registered backend."""
+    """``LaunchConfig``: ``LaunchFields`` + the default backend's run config + other backends' blocks.
+
+    The run fields and their defaults come from the config class of the default backend
+    (``LaunchFields.backend``, i.e. ``mini``: ``MiniRunConfig``, a ``RunConfig``), so a field
+    that no YAML file sets keeps exactly the default that backend chose. Another backend adds
+    its settings block here and sets the defaults it needs in its ``backend/<name>.yaml``.
+    """
     from fp8rl.config import RunConfig
     from fp8rl.launch.backends import BACKENDS
 
+    base = BACKENDS[LaunchFields.backend].load_config_class()
+    if not issubclass(base, RunConfig):
+        raise TypeError(f"the default backend's config class {base.__name__} must extend RunConfig")
+    have = {f.name for f in dataclasses.fields(base)}
     blocks: list[tuple[str, Any, Any]] = []
     for b in BACKENDS.values():
         cls = b.load_settings_class()
-        if b.settings_key and cls is not None:
+        if b.settings_key and cls is not None and b.settings_key not in have:
             blocks.append((b.settings_key, cls, field(default_factory=cls)))
-    return dataclasses.make_dataclass("LaunchConfig", blocks, bases=(LaunchFields, RunConfig))
+    return dataclasses.make_dataclass("LaunchConfig", blocks, bases=(LaunchFields, base))
 
 
 def register_configs() -> None:

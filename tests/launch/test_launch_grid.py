@@ -33,8 +33,10 @@ def _grid(loader, master_overrides, sweep_args, master):
     return cfg, expand_overrides(params, [*master_overrides, *sweep_args], loader)
 
 
-@pytest.mark.parametrize(("sweep", "n"), [("smoke", 4), ("quick", 4), ("calibration_ablation", 18),
-                                          ("entropy_granularity", 12)])
+@pytest.mark.parametrize(("sweep", "n"), [
+    ("smoke", 4), ("quick", 4),
+    pytest.param("calibration_ablation", 18, marks=pytest.mark.slow),
+    pytest.param("entropy_granularity", 12, marks=pytest.mark.slow)])
 def test_launch_fast_composition_equals_hydra(hydra_loader, sweep, n):
     loader, master = hydra_loader
     cfg, grid = _grid(loader, [f"+sweep={sweep}"], [], master)
