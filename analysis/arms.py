@@ -25,6 +25,7 @@ the label ``"FP8 <name>"`` and a colour from a fallback palette picked by a stab
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -102,3 +103,17 @@ def arm_style(fp8: str, clip: str) -> ArmStyle:
 def sort_arms(pairs) -> list[tuple[str, str]]:
     """Unique ``(fp8, clip)`` pairs in display order."""
     return sorted({(str(f), str(c)) for f, c in pairs}, key=lambda p: arm_order_key(*p))
+
+
+ALGORITHM_ORDER: tuple[str, ...] = ("grpo", "dapo")
+
+
+def _natural(s: str) -> tuple:
+    """``"8b" < "14b" < "32b"``: digits compare as numbers."""
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.findall(r"\d+|\D+", s))
+
+
+def panel_order_key(algorithm: str, model: str) -> tuple:
+    """Panels: GRPO before DAPO (then other algorithms by name), models in natural order."""
+    a = (0, ALGORITHM_ORDER.index(algorithm), "") if algorithm in ALGORITHM_ORDER else (1, 0, algorithm)
+    return (*a, _natural(model))

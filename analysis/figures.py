@@ -23,6 +23,7 @@ figure (the report says so). matplotlib runs on the Agg backend (no display need
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,12 +35,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.arms import arm_label, arm_style, sort_arms
+from analysis.arms import arm_label, arm_style, panel_order_key, sort_arms
 from analysis.collect import Collection
 from analysis.surge import SurgeRule, ema, surge_table
 from fp8rl.runs import metrics as M
 
 EVAL_AVG_METRIC = "eval/mean/avg@k"  # pseudo-metric: avg@k averaged over evaluation sets
+MAX_COLS = 3  # panels per row before wrapping (single-metric figures) or narrowing
+PAGE_WIDTH = 7.2  # inches: a two-column paper's text width
 
 RC = {
     "font.size": 8,
@@ -165,7 +168,7 @@ def arm_curves(coll: Collection, metric: str, *, smooth: float | None = None) ->
 
 def _panels(coll: Collection) -> list[tuple[str, str]]:
     pairs = coll.runs[["algorithm", "model"]].dropna().astype(str).drop_duplicates()
-    return sorted(map(tuple, pairs.to_numpy().tolist()))
+    return sorted(map(tuple, pairs.to_numpy().tolist()), key=lambda p: panel_order_key(*p))
 
 
 def _fmt(x) -> str:
@@ -193,7 +196,19 @@ def plot_figure(
         return None
     panels = _panels(coll)
     arms = sort_arms(zip(coll.runs["fp8"].astype(str), coll.runs["clip"].astype(str), strict=True))
-    nrows, ncols = len(spec.metrics), max(len(panels), 1)
+    n_panels = max(len(panels), 1)
+    wrap = len(spec.metrics) == 1 and n_panels > MAX_COLS
+    if wrap:  # one metric, many panels: rows of MAX_COLS panels
+        nrows, ncols = math.ceil(n_panels / MAX_COLS), MAX_COLS
+        pw = panel_width
+    else:  # one row per metric, one column per panel, narrower panels beyond MAX_COLS
+        nrows, ncols = len(spec.metrics), n_panels
+        pw = panel_width if ncols <= MAX_COLS else max(1.9, PAGE_WIDTH / ncols)
+
+    def position(r: int, c: int) -> tuple[int, int]:
+        return divmod(c, MAX_COLS) if wrap else (r, c)
+
+    occupied = {position(r, c) for r in range(len(spec.metrics)) for c in range(n_panels)}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     surges = pd.DataFrame(columns=["run", "surge_step"])
@@ -203,13 +218,14 @@ def plot_figure(
                               on="run", how="left")
     csv_rows = []
     with plt.rc_context(RC):
-        fig, axes = plt.subplots(nrows, ncols, figsize=(panel_width * ncols, panel_height * nrows + 0.6),
-                                 squeeze=False, sharex="col", layout="constrained")
+        fig, axes = plt.subplots(nrows, ncols, figsize=(pw * ncols, panel_height * nrows + 0.6),
+                                 squeeze=False, sharex=False if wrap else "col", layout="constrained")
         handles: dict[str, object] = {}
         for r, metric in enumerate(spec.metrics):
             cur = curves[metric]
             for c, (algo, model) in enumerate(panels):
-                ax = axes[r][c]
+                rr, cc = position(r, c)
+                ax = axes[rr][cc]
                 sub = cur[(cur["algorithm"].astype(str) == algo) & (cur["model"].astype(str) == model)]
                 for fp8, clip in arms:
                     a = sub[(sub["fp8"].astype(str) == fp8) & (sub["clip"].astype(str) == clip)]
@@ -246,13 +262,17 @@ def plot_figure(
                     ax.set_yscale("log")
                 if r == 0:
                     ax.set_title(f"{algo.upper()} · {model}")
-                if r == nrows - 1:
+                if (rr + 1, cc) not in occupied:
                     ax.set_xlabel("training step")
-                if c == 0:
+                if cc == 0:
                     ax.set_ylabel(spec.ylabels[r])
                 if sub.empty:
                     ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center",
                             color="0.5")
+        for rr in range(nrows):
+            for cc in range(ncols):
+                if (rr, cc) not in occupied:
+                    axes[rr][cc].set_visible(False)
         if spec.mark_surge and not surges.empty:
             handles["entropy surge onset"] = plt.Line2D([], [], marker="v", color="0.3",
                                                          linestyle="none", markersize=6)

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.arms import arm_label, arm_order_key
+from analysis.arms import arm_label, arm_order_key, panel_order_key
 from analysis.collect import CELL_OK, Collection, final_evals
 from analysis.surge import SurgeRule, ema, surge_onset
 from fp8rl.runs import metrics as M
@@ -92,7 +92,7 @@ def _blocks(coll: Collection) -> list[tuple[str, str, list[tuple[str, str]]]]:
         arms = sorted({(str(f), str(c)) for f, c in zip(g["fp8"], g["clip"], strict=True)},
                       key=lambda p: arm_order_key(*p))
         out.append((str(algo), str(model), arms))
-    return out
+    return sorted(out, key=lambda b: panel_order_key(b[0], b[1]))
 
 
 def accuracy_table(coll: Collection, *, stat: str = M.EVAL_AVG, percent: bool = True,

@@ -78,3 +78,22 @@ def test_arm_labels_and_styles():
     assert len({(s.color, s.linestyle) for s in styles.values()}) == len(known)
     assert arm_style("mystery", "tis") == arm_style("mystery", "tis")
     assert arm_style("mystery", "other").linestyle == "-."
+
+
+def test_many_panels_wrap_and_order(tmp_path):
+    from analysis.arms import panel_order_key
+
+    specs = [RunSpec(algorithm=a, model=m, steps=30, metrics=("actor/entropy",))
+             for a in ("dapo", "grpo") for m in ("14b", "8b")]
+    make_sweep(tmp_path / "s", specs)
+    c = collect(tmp_path / "s")
+    out = plot_figure(c, "entropy", tmp_path / "f")
+    csv = pd.read_csv(out["csv"])
+    assert set(zip(csv["algorithm"], csv["model"].astype(str), strict=True)) == {
+        ("dapo", "14b"), ("dapo", "8b"), ("grpo", "14b"), ("grpo", "8b")}
+    panels = sorted({(s.algorithm, s.model) for s in specs}, key=lambda p: panel_order_key(*p))
+    assert panels == [("grpo", "8b"), ("grpo", "14b"), ("dapo", "8b"), ("dapo", "14b")]
+    import matplotlib.image as mpimg
+
+    h, w = mpimg.imread(out["png"]).shape[:2]
+    assert h > 0.4 * w  # wrapped into two rows of at most three panels, not one wide row
