@@ -14,6 +14,10 @@ Figures (:data:`FIGURES`): entropy over training (surge onsets marked, ``analysi
 (log scale); the clip bounds ``clip/low``, ``clip/high`` and ``clip/alpha``; the ratio
 quantiles of negative-advantage tokens.
 
+Layout: at most three panels per row (a single-metric figure wraps into rows, a multi-metric
+figure narrows its panels towards a 7.2 in page width), panels GRPO before DAPO and models in
+natural order; panels 3.0 x 2.1 in with 7-8 pt text, PDF fonts embedded as TrueType.
+
 Choices: the EMA span defaults to ``max(1, round(T / 50))`` logged steps for a run of T steps
 (``smooth=1`` disables it); metrics logged on a minority of steps (``clip/alpha``,
 ``shadow/*``) are drawn unsmoothed with markers; a metric absent from every run skips its
