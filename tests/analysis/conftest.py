@@ -1,50 +1,12 @@
-"""Fixtures: fabricated sweeps with known curves and numbers (``fp8rl.runs.synthetic``).
-
-``known_sweep`` is built once per session: a GRPO/8b grid of four arms x two seeds with planted
-entropy surges, known final accuracies, one FAILED cell, one missing cell (in the manifest,
-never started), one PREEMPTED cell with a truncated last line, one run with NaN entropies.
-"""
-
-import dataclasses
+"""Fixtures of the analysis tests: the known sweep of ``analysis_known`` and its collection."""
 
 import pytest
-
-from fp8rl.runs.synthetic import RunSpec, make_sweep
-
-STEPS = 80
-EVALS = {
-    ("bf16", "vanilla", 0): {"aime24": 0.30, "math500": 0.70},
-    ("bf16", "vanilla", 1): {"aime24": 0.34, "math500": 0.74},
-    ("tensorwise", "vanilla", 0): {"aime24": 0.20, "math500": 0.55},
-    ("tensorwise", "vanilla", 1): {"aime24": 0.22, "math500": 0.61},
-    ("tensorwise", "calibrated", 0): {"aime24": 0.33, "math500": 0.76},
-    ("tensorwise", "calibrated", 1): {"aime24": 0.37, "math500": 0.72},
-    ("blockwise", "tis", 0): {"aime24": 0.25, "math500": 0.66},
-    ("blockwise", "tis", 1): {"aime24": 0.27, "math500": 0.60},
-}
-SURGES = {("tensorwise", "vanilla", 0): 40, ("tensorwise", "vanilla", 1): 47,
-          ("blockwise", "tis", 1): 55}
-
-
-def known_specs():
-    specs = []
-    for (fp8, clip, seed), ev in EVALS.items():
-        specs.append(RunSpec(fp8=fp8, clip=clip, seed=seed, steps=STEPS, eval=ev,
-                             surge_at=SURGES.get((fp8, clip, seed)), eval_every=20))
-    # seed 2 of three arms: failed, missing, preempted with a truncated tail
-    specs.append(RunSpec(fp8="bf16", clip="vanilla", seed=2, steps=STEPS, state="FAILED",
-                         eval={"aime24": 0.9, "math500": 0.9}))
-    specs.append(RunSpec(fp8="tensorwise", clip="calibrated", seed=2, steps=STEPS, state=None))
-    specs.append(RunSpec(fp8="blockwise", clip="tis", seed=2, steps=50, state="PREEMPTED",
-                         truncated_tail=True, nan_every=5, eval={"aime24": 0.9, "math500": 0.9}))
-    return specs
+from analysis_known import write_known_sweep
 
 
 @pytest.fixture(scope="session")
 def known_sweep(tmp_path_factory):
-    d = tmp_path_factory.mktemp("sweeps") / "known"
-    make_sweep(d, known_specs(), sweep="known")
-    return d
+    return write_known_sweep(tmp_path_factory.mktemp("sweeps") / "known")
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +14,3 @@ def known_coll(known_sweep):
     from analysis.collect import collect
 
     return collect(known_sweep, workers=1, progress=False)
-
-
-def replace(spec, **kw):
-    return dataclasses.replace(spec, **kw)

@@ -4,7 +4,7 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import EVALS, STEPS
+from analysis_known import EVALS, STEPS
 
 from analysis.collect import collect, final_evals, parse_jsonl, rows_to_columns
 from fp8rl.runs import read_jsonl

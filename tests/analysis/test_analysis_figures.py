@@ -1,7 +1,7 @@
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SURGES
+from analysis_known import SURGES
 
 from analysis.arms import arm_label, arm_order_key, arm_style, sort_arms
 from analysis.collect import collect

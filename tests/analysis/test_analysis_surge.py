@@ -99,7 +99,7 @@ def test_rule_validation_and_ema():
 
 
 def test_surge_table(known_coll):
-    from conftest import SURGES
+    from analysis_known import SURGES
 
     t = surge_table(known_coll.steps).merge(known_coll.runs[["run", "fp8", "clip", "seed"]], on="run")
     t = t.dropna(subset=["surge_step"])

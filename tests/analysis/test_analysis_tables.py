@@ -1,6 +1,6 @@
 import numpy as np
 import pandas as pd
-from conftest import EVALS, SURGES
+from analysis_known import EVALS, SURGES
 
 from analysis.arms import arm_label
 from analysis.tables import accuracy_table, diagnostics_table, run_diagnostics
