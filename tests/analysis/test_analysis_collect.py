@@ -206,3 +206,10 @@ def test_cache_incremental_equals_fresh(tmp_path):
     for f in cache.glob("*.npy"):
         f.write_bytes(b"junk")
     pd.testing.assert_frame_equal(collect(tmp_path / "s", cache_dir=cache).steps, fresh.steps)
+
+
+def test_progress_display(known_sweep, capsys):
+    collect(known_sweep, progress=True)
+    assert "collect" in capsys.readouterr().err  # tqdm bar on stderr
+    collect(known_sweep)  # small sweep: no bar by default
+    assert "collect" not in capsys.readouterr().err
