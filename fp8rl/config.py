@@ -109,17 +109,41 @@ class Fp8Config:
     ``bf16``: both ``bf16``; ``rollout_only``: FP8 rollout recipe, ``bf16`` trainer; full FP8:
     both FP8. ``emulate=True`` computes FP8 by quantize-dequantize in high precision (CPU tests);
     a recipe the hardware cannot run raises, naming ``fp8.emulate=true`` as the fix.
+
+    ``impl`` is the trainer's FP8 implementation (``fp8rl.quant.IMPLEMENTATIONS``: ``torchao``,
+    ``fp8rl``, ``transformer_engine``), or ``auto`` for the recipe's default
+    (``fp8rl.quant.default_impl``): tensorwise/rowwise -> torchao (as the paper); blockwise and
+    mxfp8 -> transformer_engine, or our emulated linear only when ``emulate=true`` is asked for;
+    tensorwise_delayed -> transformer_engine (no emulation exists). The issue's ``emulated`` is
+    ``emulate=true``. Checked here without hardware: the implementation must express the trainer
+    recipe (``fp8rl.quant.resolve_impl``); whether the GPU and Transformer Engine can run it is
+    checked when the trainer converts its model, before the first step, naming the fix.
+    The rollout engine has its own path (``fp8rl.quant.rollout``) and ignores ``impl``.
     """
 
     name: str = "bf16"
     rollout_recipe: str = "bf16"
     trainer_recipe: str = "bf16"
     emulate: bool = False
+    impl: str = "auto"
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "fp8.name must be a non-empty label (e.g. bf16, tensorwise)")
         for f in ("rollout_recipe", "trainer_recipe"):
             _check_registry("fp8rl.quant", "RECIPES", getattr(self, f), f"fp8.{f}")
+        from fp8rl.quant import get_recipe, resolve_impl
+
+        try:
+            resolve_impl(self.trainer_recipe, self.impl, emulate=self.emulate)
+        except (KeyError, ValueError) as e:  # RegistryError is a KeyError
+            raise ValueError(
+                f"fp8.impl={self.impl!r} cannot run fp8.trainer_recipe={self.trainer_recipe!r} with "
+                f"fp8.emulate={str(self.emulate).lower()}: {e}"
+            ) from e
+        _require(get_recipe(self.rollout_recipe).scaling == "dynamic",
+                 f"fp8.rollout_recipe={self.rollout_recipe!r} uses delayed scaling, a training "
+                 f"recipe; the rollout engine quantizes with dynamic scales (vLLM's fp8 online "
+                 f"mode): use fp8.rollout_recipe=tensorwise")
 
 
 @dataclass

@@ -7,12 +7,16 @@ The FP8 half of "full-pipeline FP8" (paper: FP8 rollout + FP8 training GEMMs; se
 - ``granularity``  ``PerTensor``, ``PerRow``, ``PerBlock(r, c)``, ``MX(32)``; the one meaning of
                    "axis" (contraction dimension last) is documented there.
 - ``quantize``     ``quantize(x, granularity, fmt) -> (q, scale)``, ``dequantize``, ``sqnr_db``.
-- ``recipes``      ``Recipe`` (per operand granularity + format, per GEMM FP8 flag), ``RECIPES``:
-                   ``bf16``, ``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``, ``blockwise``,
-                   ``mxfp8``; ``get_recipe(name, hybrid=...)``.
+- ``recipes``      ``Recipe`` (per operand granularity + format, per GEMM FP8 flag, dynamic or
+                   delayed scaling), ``RECIPES``: ``bf16``, ``tensorwise``, ``tensorwise_delayed``,
+                   ``rowwise``, ``rowwise_with_gw_hp``, ``blockwise``, ``mxfp8``;
+                   ``get_recipe(name, hybrid=..., amax_history_len=..., amax_compute_algo=...)``.
 - ``linear``       ``Fp8Linear`` / ``fp8_linear``: our FP8 training linear (``_scaled_mm`` or emulation).
-- ``convert``      ``convert_to_fp8(model, recipe, module_filter=, emulate=, impl=)`` (torchao or
-                   ours), ``fp8_disabled(model)`` (the BF16 shadow pass), ``check_supported``.
+- ``convert``      ``convert_to_fp8(model, recipe, module_filter=, emulate=, impl=)`` (torchao,
+                   ours or Transformer Engine; ``default_impl``/``resolve_impl`` pick and check),
+                   ``fp8_disabled(model)`` (the BF16 shadow pass), ``check_supported``.
+- ``te``           Transformer Engine: ``to_te_recipe``, ``TE_KINDS`` (GPU and shape needs),
+                   ``te_skipped_layers``; imports TE only when converting.
 - ``rollout``      ``quantize_for_rollout`` (vLLM fp8 layout), ``Fp8InferenceLinear`` (W8A8),
                    ``convert_for_rollout``, ``sync_rollout_weights``.
 - ``audit``        the noise audit behind ``python -m experiments.audit``.
@@ -28,8 +32,9 @@ Typical use (trainer and rollout engine are configured independently)::
     sync_rollout_weights(rollout, policy.state_dict())              # after every optimizer step
 
 Hardware: per-tensor and per-row FP8 GEMMs run on CPU via ``torch._scaled_mm``; block and MX
-GEMMs need ``emulate=True`` (the config key ``fp8.emulate=true``); anything that cannot run
-raises ``Fp8UnsupportedError`` naming that fix instead of silently falling back.
+GEMMs need Transformer Engine on a GPU (sm90+ / sm100) or ``emulate=True`` (the config key
+``fp8.emulate=true``); anything that cannot run raises ``Fp8UnsupportedError`` naming the fix
+instead of silently falling back.
 """
 
 from fp8rl.quant.convert import (
@@ -38,9 +43,11 @@ from fp8rl.quant.convert import (
     Fp8UnsupportedError,
     check_supported,
     convert_to_fp8,
+    default_impl,
     default_module_filter,
     fp8_disabled,
     fp8_layers,
+    resolve_impl,
     to_torchao_config,
 )
 from fp8rl.quant.formats import E4M3, E5M2, FORMATS, Fp8Format
@@ -54,7 +61,15 @@ from fp8rl.quant.quantize import (
     quantize_with_scale,
     sqnr_db,
 )
-from fp8rl.quant.recipes import GEMMS, RECIPES, OperandConfig, Recipe, get_recipe
+from fp8rl.quant.recipes import (
+    AMAX_COMPUTE_ALGOS,
+    GEMMS,
+    RECIPES,
+    SCALINGS,
+    OperandConfig,
+    Recipe,
+    get_recipe,
+)
 from fp8rl.quant.rollout import (
     Fp8InferenceLinear,
     convert_for_rollout,
@@ -63,8 +78,10 @@ from fp8rl.quant.rollout import (
     scale_key,
     sync_rollout_weights,
 )
+from fp8rl.quant.te import TE_KINDS, TE_VERSION, te_recipe_kind, te_skipped_layers, to_te_recipe
 
 __all__ = [
+    "AMAX_COMPUTE_ALGOS",
     "DEFAULT_SKIP_NAMES",
     "E4M3",
     "E5M2",
@@ -75,6 +92,9 @@ __all__ = [
     "IMPLEMENTATIONS",
     "MX",
     "RECIPES",
+    "SCALINGS",
+    "TE_KINDS",
+    "TE_VERSION",
     "Fp8Format",
     "Fp8InferenceLinear",
     "Fp8Linear",
@@ -89,6 +109,7 @@ __all__ = [
     "check_supported",
     "convert_for_rollout",
     "convert_to_fp8",
+    "default_impl",
     "default_module_filter",
     "dequantize",
     "fp8_disabled",
@@ -99,10 +120,14 @@ __all__ = [
     "quantize",
     "quantize_for_rollout",
     "quantize_with_scale",
+    "resolve_impl",
     "rollout_quant_config",
     "scale_key",
     "scaled_gemm",
     "sqnr_db",
     "sync_rollout_weights",
+    "te_recipe_kind",
+    "te_skipped_layers",
+    "to_te_recipe",
     "to_torchao_config",
 ]

@@ -1,21 +1,46 @@
 """Model conversion for FP8 training, the hardware check, and the "FP8 off" switch.
 
 ``convert_to_fp8(model, recipe)`` swaps ``nn.Linear`` layers (all but the LM head by default)
-for an FP8 linear that follows the recipe, through one of two implementations (the
-``IMPLEMENTATIONS`` registry; the recipe names its default, ``impl=`` overrides it):
+for an FP8 linear that follows the recipe, through one of three implementations (the
+``IMPLEMENTATIONS`` registry; ``impl=`` picks one, ``None``/``"auto"`` takes ``default_impl``):
 
 - ``torchao``: ``torchao.float8.convert_to_float8_training`` with a ``Float8LinearConfig`` built
   from the recipe (``to_torchao_config``; for the three torchao recipes it equals
   ``Float8LinearConfig.from_recipe_name``, which a test checks). The paper trained with torchao.
-- ``fp8rl``: our ``Fp8Linear`` (``linear.py``), for any recipe.
+  Per-tensor and per-row dynamic scaling.
+- ``fp8rl``: our ``Fp8Linear`` (``linear.py``), for any dynamic-scaling recipe; the emulated
+  implementation (``emulate=True``) of block and MX recipes.
+- ``transformer_engine``: ``te.Linear`` run inside ``te.autocast`` with the TE recipe mapped from
+  ours (``fp8rl.quant.te``): per-tensor current and delayed scaling, 1x128/128x128 blocks, MXFP8.
+  CUDA only; no emulation.
 
-Every converted layer is an ``nn.Linear`` subclass sharing the original ``weight``/``bias``
-Parameters (no copies) and carries the attribute ``fp8_recipe``.
+Default implementation per recipe (``default_impl(recipe, emulate=...)``, pure):
+
+======================================  ===================  ===================================
+recipe                                  ``emulate=False``    ``emulate=True``
+======================================  ===================  ===================================
+tensorwise, rowwise, rowwise_with_gw_hp torchao (the paper)  torchao (its ``emulate`` flag)
+blockwise                               transformer_engine   fp8rl (emulated ``Fp8Linear``)
+mxfp8                                   transformer_engine   fp8rl
+tensorwise_delayed                      transformer_engine   -- (raises: no emulation exists)
+======================================  ===================  ===================================
+
+So ``blockwise`` runs on Transformer Engine where it is importable (on an sm90+ GPU) and is
+emulated only when ``emulate=True`` is asked for; a choice that cannot run raises
+``Fp8UnsupportedError`` (hardware, TE missing) or ``ValueError`` (an implementation that cannot
+express the recipe, ``resolve_impl``) before anything trains, naming the fix. An explicit
+``emulate=True`` wins over an importable TE: emulation is a request, not a fallback.
+
+torchao and fp8rl layers are ``nn.Linear`` subclasses; TE layers are ``te.Linear`` subclasses. All
+share the original ``weight``/``bias`` Parameters (no copies) and carry the attribute
+``fp8_recipe``.
 
 ``fp8_disabled(model)`` is the BF16 shadow pass of Calibrated Clipping (paper: calibration
-step): inside the ``with`` block every converted layer runs ``nn.Linear.forward`` -- exactly
-``F.linear(x, weight, bias)`` on the master weights in their own dtype, i.e. what the unconverted
-model computes -- and FP8 again after it. Mechanism: an instance attribute ``forward`` that
+step): inside the ``with`` block every converted layer runs ``nn.Linear.forward`` (or its class's
+``hp_forward``, which TE layers define because a bias-less ``te.Linear`` holds an empty tensor as
+``bias``) -- exactly ``F.linear(x, weight, bias)`` on the master weights in their own dtype, i.e.
+what the unconverted model computes -- and FP8 again after it. For TE this is running outside
+``te.autocast`` on the same weights. Mechanism: an instance attribute ``forward`` that
 shadows the class method (``nn.Module.__call__`` looks it up on the instance first), installed on
 entry and deleted on exit, with a per-layer depth counter so nested blocks are safe, and a
 ``finally`` so an exception inside the block restores FP8. No torchao code is patched and the
@@ -28,14 +53,18 @@ Hardware check (``check_supported``, pure: device type and CUDA capability are a
 GEMM scales               CPU                                CUDA
 ========================  =================================  =================================
 per-tensor / per-row      ``torch._scaled_mm`` (runs on CPU)  capability >= 8.9
-block / MX                ``emulate=True`` required          ``emulate=True`` required (no
-                                                             kernel wired in, see linear.py)
+block / MX (torchao,      ``emulate=True`` required          ``emulate=True`` required (no
+fp8rl)                                                       kernel wired in, see linear.py)
+transformer_engine        not supported                      per recipe (``te.TE_KINDS``):
+                                                             per-tensor 8.9, block 9.0,
+                                                             MXFP8 10.x
 ========================  =================================  =================================
 
-Deviation from DESIGN.md: the implementation registry holds ``torchao`` and ``fp8rl``; emulation
-is the boolean ``emulate`` (config key ``fp8.emulate``) on top of either, not a third registry
-entry, because it changes *how* GEMMs are computed, not which code quantizes (the issue names the
-fix ``emulate=True``). A ``transformer_engine`` entry would be a new registration.
+Deviation from DESIGN.md: the implementation registry holds ``torchao``, ``fp8rl`` and
+``transformer_engine``; emulation is the boolean ``emulate`` (config key ``fp8.emulate``) on top
+of torchao or fp8rl, not a registry entry named ``emulated``, because it changes *how* GEMMs are
+computed, not which code quantizes (the issues name the fix ``emulate=True``). DESIGN.md's
+``emulated`` is ``fp8.emulate=true`` with the default implementation.
 
 torchao on CPU runs with and without its ``emulate`` flag (without it, ``torch._scaled_mm``'s
 CPU kernel; checked in the tests). Anything else raises ``Fp8UnsupportedError`` naming the fix:
@@ -55,7 +84,7 @@ from fp8rl.quant.formats import E4M3
 from fp8rl.quant.granularity import PerRow, PerTensor
 from fp8rl.quant.linear import Fp8Linear
 from fp8rl.quant.recipes import GEMMS, OperandConfig, Recipe, get_recipe
-from fp8rl.registry import Registry
+from fp8rl.registry import Registry, RegistryError
 
 __all__ = [
     "DEFAULT_SKIP_NAMES",
@@ -63,9 +92,11 @@ __all__ = [
     "Fp8UnsupportedError",
     "check_supported",
     "convert_to_fp8",
+    "default_impl",
     "default_module_filter",
     "fp8_disabled",
     "fp8_layers",
+    "resolve_impl",
     "to_torchao_config",
 ]
 
@@ -77,6 +108,9 @@ DEFAULT_SKIP_NAMES = ("lm_head", "embed_out", "output_layer")
 _RECIPE_ATTR = "fp8_recipe"
 _DEPTH_ATTR = "_fp8rl_disabled_depth"
 _MIN_CUDA_CAPABILITY = (8, 9)
+#: ``impl`` values that mean "the recipe's default implementation" (config key ``fp8.impl=auto``).
+AUTO_IMPL = ("auto", None)
+_TE = "transformer_engine"
 
 
 class Fp8UnsupportedError(RuntimeError):
@@ -100,12 +134,19 @@ def check_supported(
 
     Args:
         recipe: the FP8 recipe.
-        impl: implementation name (``torchao`` or ``fp8rl``).
+        impl: implementation name (a key of ``IMPLEMENTATIONS``).
         device_type: ``"cpu"``, ``"cuda"``, ...
         capability: CUDA compute capability ``(major, minor)``; needed for ``cuda``.
         emulate: compute FP8 GEMMs as quantize-dequantize-matmul.
     """
-    if not recipe.enabled or emulate:
+    if not recipe.enabled:
+        return
+    if impl == _TE:
+        from fp8rl.quant.te import check_te_supported
+
+        check_te_supported(recipe, device_type=device_type, capability=capability, emulate=emulate)
+        return
+    if emulate:
         return
     fix = "set fp8.emulate=true (convert_to_fp8(..., emulate=True)) to emulate it in float32"
     if device_type == "cuda":
@@ -124,6 +165,74 @@ def check_supported(
             f"FP8 recipe {recipe.name!r} uses {', '.join(unsupported)} scaling, which has no FP8 "
             f"GEMM kernel wired in for {device_type} (implementation {impl!r}); {fix}"
         )
+
+
+def default_impl(recipe: Recipe | str, *, emulate: bool) -> str:
+    """The implementation ``impl="auto"`` picks (table in the module docstring); pure.
+
+    Raises ``ValueError`` for a delayed-scaling recipe with ``emulate=True`` (no emulation exists).
+    """
+    recipe = get_recipe(recipe)
+    if not emulate:
+        return recipe.impl
+    if recipe.scaling == "delayed":
+        raise ValueError(
+            f"recipe {recipe.name!r} uses delayed scaling, which only Transformer Engine implements "
+            f"(there is no emulation): set fp8.emulate=false and run on a CUDA GPU with compute "
+            f"capability >= 8.9 and transformer_engine installed (pip install 'fp8rl[cluster]'), or "
+            f"use the dynamic-scaling recipe 'tensorwise'"
+        )
+    return "torchao" if recipe.impl == "torchao" else "fp8rl"
+
+
+def resolve_impl(recipe: Recipe | str, impl: str | None = None, *, emulate: bool = False) -> str:
+    """The implementation that will run ``recipe``: ``impl``, or ``default_impl`` for ``None``/``"auto"``.
+
+    Pure (no import of torchao or Transformer Engine, no hardware query): checks that the
+    implementation can express the recipe and that ``emulate`` is possible with it. Hardware and
+    installation are checked by ``convert_to_fp8`` (``check_supported``, ``te.import_te``).
+    Returns ``"none"`` for a recipe without FP8 GEMMs (``bf16``).
+
+    Raises:
+        RegistryError: ``impl`` is not ``auto`` or a key of ``IMPLEMENTATIONS``.
+        ValueError: the implementation cannot express the recipe, or cannot emulate; the message
+            names the implementation that can.
+    """
+    recipe = get_recipe(recipe)
+    if impl not in AUTO_IMPL and impl not in IMPLEMENTATIONS:
+        raise RegistryError(
+            f"unknown FP8 linear implementation {impl!r}; valid names are: auto, "
+            f"{', '.join(IMPLEMENTATIONS.names())}"
+        )
+    if not recipe.enabled:
+        return "none"
+    if impl in AUTO_IMPL:
+        return default_impl(recipe, emulate=emulate)
+    if impl == _TE:
+        from fp8rl.quant.te import te_recipe_kind
+
+        if emulate:
+            raise ValueError(
+                f"impl='transformer_engine' has no emulation (it runs TE's CUDA kernels); set "
+                f"fp8.emulate=false, or keep fp8.emulate=true with fp8.impl=auto to emulate "
+                f"{recipe.name!r} with {default_impl(recipe, emulate=True)!r}"
+            )
+        te_recipe_kind(recipe)  # raises ValueError naming what TE cannot express
+        return impl
+    if recipe.scaling == "delayed":
+        raise ValueError(
+            f"recipe {recipe.name!r} uses delayed scaling, which impl={impl!r} does not implement; "
+            f"use impl='transformer_engine' (fp8.impl=transformer_engine, fp8.emulate=false)"
+        )
+    if impl == "torchao":
+        bad = sorted(g.__name__ for g in recipe.granularities() if g not in (PerTensor, PerRow))
+        if bad:
+            raise ValueError(
+                f"torchao float8 training supports per-tensor and per-row scaling only; recipe "
+                f"{recipe.name!r} uses {', '.join(bad)}; use impl='fp8rl' (emulated) or "
+                f"impl='transformer_engine'"
+            )
+    return impl  # type: ignore[return-value]
 
 
 def to_torchao_config(recipe: Recipe, *, emulate: bool = False):
@@ -206,6 +315,17 @@ def _convert_fp8rl(model: nn.Module, recipe: Recipe, module_filter: ModuleFilter
     return swap_linears(model, make, module_filter)
 
 
+@IMPLEMENTATIONS.register(_TE)
+def _convert_transformer_engine(
+    model: nn.Module, recipe: Recipe, module_filter: ModuleFilter, emulate: bool
+) -> nn.Module:
+    from fp8rl.quant.te import convert_te
+
+    if emulate:  # resolve_impl refuses this already; kept for direct registry calls
+        raise ValueError("impl='transformer_engine' has no emulation; set emulate=False")
+    return convert_te(model, recipe, module_filter)
+
+
 def swap_linears(
     model: nn.Module, make: Callable[[nn.Linear], nn.Module], module_filter: ModuleFilter
 ) -> nn.Module:
@@ -229,6 +349,13 @@ def _device_of(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def _hardware(model: nn.Module) -> tuple[str, tuple[int, int] | None]:
+    """``(device_type, cuda_capability)`` of the model's parameters, read now (not at import)."""
+    device = _device_of(model)
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return device.type, capability
+
+
 def convert_to_fp8(
     model: nn.Module,
     recipe: Recipe | str,
@@ -244,22 +371,29 @@ def convert_to_fp8(
         recipe: a ``Recipe`` or a ``RECIPES`` name. ``bf16`` converts nothing.
         module_filter: ``(module, fqn) -> bool``, True = convert; replaces the default
             filter (all Linears but the LM head) entirely.
-        emulate: quantize-dequantize-matmul instead of FP8 kernels (needed for block/MX).
-        impl: ``torchao`` or ``fp8rl``; default: the recipe's ``impl``.
+        emulate: quantize-dequantize-matmul instead of FP8 kernels (needed for block/MX
+            without Transformer Engine).
+        impl: ``torchao``, ``fp8rl``, ``transformer_engine``, or ``None``/``"auto"`` for
+            ``default_impl(recipe, emulate=emulate)`` (a backend passes ``cfg.fp8.impl``).
 
     Returns:
         The converted model (the same object unless ``model`` is itself a Linear).
 
     Raises:
-        Fp8UnsupportedError: the hardware cannot run the recipe without ``emulate=True``.
+        ValueError: ``impl`` cannot express the recipe (``resolve_impl``).
+        Fp8UnsupportedError: the hardware (or a missing Transformer Engine) cannot run the
+            recipe as asked; the message names the fix.
     """
     recipe = get_recipe(recipe)
     if not recipe.enabled:
         return model
-    impl = IMPLEMENTATIONS.check(impl or recipe.impl)
-    device = _device_of(model)
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    check_supported(recipe, impl=impl, device_type=device.type, capability=capability, emulate=emulate)
+    impl = resolve_impl(recipe, impl, emulate=emulate)
+    if impl == _TE:
+        from fp8rl.quant.te import import_te
+
+        import_te()  # a missing or broken install is named before any hardware complaint
+    device_type, capability = _hardware(model)
+    check_supported(recipe, impl=impl, device_type=device_type, capability=capability, emulate=emulate)
     already = [fqn for fqn, m in model.named_modules() if hasattr(m, _RECIPE_ATTR)]
     if already:
         raise ValueError(f"model already has FP8 layers ({already[:3]}...); convert an unconverted model")
@@ -276,7 +410,8 @@ def _disable(mod: nn.Module) -> None:
     if depth == 0:
         if "forward" in mod.__dict__:
             raise RuntimeError(f"{type(mod).__name__} already has an instance-level forward; cannot disable FP8")
-        mod.forward = types.MethodType(nn.Linear.forward, mod)  # exactly F.linear(x, weight, bias)
+        hp_forward = getattr(type(mod), "hp_forward", nn.Linear.forward)  # TE layers define it
+        mod.forward = types.MethodType(hp_forward, mod)  # exactly F.linear(x, weight, bias)
     mod.__dict__[_DEPTH_ATTR] = depth + 1
 
 

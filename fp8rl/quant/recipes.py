@@ -13,17 +13,23 @@ A GEMM whose flag is off runs in the operands' high-precision dtype.
 
 Named recipes (``RECIPES``), and where each comes from (``reference/paper.md``):
 
-=====================  ==============================================================  ========
-name                   operands                                                        default
-                                                                                       impl
-=====================  ==============================================================  ========
-``bf16``               no FP8 anywhere                                                 --
-``tensorwise``         all per-tensor; grad_output E5M2 (torchao's default: hybrid)    torchao
-``rowwise``            all per-row E4M3, power-of-two scales (torchao ``rowwise``)     torchao
-``rowwise_with_gw_hp`` per-row fprop, dgrad weight per-tensor, wgrad in high precision torchao
-``blockwise``          1x128 activations/grads, 128x128 weights, E4M3 (DeepSeek-V3)    fp8rl
-``mxfp8``              MX 1x32 E8M0 scales, E4M3 everywhere                            fp8rl
-=====================  ==============================================================  ========
+======================  ==============================================================  ==================
+name                    operands                                                        default impl
+                                                                                        (``emulate=False``)
+======================  ==============================================================  ==================
+``bf16``                no FP8 anywhere                                                 --
+``tensorwise``          all per-tensor; grad_output E5M2 (torchao's default: hybrid)    torchao
+``tensorwise_delayed``  as ``tensorwise``, scales from an amax history (TE delayed)     transformer_engine
+``rowwise``             all per-row E4M3, power-of-two scales (torchao ``rowwise``)     torchao
+``rowwise_with_gw_hp``  per-row fprop, dgrad weight per-tensor, wgrad in high precision torchao
+``blockwise``           1x128 activations/grads, 128x128 weights, E4M3 (DeepSeek-V3)    transformer_engine
+``mxfp8``               MX 1x32 E8M0 scales, E4M3 everywhere                            transformer_engine
+======================  ==============================================================  ==================
+
+The ``impl`` column is the implementation used when FP8 GEMMs run on FP8 kernels; with
+``emulate=True`` the default is ``torchao`` for the torchao recipes and ``fp8rl`` (our emulated
+``Fp8Linear``) for the others (``fp8rl.quant.convert.default_impl``). ``tensorwise_delayed`` has
+no emulation: only Transformer Engine implements delayed scaling.
 
 ``with_hybrid(True)`` switches every grad_output operand to E5M2 (Transformer Engine's
 ``HYBRID``), ``with_hybrid(False)`` to E4M3; the recipe's name records the change so that run
@@ -35,9 +41,17 @@ Choices made here:
   recipes; ``blockwise`` and ``mxfp8`` use E4M3 gradients as DeepSeek-V3 and torchao's MX
   training do. The paper does not state its gradient format [G].
 - ``blockwise`` uses float32 (not power-of-two) scales, as DeepSeek-V3 describes; Transformer
-  Engine's ``Float8BlockScaling`` defaults to power-of-two scales. Flip ``pow2_scales`` to try it.
+  Engine's ``Float8BlockScaling`` defaults to power-of-two scales (``fp8rl.quant.te`` passes our
+  ``pow2_scales`` to TE explicitly, so both implementations quantize alike). Flip
+  ``pow2_scales`` to try TE's default.
 - ``mxfp8`` quantizes wgrad operands in 1x32 groups along the token dimension (the contraction
   dimension of wgrad), as the MX GEMM requires.
+- ``tensorwise_delayed`` (``scaling="delayed"``): each operand's scale comes from the maximum
+  (``amax_compute_algo="max"``) or the latest (``"most_recent"``) of the last
+  ``amax_history_len`` amaxes instead of the current tensor's amax. Defaults are Transformer
+  Engine's ``DelayedScaling`` defaults (1024, ``max``); Megatron-LM's are (1, ``most_recent``).
+  ``get_recipe("tensorwise_delayed", amax_history_len=16, amax_compute_algo="most_recent")``
+  changes them and renames the recipe (``tensorwise_delayed_h16_most_recent``).
 """
 
 from __future__ import annotations
@@ -48,10 +62,14 @@ from fp8rl.quant.formats import E4M3, E5M2, Fp8Format
 from fp8rl.quant.granularity import MX, Granularity, PerBlock, PerRow, PerTensor
 from fp8rl.registry import Registry
 
-__all__ = ["GEMMS", "RECIPES", "OperandConfig", "Recipe", "get_recipe"]
+__all__ = ["AMAX_COMPUTE_ALGOS", "GEMMS", "RECIPES", "SCALINGS", "OperandConfig", "Recipe", "get_recipe"]
 
 #: The three GEMMs of a linear layer, in the order forward, grad-input, grad-weight.
 GEMMS = ("fprop", "dgrad", "wgrad")
+#: How scales are chosen: from the tensor being cast, or from a history of earlier amaxes.
+SCALINGS = ("dynamic", "delayed")
+#: Delayed scaling: which amax of the history sets the scale (Transformer Engine's names).
+AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 
 
 @dataclass(frozen=True)
@@ -86,7 +104,12 @@ class Recipe:
             means "same as the operand's config".
         fprop, dgrad, wgrad: run this GEMM in FP8.
         pow2_scales: round every scale to a power of two (torchao ``round_scales_to_power_of_2``).
-        impl: default implementation (a key of ``fp8rl.quant.convert.IMPLEMENTATIONS``).
+        impl: default implementation on FP8 kernels (a key of
+            ``fp8rl.quant.convert.IMPLEMENTATIONS``); see ``convert.default_impl`` for ``emulate``.
+        scaling: ``"dynamic"`` (scale from the current tensor's amax) or ``"delayed"`` (scale
+            from an amax history; per-tensor granularity only; Transformer Engine only).
+        amax_history_len, amax_compute_algo: delayed scaling: history length (>= 1) and
+            ``"max"`` or ``"most_recent"``; must keep their defaults when ``scaling="dynamic"``.
     """
 
     name: str
@@ -101,10 +124,14 @@ class Recipe:
     grad_output_for_wgrad: OperandConfig | None = None
     pow2_scales: bool = False
     impl: str = "fp8rl"
+    scaling: str = "dynamic"
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "max"
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("Recipe needs a name (it becomes part of run names)")
+        self._check_scaling()
         for gemm in GEMMS:
             if getattr(self, gemm):
                 a, b = self.operands(gemm)
@@ -113,6 +140,30 @@ class Recipe:
                         f"recipe {self.name!r}: GEMM {gemm} is FP8 but an operand has no config "
                         f"({a!r}, {b!r}); give both operands an OperandConfig or set {gemm}=False"
                     )
+
+    def _check_scaling(self) -> None:
+        if self.scaling not in SCALINGS:
+            raise ValueError(f"recipe {self.name!r}: scaling must be one of {SCALINGS}, got {self.scaling!r}")
+        if self.scaling == "dynamic":
+            if (self.amax_history_len, self.amax_compute_algo) != (1024, "max"):
+                raise ValueError(
+                    f"recipe {self.name!r}: amax_history_len / amax_compute_algo only apply to "
+                    f"delayed scaling; set scaling='delayed' or leave them at 1024 / 'max'"
+                )
+            return
+        if not isinstance(self.amax_history_len, int) or self.amax_history_len < 1:
+            raise ValueError(f"recipe {self.name!r}: amax_history_len must be an int >= 1, got {self.amax_history_len!r}")
+        if self.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
+            raise ValueError(
+                f"recipe {self.name!r}: amax_compute_algo must be one of {AMAX_COMPUTE_ALGOS}, "
+                f"got {self.amax_compute_algo!r}"
+            )
+        grans = self.granularities()
+        if grans and grans != {PerTensor}:
+            raise ValueError(
+                f"recipe {self.name!r}: delayed scaling keeps one scale per tensor; every FP8 operand "
+                f"must be PerTensor(), got {sorted(g.__name__ for g in grans)}"
+            )
 
     def operands(self, gemm: str) -> tuple[OperandConfig | None, OperandConfig | None]:
         """The ``(a, b)`` operand configs of ``gemm`` in ``a @ b.T`` orientation, overrides applied."""
@@ -160,6 +211,26 @@ class Recipe:
             grad_output_for_wgrad=swap(self.grad_output_for_wgrad),
         )
 
+    def with_delayed(self, amax_history_len: int | None = None, amax_compute_algo: str | None = None) -> Recipe:
+        """Same delayed-scaling recipe with other amax options; renamed if they change.
+
+        ``tensorwise_delayed`` with ``amax_history_len=16`` becomes ``tensorwise_delayed_h16``;
+        with ``amax_compute_algo="most_recent"`` too, ``tensorwise_delayed_h16_most_recent``.
+        """
+        if self.scaling != "delayed":
+            raise ValueError(
+                f"recipe {self.name!r} uses {self.scaling} scaling; amax history options apply to "
+                f"delayed-scaling recipes only (e.g. tensorwise_delayed)"
+            )
+        h = self.amax_history_len if amax_history_len is None else amax_history_len
+        algo = self.amax_compute_algo if amax_compute_algo is None else amax_compute_algo
+        if (h, algo) == (self.amax_history_len, self.amax_compute_algo):
+            return self
+        suffix = (f"_h{h}" if h != self.amax_history_len else "") + (
+            f"_{algo}" if algo != self.amax_compute_algo else ""
+        )
+        return replace(self, name=self.name + suffix, amax_history_len=h, amax_compute_algo=algo)
+
     def short_str(self) -> str:
         """Run-name fragment: the recipe name (``tensorwise``, ``rowwise_hybrid``, ``bf16``)."""
         return self.name
@@ -173,6 +244,8 @@ class Recipe:
                 lines.append(f"{gemm}: {a.short_str()} x {b.short_str()}")  # type: ignore[union-attr]
             else:
                 lines.append(f"{gemm}: high precision")
+        if self.scaling == "delayed":
+            lines.append(f"delayed scaling: amax history {self.amax_history_len}, {self.amax_compute_algo}")
         return "; ".join(lines)
 
 
@@ -194,6 +267,19 @@ _register(
         weight=OperandConfig(PerTensor(), E4M3),
         grad_output=OperandConfig(PerTensor(), E5M2),
         impl="torchao",
+        **_ALL,
+    )
+)
+_register(
+    Recipe(
+        "tensorwise_delayed",
+        input=OperandConfig(PerTensor(), E4M3),
+        weight=OperandConfig(PerTensor(), E4M3),
+        grad_output=OperandConfig(PerTensor(), E5M2),
+        impl="transformer_engine",
+        scaling="delayed",
+        amax_history_len=1024,
+        amax_compute_algo="max",
         **_ALL,
     )
 )
@@ -228,7 +314,7 @@ _register(
         input=OperandConfig(PerBlock(1, 128), E4M3),
         weight=OperandConfig(PerBlock(128, 128), E4M3),
         grad_output=OperandConfig(PerBlock(1, 128), E4M3),
-        impl="fp8rl",
+        impl="transformer_engine",
         **_ALL,
     )
 )
@@ -238,13 +324,27 @@ _register(
         input=OperandConfig(MX(32), E4M3),
         weight=OperandConfig(MX(32), E4M3),
         grad_output=OperandConfig(MX(32), E4M3),
-        impl="fp8rl",
+        impl="transformer_engine",
         **_ALL,
     )
 )
 
 
-def get_recipe(name: str | Recipe, *, hybrid: bool | None = None) -> Recipe:
-    """Look up a named recipe (or pass a ``Recipe`` through); ``hybrid`` overrides the grad format."""
+def get_recipe(
+    name: str | Recipe,
+    *,
+    hybrid: bool | None = None,
+    amax_history_len: int | None = None,
+    amax_compute_algo: str | None = None,
+) -> Recipe:
+    """Look up a named recipe (or pass a ``Recipe`` through).
+
+    ``hybrid`` overrides the grad format; ``amax_history_len`` / ``amax_compute_algo`` override
+    a delayed-scaling recipe's options (``ValueError`` on a dynamic-scaling recipe).
+    """
     recipe = name if isinstance(name, Recipe) else RECIPES[name]
-    return recipe if hybrid is None else recipe.with_hybrid(hybrid)
+    if hybrid is not None:
+        recipe = recipe.with_hybrid(hybrid)
+    if amax_history_len is not None or amax_compute_algo is not None:
+        recipe = recipe.with_delayed(amax_history_len, amax_compute_algo)
+    return recipe
