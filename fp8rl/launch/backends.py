@@ -4,9 +4,8 @@ A backend is registered once, by name, with *import paths* (``"module:attr"``) r
 objects, so that ``fp8rl.launch`` imports without torch and a backend's heavy dependencies
 load only when a cell of that backend is validated or run.
 
-Only backends that exist are registered: ``mini`` here. The OpenRLHF backend registers itself
-(``BACKENDS.add("openrlhf", Backend(...))``) from its own package when it lands; until then a
-paper-scale cell (``backend=openrlhf``) fails validation with the list of registered backends.
+Registered: ``mini`` (the embedded backend) and ``openrlhf`` (paper scale: OpenRLHF 0.11.2 +
+our plugin on a Slurm cluster; ``fp8rl.backends.openrlhf``).
 
 Contract of a backend (what the launcher relies on):
 
@@ -23,6 +22,11 @@ Contract of a backend (what the launcher relies on):
 - ``shared_cache``: ``(dotted key, subdirectory)``: when that key is null the launcher sets it
   to ``<output_dir>/<subdirectory>`` so every sweep under one runs root shares one cache (the
   mini backend's SFT warm starts); the key must be excluded from the run identity.
+- ``describe`` (optional): ``describe(cfg, resources, run_dir) -> list[str]``, extra lines a dry
+  run prints for a cell (the OpenRLHF backend prints the sbatch request and its full command).
+- ``check_cell`` (optional): ``check_cell(cfg, resources) -> None``, raises ``ValueError`` when a
+  validated config cannot run on the cell's resources (OpenRLHF's start-up assertions); called
+  for every cell before anything is submitted.
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ class Backend:
     scales: tuple[str, ...]
     shared_cache: tuple[str, str] | None = None
     description: str = ""
+    describe: str | None = None
+    check_cell: str | None = None
 
     def load_config_class(self) -> type:
         return load_object(self.config_class)
@@ -71,6 +77,12 @@ class Backend:
 
     def load_resolve_run_dir(self):
         return load_object(self.resolve_run_dir)
+
+    def load_describe(self):
+        return None if self.describe is None else load_object(self.describe)
+
+    def load_check_cell(self):
+        return None if self.check_cell is None else load_object(self.check_cell)
 
 
 BACKENDS: Registry[Backend] = Registry("backend")
@@ -88,5 +100,22 @@ BACKENDS.add(
         scales=("mini",),
         shared_cache=("mini.cache_dir", ".cache/sft"),
         description="the embedded backend: tiny Qwen3 models, our own RL loop, CPU or one GPU",
+    ),
+)
+
+BACKENDS.add(
+    "openrlhf",
+    Backend(
+        name="openrlhf",
+        config_class="fp8rl.backends.openrlhf.config:OpenRLHFRunConfig",
+        run="fp8rl.backends.openrlhf.run:run_openrlhf",
+        resolve_run_dir="fp8rl.backends.openrlhf.run:resolve_run_dir",
+        settings_key="openrlhf",
+        settings_class="fp8rl.backends.openrlhf.config:OpenRLHFSettings",
+        data=("paper",),
+        scales=("paper",),
+        description="paper scale: OpenRLHF 0.11.2 + vLLM + DeepSpeed with the fp8rl plugin, on Slurm",
+        describe="fp8rl.backends.openrlhf.run:describe",
+        check_cell="fp8rl.backends.openrlhf.run:check_cell",
     ),
 )

@@ -380,8 +380,6 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
             cell_errors.append(
                 f"backend: {launch['backend']!r} is not registered; registered backends: "
                 f"{', '.join(BACKENDS.names())}"
-                + (" (the OpenRLHF backend for scale=paper is not part of this build yet; "
-                   "use scale=mini)" if launch["backend"] == "openrlhf" else "")
             )
         else:
             backend = BACKENDS[launch["backend"]]
@@ -441,6 +439,14 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
             except Exception as e:  # __post_init__ ValueError, or OmegaConf's own errors
                 errors.append(f"{seed_label}: {_exception_text(e)}")
                 break  # other seeds of this grid point fail the same way
+            resources = profile.resources_for(run_cfg.model.slot) if profile else None
+            check_cell = backend.load_check_cell()
+            if check_cell is not None:
+                try:
+                    check_cell(run_cfg, resources)
+                except ValueError as e:
+                    errors.append(f"{seed_label}: {_exception_text(e)}")
+                    break
             run_dir = Path(resolve(run_cfg))
             from fp8rl.runs.identity import parse_run_name
 
@@ -453,7 +459,7 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
                 hash=parts["hash"] or "", steps=int(getattr(run_cfg, "steps", 0)),
                 axes={"algorithm": parts["algorithm"], "model": parts["model"], "fp8": parts["fp8"],
                       "clip": parts["clip"], "seed": base_seed + s, "scale": launch["scale"]},
-                resources=profile.resources_for(run_cfg.model.slot) if profile else None,
+                resources=resources,
                 state=_state_of(run_dir),
             ))
 

@@ -28,12 +28,19 @@ def describe_cell(c: CellPlan, plan: SweepPlan) -> list[str]:
     if not any(o.startswith("seed=") for o in c.overrides):
         cmd.append(f"seed={c.seed}")
     res = c.resources.describe() if c.resources else "this machine"
-    return [
+    lines = [
         f"{c.label}  [{c.state or 'new'}]",
         f"    run dir:   {c.run_dir}",
         f"    backend:   {c.backend}, launcher: {plan.launcher}, resources: {res}",
         f"    command:   {shlex.join(cmd)}",
     ]
+    from fp8rl.launch.backends import BACKENDS
+    from fp8rl.launch.job import build_config
+
+    describe = BACKENDS[c.backend].load_describe()
+    if describe is not None:  # backend-specific lines (e.g. the OpenRLHF command)
+        lines += describe(build_config(c.payload()), c.resources, c.run_dir)
+    return lines
 
 
 def print_plan(plan: SweepPlan, stream=None) -> None:

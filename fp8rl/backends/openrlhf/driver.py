@@ -1,0 +1,71 @@
+"""``python -m fp8rl.backends.openrlhf.driver --spec SPEC.json [--log FILE] -- <train_ppo_ray flags>``.
+
+Runs on the head node of a cell's Ray cluster (``RAY_ADDRESS`` set by the bootstrap):
+
+1. checks the installed OpenRLHF is 0.11.2 (loud failure otherwise);
+2. ``ray.init`` with a runtime environment whose ``worker_process_setup_hook`` is
+   ``fp8rl.backends.openrlhf.plugin.install_from_env`` and whose env vars carry the plugin spec
+   (so every Ray worker -- actors, the PPO trainer, vLLM workers under the Ray executor --
+   installs the plugin before it runs OpenRLHF code), plus the env vars OpenRLHF's own
+   ``ray.init`` would set;
+3. in this process, makes the vLLM engines FP8 (``plugin.install_driver``);
+4. runs ``openrlhf.cli.train_ppo_ray`` in-process with ``runpy`` (its ``train()`` skips
+   ``ray.init`` because Ray is up).
+
+``--log`` redirects this process's stdout/stderr (and so the Ray actors' forwarded output,
+including ``Global step N: {...}``) into FILE, which ``ingest`` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+
+def runtime_env(spec_json: str) -> dict:
+    """The Ray runtime environment of the job (plugin hook + env vars)."""
+    from fp8rl.backends.openrlhf.plugin import SPEC_ENV
+
+    return {
+        "worker_process_setup_hook": "fp8rl.backends.openrlhf.plugin.install_from_env",
+        "env_vars": {
+            SPEC_ENV: spec_json,
+            "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
+            "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
+            "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Ray, GPUs and OpenRLHF
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        raise SystemExit("usage: python -m fp8rl.backends.openrlhf.driver --spec SPEC.json [--log FILE] -- FLAGS...")
+    i = argv.index("--")
+    p = argparse.ArgumentParser(prog="python -m fp8rl.backends.openrlhf.driver")
+    p.add_argument("--spec", required=True)
+    p.add_argument("--log", default=None)
+    args = p.parse_args(argv[:i])
+    flags = argv[i + 1:]
+    if args.log:
+        fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        print(f"[fp8rl driver] logging to {args.log}", flush=True)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    import ray
+
+    from fp8rl.backends.openrlhf.plugin import PluginSpec, check_version, install_driver
+
+    check_version()
+    spec_json = open(args.spec, encoding="utf-8").read()
+    ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), runtime_env=runtime_env(spec_json))
+    install_driver(PluginSpec.from_json(spec_json))
+    sys.argv = ["train_ppo_ray", *flags]
+    runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

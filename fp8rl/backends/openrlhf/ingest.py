@@ -1,0 +1,180 @@
+"""OpenRLHF 0.11.2 log lines -> our ``metrics.jsonl`` / ``eval.jsonl`` (shared metric names).
+
+Source: the driver's captured stdout/stderr (``<run>/openrlhf/driver.<attempt>.log``). OpenRLHF
+prints every training step as ``... Global step N: {python dict repr}`` and every evaluation
+as ``... Evaluation completed in H:MM:SS, global_step N, eval_metrics: {...}``; both dicts are
+parsed with ``ast.literal_eval`` (they are Python reprs, not JSON; ``nan``/``inf`` are handled).
+TensorBoard event files are also written (``--logger.tensorboard_dir``) for humans, but
+ingestion reads the log lines only: they carry the same numbers and need no TensorBoard
+package (the TB path is left out on purpose; see docs/cluster.md).
+
+Key mapping (``KEY_MAP``; unknown keys are kept as ``openrlhf/<key>`` so nothing is lost):
+
+===============================  ================================================================
+OpenRLHF                         ours
+===============================  ================================================================
+``policy_loss``                  ``actor/pg_loss``
+``actor_grad_norm``              ``actor/grad_norm``
+``ppo_kl``                       ``actor/ppo_kl``
+``ppo_clip_ratio``               ``actor/clipfrac``
+``entropy_loss``                 ``actor/entropy`` (logged with ``--actor.entropy_coef 0``)
+``vllm_kl``                      ``rollout/mismatch_kl`` **only if** the plugin's k3 estimate
+                                 (logged as ``rollout/mismatch_kl``) is absent; else
+                                 ``rollout/mismatch_k1`` (``vllm_kl`` is the k1 mean)
+``is_filter_ratio``              ``rollout/is_clipfrac``
+``rollout/reward_mean``          ``rollout/reward_mean``
+``rollout/response_length_mean`` ``rollout/response_len``
+``rollout/truncated_rate``       ``rollout/truncated_frac``
+``dynamic_filtering_pass_rate``  ``dapo/kept_group_frac``
+``timing/step_total``            ``perf/step_s``; ``timing/generation`` -> ``perf/rollout_s``;
+                                 ``timing/ppo_train`` -> ``perf/train_s``
+===============================  ================================================================
+
+Keys already in our vocabulary (``actor/clipfrac_neg_low``, ``clip/low``, ``shadow/*``,
+``rollout/acc``, ``rollout/garbled_frac``, ...; written by the plugin and the reward function)
+pass through unchanged. Evaluation: ``eval_<ds>_pass1`` -> ``eval/<ds>/avg@k`` (the mean 0/1
+reward over the k samples = avg@k) and ``eval_<ds>_pass<k>`` -> ``eval/<ds>/pass@k``.
+
+Resumed runs print a step again after a restart: the last occurrence wins (the ingestion is a
+pure function of the log files, rewritten atomically each time).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from fp8rl.runs import metrics as M
+
+STEP_RE = re.compile(r"Global step (\d+): (\{.*\})\s*$")
+EVAL_RE = re.compile(r"global_step (\d+), eval_metrics: (\{.*\})\s*$")
+_EVAL_KEY_RE = re.compile(r"^eval_(?P<ds>.+)_pass(?P<k>\d+)$")
+
+KEY_MAP: dict[str, str] = {
+    "policy_loss": M.ACTOR_PG_LOSS,
+    "actor_grad_norm": M.ACTOR_GRAD_NORM,
+    "ppo_kl": M.ACTOR_PPO_KL,
+    "ppo_clip_ratio": M.ACTOR_CLIPFRAC,
+    "entropy_loss": M.ACTOR_ENTROPY,
+    "is_filter_ratio": M.ROLLOUT_IS_CLIPFRAC,
+    "rollout/reward_mean": M.ROLLOUT_REWARD_MEAN,
+    "rollout/response_length_mean": M.ROLLOUT_RESPONSE_LEN,
+    "rollout/truncated_rate": M.ROLLOUT_TRUNCATED_FRAC,
+    "dynamic_filtering_pass_rate": M.DAPO_KEPT_GROUP_FRAC,
+    "timing/step_total": M.PERF_STEP_S,
+    "timing/generation": M.PERF_ROLLOUT_S,
+    "timing/ppo_train": M.PERF_TRAIN_S,
+}
+#: Our own names that arrive verbatim (plugin / reward function) and pass through.
+PASSTHROUGH_PREFIXES = ("actor/", "clip/", "shadow/", "rollout/", "dapo/", "perf/", "reward/")
+
+
+class _Names(ast.NodeTransformer):
+    """``nan`` / ``inf`` in a repr are names; turn them into float constants."""
+
+    def visit_Name(self, node: ast.Name):
+        if node.id in ("nan", "inf"):
+            return ast.copy_location(ast.Constant(float(node.id)), node)
+        return node
+
+
+def parse_dict(text: str) -> dict:
+    """A Python dict repr of numbers/strings/lists (``nan``, ``inf`` allowed) -> dict."""
+    tree = _Names().visit(ast.parse(text, mode="eval"))
+    return ast.literal_eval(ast.fix_missing_locations(tree))
+
+
+def _number(v) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v)
+    return None
+
+
+def map_step(raw: Mapping) -> dict:
+    """One OpenRLHF step dict -> our metric names (numbers only; non-numbers dropped)."""
+    out: dict[str, float | None] = {}
+    for k, v in raw.items():
+        x = _number(v)
+        if x is None:
+            continue
+        if not math.isfinite(x):
+            x = None
+        if k in KEY_MAP:
+            out[KEY_MAP[k]] = x
+        elif k == "vllm_kl":
+            continue
+        elif k.startswith(PASSTHROUGH_PREFIXES):
+            out.setdefault(k, x)
+        else:
+            out[f"openrlhf/{k}"] = x
+    if "vllm_kl" in raw and _number(raw["vllm_kl"]) is not None:
+        key = M.ROLLOUT_MISMATCH_KL if M.ROLLOUT_MISMATCH_KL not in raw else "rollout/mismatch_k1"
+        out[key] = _number(raw["vllm_kl"])
+    return out
+
+
+def map_eval(step: int, raw: Mapping, sizes: Mapping[str, int] | None = None) -> list[dict]:
+    """One evaluation dict -> ``eval.jsonl`` rows (one per dataset)."""
+    per: dict[str, dict[int, float]] = {}
+    for key, v in raw.items():
+        m = _EVAL_KEY_RE.match(key)
+        if m and _number(v) is not None:
+            per.setdefault(m.group("ds"), {})[int(m.group("k"))] = float(v)
+    rows = []
+    for ds, by_k in sorted(per.items()):
+        if 1 not in by_k:
+            continue
+        ks = sorted(k for k in by_k if k != 1)
+        k = ks[-1] if ks else 1
+        n = int((sizes or {}).get(ds, 1))
+        rows.append(M.eval_row(step, ds, avg_at_k=by_k[1], pass_at_k=by_k.get(k) if ks else by_k[1], k=k, n=n))
+    return rows
+
+
+def parse_log(lines: Iterable[str]) -> tuple[dict[int, dict], dict[int, dict]]:
+    """``(steps, evals)``: step -> raw OpenRLHF dict, last occurrence wins."""
+    steps: dict[int, dict] = {}
+    evals: dict[int, dict] = {}
+    for line in lines:
+        m = STEP_RE.search(line)
+        if m:
+            steps[int(m.group(1))] = parse_dict(m.group(2))
+            continue
+        m = EVAL_RE.search(line)
+        if m:
+            evals[int(m.group(1))] = parse_dict(m.group(2))
+    return steps, evals
+
+
+def log_files(run_dir: str | Path) -> list[Path]:
+    """The driver logs of a run, oldest attempt first."""
+    d = Path(run_dir) / "openrlhf"
+    return sorted(d.glob("driver.*.log"), key=lambda p: int(p.stem.split(".")[-1]) if p.stem.split(".")[-1].isdigit() else 0)
+
+
+def ingest(run_dir: str | Path, *, eval_sizes: Mapping[str, int] | None = None,
+           files: Iterable[str | Path] | None = None) -> dict:
+    """Rewrite ``metrics.jsonl`` and ``eval.jsonl`` of ``run_dir`` from its OpenRLHF logs.
+
+    Returns ``{"steps": n, "evals": n, "last_step": s}``. Existing rows from our own
+    ``experiments.evaluate`` (``source == "final"``) are kept in ``eval.jsonl``.
+    """
+    from fp8rl.runs import RunDir
+    from fp8rl.runs.rundir import atomic_write_text, dumps, read_jsonl
+
+    rd = RunDir(run_dir)
+    lines: list[str] = []
+    for f in (files if files is not None else log_files(run_dir)):
+        lines += Path(f).read_text(encoding="utf-8", errors="replace").splitlines()
+    steps, evals = parse_log(lines)
+    rows = [{M.STEP: s, **map_step(raw)} for s, raw in sorted(steps.items())]
+    atomic_write_text(rd.metrics_path, "".join(dumps(r) + "\n" for r in rows))
+    kept = [r for r in read_jsonl(rd.eval_path) if r.get("source") == "final"] if rd.eval_path.exists() else []
+    erows = [row for s, raw in sorted(evals.items()) for row in map_eval(s, raw, eval_sizes)]
+    atomic_write_text(rd.eval_path, "".join(dumps(r) + "\n" for r in erows + kept))
+    return {"steps": len(rows), "evals": len(erows), "last_step": max(steps) if steps else 0}

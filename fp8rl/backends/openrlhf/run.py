@@ -1,0 +1,190 @@
+"""Run one paper-scale cell inside its Slurm allocation (the backend's ``run`` for the launcher).
+
+``run_openrlhf(cfg)`` is called by ``fp8rl.launch.job.run_cell`` on every node of the cell's
+allocation (submitit runs one task per node):
+
+- tasks on nodes other than the first return at once (their node joins Ray through the
+  bootstrap's ``srun --overlap ... ray start``);
+- the first node: resolve the run directory (skip if DONE), write ``config.yaml`` and
+  provenance, prepare the data (``<data_dir>/<name>.jsonl``) and, for FP8 rollout, the
+  pre-quantized rollout checkpoint (cached per model and recipe), build the OpenRLHF command for
+  the allocation's GPUs (``command.build_args``; the command is kept in ``openrlhf/command.sh``),
+  start Ray across the allocation and run the driver (``fp8rl.launch.ray_cluster.bootstrap``),
+  ingest the driver log into ``metrics.jsonl``/``eval.jsonl``, run the final evaluation
+  (``experiments.evaluate``) and write ``summary.json`` and ``status.json``.
+
+A requeued job resumes: OpenRLHF reloads its DeepSpeed checkpoint (``--ckpt.load_enable``) and
+the plugin its controller state; each attempt logs to ``openrlhf/driver.<attempt>.log``, and
+ingestion keeps the last occurrence of every step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from fp8rl.backends.openrlhf.config import OpenRLHFRunConfig
+
+#: Keys left out of the run identity (paths and caches do not change what a run computes).
+IDENTITY_EXCLUDE = ("openrlhf.data_dir", "openrlhf.cache_dir", "openrlhf.final_eval",
+                    "openrlhf.ray_deadline_s", "openrlhf.save_steps")
+
+
+def config_dict(cfg: OpenRLHFRunConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def resolve_run_dir(cfg: OpenRLHFRunConfig) -> Path:
+    from fp8rl.config import IDENTITY_EXCLUDE as SHARED
+    from fp8rl.runs.identity import DEFAULT_EXCLUDE, config_hash, run_dir_name, run_name
+
+    if cfg.run_dir:
+        return Path(cfg.run_dir)
+    name = run_name(cfg.algorithm.name, cfg.model.slot, cfg.fp8.name, cfg.clip.arm, cfg.seed)
+    h = config_hash(config_dict(cfg), exclude=(*DEFAULT_EXCLUDE, *SHARED, *IDENTITY_EXCLUDE))
+    return Path(cfg.output_dir) / run_dir_name(name, h)
+
+
+def _runs_root(cfg_output_dir: str) -> Path:
+    return Path(cfg_output_dir).parent  # output_dir is <root>/<sweep>
+
+
+def data_dir_of(cfg: dict | OpenRLHFRunConfig) -> Path:
+    """The JSONL directory: ``openrlhf.data_dir`` or ``<runs root>/.cache/openrlhf_data``."""
+    if isinstance(cfg, dict):
+        o, out = cfg["openrlhf"], cfg["output_dir"]
+        d = o.get("data_dir")
+    else:
+        out, d = cfg.output_dir, cfg.openrlhf.data_dir
+    return Path(d) if d else _runs_root(out) / ".cache" / "openrlhf_data"
+
+
+def rollout_cache_dir(cfg: OpenRLHFRunConfig) -> Path:
+    d = cfg.openrlhf.cache_dir
+    return Path(d) if d else _runs_root(cfg.output_dir) / ".cache" / "fp8_rollout"
+
+
+def paths_for(cfg: OpenRLHFRunConfig, run_dir: Path):
+    from fp8rl.backends.openrlhf.command import RunPaths
+    from fp8rl.backends.openrlhf.data import output_file
+
+    ddir = data_dir_of(cfg)
+    o = cfg.openrlhf
+    return RunPaths(run_dir=run_dir, train_file=output_file(ddir, o.train_sets[cfg.algorithm.name]),
+                    eval_files=tuple(output_file(ddir, n) for n in o.eval_sets),
+                    reward_file=Path(__file__).resolve().with_name("reward_func.py"))
+
+
+def allocation() -> tuple[int, int]:
+    """``(nodes, gpus_per_node)`` of the current Slurm allocation (this machine outside Slurm)."""
+    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+    g = os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE")
+    if g:
+        return nodes, int(re.sub(r"^.*:", "", g))
+    import torch
+
+    return nodes, torch.cuda.device_count()
+
+
+def _node_rank() -> int:
+    return int(os.environ.get("SLURM_NODEID", "0"))
+
+
+def run_openrlhf(cfg: OpenRLHFRunConfig, overrides: Iterable[str] = (), *, progress: bool = False) -> dict:
+    """Run (or resume, or skip) one cell; returns its summary (see the module docstring)."""
+    from fp8rl.backends.openrlhf.command import build_args, command_line, layout_for
+    from fp8rl.backends.openrlhf.data import prepare
+    from fp8rl.backends.openrlhf.ingest import ingest, log_files
+    from fp8rl.backends.openrlhf.plugin import PluginSpec, check_version, prepare_rollout_checkpoint
+    from fp8rl.launch.ray_cluster import bootstrap
+    from fp8rl.quant.recipes import get_recipe
+    from fp8rl.runs import DONE, FAILED, RUNNING, RunDir
+
+    rd = RunDir(resolve_run_dir(cfg))
+    if rd.is_done():
+        return {**(rd.summary() or {}), "run_dir": str(rd.path), "skipped": True}
+    if _node_rank() != 0:
+        return {"run_dir": str(rd.path), "worker_node": _node_rank()}
+    check_version()
+    rd.init(config_dict(cfg), overrides)
+    rd.write_provenance({"backend": "openrlhf"}, device="slurm allocation")
+    rd.set_status(RUNNING, 0)
+    o = cfg.openrlhf
+    paths = paths_for(cfg, rd.path)
+    prepare([o.train_sets[cfg.algorithm.name], *o.eval_sets], data_dir_of(cfg), o.datasets)
+    rollout_model = None
+    if get_recipe(cfg.fp8.rollout_recipe).enabled:
+        model = o.models[cfg.model.slot]
+        rollout_model = prepare_rollout_checkpoint(
+            model, str(rollout_cache_dir(cfg) / f"{model.replace('/', '__')}-{cfg.fp8.rollout_recipe}"),
+            cfg.fp8.rollout_recipe)
+    nodes, gpn = allocation()
+    args = build_args(cfg, layout_for(cfg, nodes, gpn), paths)
+    work = rd.path / "openrlhf"
+    work.mkdir(exist_ok=True)
+    spec_file = work / "plugin_spec.json"
+    spec_file.write_text(PluginSpec.from_config(cfg, rollout_model).to_json())
+    attempt = len(log_files(rd.path)) + 1
+    log = work / f"driver.{attempt}.log"
+    (work / "command.sh").write_text(command_line(args, python=sys.executable) + "\n")
+    driver = [sys.executable, "-m", "fp8rl.backends.openrlhf.driver", "--spec", str(spec_file),
+              "--log", str(log), "--", *args]
+    rc = bootstrap(driver, gpus_per_node=gpn, deadline_s=o.ray_deadline_s)
+    stats = ingest(rd.path, eval_sizes=_eval_sizes(cfg))
+    if rc != 0:
+        reason = f"OpenRLHF exited with status {rc}; see {log}"
+        rd.set_status(FAILED, stats["last_step"], reason=reason)
+        summary = {"state": FAILED, "reason": reason, "steps": stats["last_step"]}
+        rd.write_summary(summary)
+        return {**summary, "run_dir": str(rd.path)}
+    summary = {"state": DONE, "reason": None, "steps": stats["last_step"]}
+    rd.write_summary(summary)
+    if o.final_eval:
+        subprocess.run([sys.executable, "-m", "experiments.evaluate", str(rd.path)], check=True)
+    rd.set_status(DONE, stats["last_step"])
+    return {**(rd.summary() or summary), "run_dir": str(rd.path)}
+
+
+def _eval_sizes(cfg: OpenRLHFRunConfig) -> dict[str, int]:
+    from fp8rl.backends.openrlhf.data import output_file
+
+    out = {}
+    for n in cfg.openrlhf.eval_sets:
+        p = output_file(data_dir_of(cfg), n)
+        if p.exists():
+            out[n] = sum(1 for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip())
+    return out
+
+
+def describe(cfg: OpenRLHFRunConfig, resources, run_dir: Path) -> list[str]:
+    """Dry-run lines of one cell: the OpenRLHF command for the profile's GPUs (launcher hook)."""
+    from fp8rl.backends.openrlhf.command import build_args, command_line, layout_for
+
+    if resources is None:
+        return ["    openrlhf:  (no cluster profile: cannot lay out GPUs)"]
+    lay = layout_for(cfg, resources.nodes, resources.gpus_per_node)
+    args = build_args(cfg, lay, paths_for(cfg, run_dir))
+    return [
+        f"    sbatch:    --nodes={resources.nodes} --ntasks-per-node=1 --gpus-per-node={resources.gpus_per_node} "
+        f"--cpus-per-task={resources.cpus_per_task}"
+        + (f" --mem={resources.mem_gb}G" if resources.mem_gb else "") + f" --time={resources.time_min}",
+        f"    layout:    {lay.gpus} GPU(s): {lay.vllm_engines} vLLM engine(s) x TP {lay.vllm_tp}, "
+        f"colocate_all={lay.colocate_all}; trainer {cfg.fp8.trainer_recipe}, rollout {cfg.fp8.rollout_recipe}, "
+        f"clip {cfg.clip.method}",
+        f"    openrlhf:  {command_line(args)}",
+    ]
+
+
+def check_cell(cfg: OpenRLHFRunConfig, resources) -> None:
+    """Launcher hook: the cell's command must pass OpenRLHF's start-up checks on ``resources``."""
+    from fp8rl.backends.openrlhf.command import build_args, layout_for
+
+    if resources is None:
+        raise ValueError("a paper-scale cell needs a cluster profile (cluster=NAME) for its GPU layout")
+    build_args(cfg, layout_for(cfg, resources.nodes, resources.gpus_per_node),
+               paths_for(cfg, resolve_run_dir(cfg)))
