@@ -349,9 +349,13 @@ def _device_of(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _hardware(model: nn.Module) -> tuple[str, tuple[int, int] | None]:
-    """``(device_type, cuda_capability)`` of the model's parameters, read now (not at import)."""
-    device = _device_of(model)
+def _hardware(
+    model: nn.Module, device: torch.device | str | None = None
+) -> tuple[str, tuple[int, int] | None]:
+    """``(device_type, cuda_capability)`` of ``device`` (default: the model's parameters), read now."""
+    device = _device_of(model) if device is None else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     return device.type, capability
 
@@ -363,6 +367,7 @@ def convert_to_fp8(
     module_filter: ModuleFilter | None = None,
     emulate: bool = False,
     impl: str | None = None,
+    device: torch.device | str | None = None,
 ) -> nn.Module:
     """Swap ``nn.Linear`` layers of ``model`` for FP8 linears following ``recipe`` (in place).
 
@@ -375,6 +380,9 @@ def convert_to_fp8(
             without Transformer Engine).
         impl: ``torchao``, ``fp8rl``, ``transformer_engine``, or ``None``/``"auto"`` for
             ``default_impl(recipe, emulate=emulate)`` (a backend passes ``cfg.fp8.impl``).
+        device: the device the model will train on, for the hardware check, when its parameters
+            are not there yet (e.g. still on the CPU before DeepSpeed moves them); default: the
+            device of its parameters.
 
     Returns:
         The converted model (the same object unless ``model`` is itself a Linear).
@@ -392,7 +400,7 @@ def convert_to_fp8(
         from fp8rl.quant.te import import_te
 
         import_te()  # a missing or broken install is named before any hardware complaint
-    device_type, capability = _hardware(model)
+    device_type, capability = _hardware(model, device)
     check_supported(recipe, impl=impl, device_type=device_type, capability=capability, emulate=emulate)
     already = [fqn for fqn, m in model.named_modules() if hasattr(m, _RECIPE_ATTR)]
     if already:

@@ -169,7 +169,7 @@ def _install(monkeypatch, **kw) -> types.ModuleType:
 @pytest.fixture
 def fake_te(monkeypatch):
     """Stand-in TE, and convert_to_fp8 told the model sits on an sm100 GPU (every TE recipe)."""
-    monkeypatch.setattr(convert_mod, "_hardware", lambda model: ("cuda", (10, 0)))
+    monkeypatch.setattr(convert_mod, "_hardware", lambda model, device=None: ("cuda", (10, 0)))
     return _install(monkeypatch)
 
 
@@ -356,7 +356,7 @@ def test_missing_te_is_a_clear_error(monkeypatch):
 
 
 def test_te_runtime_check_reason_is_reported(monkeypatch):
-    monkeypatch.setattr(convert_mod, "_hardware", lambda model: ("cuda", (9, 0)))
+    monkeypatch.setattr(convert_mod, "_hardware", lambda model, device=None: ("cuda", (9, 0)))
     _install(monkeypatch, available={"is_fp8_block_scaling_available": (False, "needs CUDA >= 12.9")})
     with pytest.raises(Fp8UnsupportedError, match=r"needs CUDA >= 12\.9.*emulate=True"):
         convert_to_fp8(Toy(), "blockwise")
@@ -366,7 +366,7 @@ def test_convert_checks_the_hardware_of_the_model(monkeypatch):
     _install(monkeypatch)  # TE importable, model on the CPU
     with pytest.raises(Fp8UnsupportedError, match="CUDA GPUs only"):
         convert_to_fp8(Toy(), "blockwise", impl="transformer_engine")
-    monkeypatch.setattr(convert_mod, "_hardware", lambda model: ("cuda", (9, 0)))
+    monkeypatch.setattr(convert_mod, "_hardware", lambda model, device=None: ("cuda", (9, 0)))
     with pytest.raises(Fp8UnsupportedError, match=r"10\.x"):
         convert_to_fp8(Toy(), "mxfp8")
 
@@ -457,7 +457,7 @@ def test_tiny_qwen3_converts_and_matches_under_stand_in(fake_te):
 
 
 def test_older_te_fp8_autocast_is_used_when_autocast_is_absent(monkeypatch):
-    monkeypatch.setattr(convert_mod, "_hardware", lambda model: ("cuda", (9, 0)))
+    monkeypatch.setattr(convert_mod, "_hardware", lambda model, device=None: ("cuda", (9, 0)))
     te = _install(monkeypatch, with_autocast=False)
     model = convert_to_fp8(nn.Sequential(nn.Linear(32, 32)), "tensorwise", impl="transformer_engine",
                            module_filter=lambda m, fqn: True)
@@ -490,3 +490,16 @@ def test_real_te_accepts_the_mapped_recipes():
     assert rel < 2e-2, rel
     with torch.no_grad(), fp8_disabled(conv):
         assert torch.equal(conv(x), lin(x))
+
+
+def test_device_argument_checks_the_training_device(monkeypatch):
+    """A plugin converts before DeepSpeed moves the model: the check uses the GPU it will train on."""
+    te = _install(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    model = convert_to_fp8(Toy(), "blockwise", impl="auto", device="cuda")  # parameters on the CPU
+    assert type(model.up).__name__ == "TeFp8Linear" and model.up.weight.device.type == "cpu"
+    model(torch.randn(16, 32))
+    assert len(te.calls) == 3
+    with pytest.raises(Fp8UnsupportedError, match=r"10\.x"):
+        convert_to_fp8(Toy(), "mxfp8", device="cuda")
