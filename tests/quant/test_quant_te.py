@@ -503,3 +503,18 @@ def test_device_argument_checks_the_training_device(monkeypatch):
     assert len(te.calls) == 3
     with pytest.raises(Fp8UnsupportedError, match=r"10\.x"):
         convert_to_fp8(Toy(), "mxfp8", device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None or not torch.cuda.is_available()
+                    or torch.cuda.get_device_capability() < (9, 0),
+                    reason="needs an sm90+ GPU with transformer_engine installed")
+def test_te_blockwise_matches_emulation_on_a_small_qwen3():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_te_blockwise.py"
+    spec = importlib.util.spec_from_file_location("gpu_te_blockwise", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.main(["--check-only"])
+    assert res["check"]["passed"], res["check"]
