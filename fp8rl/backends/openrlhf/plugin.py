@@ -43,8 +43,9 @@ the number of ``ppo_train`` calls so far, saved with checkpoints):
    under ``fp8_disabled`` (the old policy's shadow forward) and stores them in the sample's
    ``info`` (popped again before upstream's metric merge);
 2. the measured micro-batch is the first one of the *second* optimizer step (the first point
-   where the ratio carries noise; with one optimizer step per rollout it is the first micro-batch
-   and the ratio is 1, which the controller's degenerate-input guard skips);
+   where the ratio carries the noise an update exposes, as in the mini backend); with a single
+   optimizer step per rollout it is the first micro-batch, whose ratio only reflects the
+   log-prob recomputation noise (a configuration where clipping does not bite anyway);
 3. there, the wrapper runs the current policy once more under ``fp8_disabled`` (no grad) and
    hands the BF16 shadow ratios to the loss, which computes the FP8 ratios from its own inputs,
    **all-gathers** (ratio, shadow ratio, advantage) of the unmasked A != 0 tokens from every
