@@ -28,8 +28,8 @@ CASES = [
     ("bad-init-bounds", ["clip=calibrated", "clip.init_bounds=[1.2,1.8]"], ["init_bounds", "0 < low < 1 < high"]),
     ("slurm-without-cluster", ["launcher=slurm"], ["cluster", "cluster=NAME", "slurm/profiles"]),
     ("missing-cluster-profile", ["launcher=slurm", "cluster=nope"], ["'nope' not found", "example", "local"]),
-    ("paper-without-cluster", ["scale=paper"], ["backend", "'openrlhf' is not registered", "mini", "cluster=NAME"]),
-    ("paper-backend-missing", ["scale=paper", "cluster=example"], ["'openrlhf' is not registered", "scale=mini"]),
+    ("paper-without-cluster", ["scale=paper"], ["cluster", "scale=paper", "cluster=NAME", "slurm/profiles"]),
+    ("scale-backend-mismatch", ["backend=openrlhf"], ["scale", "'mini' is not served by backend 'openrlhf'", "paper"]),
     ("unknown-launcher", ["launcher=sge"], ["launcher", "'sge'", "local, local_parallel, slurm"]),
     ("zero-seeds", ["seeds=0"], ["seeds", ">= 1"]),
     ("seeds-and-seed-sweep", ["seeds=2", "seed=0,1"], ["seeds=2", "seed sweep"]),
@@ -53,11 +53,12 @@ def runs_root(tmp_path: Path) -> Path:
 @pytest.fixture
 def no_launch(monkeypatch):
     """Fail the test if any launcher is asked to run or submit anything."""
-    from fp8rl.launch.launchers import LAUNCHERS
+    from fp8rl.launch.launchers import LAUNCHERS, LaunchResult
 
     calls = []
     for name in LAUNCHERS:
-        monkeypatch.setattr(LAUNCHERS[name], "launch", lambda *a, _n=name, **k: calls.append(_n))
+        monkeypatch.setattr(LAUNCHERS[name], "launch",
+                            lambda *a, _n=name, **k: calls.append(_n) or LaunchResult())
     return calls
 
 

@@ -113,7 +113,8 @@ def test_launch_slurm_failing_cell_is_failed_with_reason(launch, tmp_path, cance
 
 def test_launch_slurm_requeue_resumes_from_checkpoint(launch, tmp_path, cancel_jobs):
     root = tmp_path / "runs"
-    steps = 60
+    # the task ignores SIGTERM for KillWait (5 s) after the requeue: keep >= ~80 steps to go
+    steps = 150
     res = launch("+sweep=smoke", "fp8=bf16", "clip=vanilla", f"steps={steps}", "checkpoint_every=2",
                  "launcher=slurm", "cluster=local", f"output_dir={root}")
     assert res.code == 0, res.err
@@ -124,12 +125,15 @@ def test_launch_slurm_requeue_resumes_from_checkpoint(launch, tmp_path, cancel_j
 
     def mid_run() -> bool:
         st = rd.status() if rd.status_path.exists() else None
-        return bool(st) and st["state"] == "RUNNING" and 6 <= st["step"] < steps - 10
+        return bool(st) and st["state"] == "RUNNING" and 6 <= st["step"] < steps - 80
     _wait(mid_run, 240, "the run past step 6", [job_id], poll_s=0.1)
     at = rd.status()["step"]
     subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True)
-    _wait(lambda: _sacct([job_id]).get(job_id) == "COMPLETED" and rd.state == "DONE", 300,
-          "the requeued task to finish", [job_id])
+    def resumed_and_done() -> bool:
+        prov = rd.provenance() or {}
+        return (rd.state == "DONE" and bool(prov.get("previous_attempts"))
+                and _sacct([job_id]).get(job_id) == "COMPLETED")
+    _wait(resumed_and_done, 300, "the requeued task to resume and finish", [job_id])
     logged = [r["step"] for r in rd.read_metrics()]
     assert logged == list(range(1, steps + 1)), f"requeued at step {at}: {logged}"
     prov = rd.provenance()
