@@ -131,6 +131,8 @@ class PluginSpec:
         clip_options: constructor options of the clip method (``ClipConfig.clipper_options``).
         eps_low, eps_high: the vanilla epsilons (also passed to OpenRLHF as flags).
         trainer_recipe, rollout_recipe: ``fp8rl.quant.RECIPES`` names.
+        trainer_impl: the trainer's FP8 implementation (``fp8.impl``: ``auto``, ``torchao``,
+            ``fp8rl``, ``transformer_engine``; ``fp8rl.quant.convert_to_fp8``'s ``impl``).
         rollout_model: path of the pre-quantized FP8 rollout checkpoint (None for a bf16 rollout).
     """
 
@@ -141,6 +143,7 @@ class PluginSpec:
     trainer_recipe: str = "bf16"
     rollout_recipe: str = "bf16"
     rollout_model: str | None = None
+    trainer_impl: str = "auto"
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -157,7 +160,7 @@ class PluginSpec:
         return cls(clip_method=cfg.clip.method, clip_options=dict(cfg.clip.clipper_options()),
                    eps_low=cfg.algorithm.eps_low, eps_high=cfg.algorithm.eps_high,
                    trainer_recipe=cfg.fp8.trainer_recipe, rollout_recipe=cfg.fp8.rollout_recipe,
-                   rollout_model=rollout_model)
+                   rollout_model=rollout_model, trainer_impl=cfg.fp8.impl)
 
     def make_clipper(self):
         from fp8rl.rl.clipping import make_clipper
@@ -433,7 +436,7 @@ def _patch_actor(ppo_actor, spec: PluginSpec) -> None:
     def make_actor(*args, **kwargs):
         model = upstream_actor(*args, **kwargs)
         if "lora_rank" in kwargs:  # the trained policy (the EMA copy is created without LoRA args)
-            convert_trainer_model(model.model, spec.trainer_recipe)
+            convert_trainer_model(model.model, spec.trainer_recipe, spec.trainer_impl)
         return model
 
     ppo_actor.Actor = make_actor
@@ -458,21 +461,19 @@ def _patch_actor(ppo_actor, spec: PluginSpec) -> None:
     actor_cls._fp8rl_patched = True
 
 
-def convert_trainer_model(model: torch.nn.Module, recipe_name: str) -> torch.nn.Module:
-    """FP8 training GEMMs per ``recipe_name`` on the current CUDA device (loud if unsupported).
+def convert_trainer_model(model: torch.nn.Module, recipe_name: str, impl: str = "auto") -> torch.nn.Module:
+    """FP8 training GEMMs per ``recipe_name`` with implementation ``impl`` (loud if unsupported).
 
     The model may still sit on the CPU (DeepSpeed moves it later), so the hardware check uses
-    the CUDA device this process will train on, then the implementation converts in place.
+    the CUDA device this process will train on (``convert_to_fp8(device=)``); the conversion is
+    in place. With ``impl`` resolving to ``transformer_engine`` every converted layer runs its
+    forward inside ``te.autocast`` with the recipe (the actor's training and old-log-prob
+    forwards alike) and ``fp8_disabled`` runs it without.
     """
-    from fp8rl.quant.convert import IMPLEMENTATIONS, check_supported, default_module_filter
-    from fp8rl.quant.recipes import get_recipe
+    from fp8rl.quant.convert import convert_to_fp8
 
-    recipe = get_recipe(recipe_name)
-    if not recipe.enabled:
-        return model
-    cap = torch.cuda.get_device_capability(torch.cuda.current_device()) if torch.cuda.is_available() else None
-    check_supported(recipe, impl=recipe.impl, device_type="cuda" if cap else "cpu", capability=cap)
-    return IMPLEMENTATIONS[recipe.impl](model, recipe, default_module_filter, False)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    return convert_to_fp8(model, recipe_name, impl=impl, device=device)
 
 
 # --------------------------------------------------------------------------------------
