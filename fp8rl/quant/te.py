@@ -68,7 +68,9 @@ Choices and deviations (we had to guess or chose):
 - **Autocast per layer, not per model.** Each converted layer enters ``te.autocast`` itself, so
   every path that calls a layer -- the actor's training forward, the old-log-prob forward, a
   gradient-checkpointing recompute during the backward, a plugin that calls a submodule --
-  runs FP8 with no wrapper to forget. TE's enter/exit costs a few microseconds per layer call.
+  runs FP8 with no wrapper to forget. Cost: TE's Python enter/exit per layer call (not measured
+  here). With delayed scaling, a recompute under Hugging Face's gradient checkpointing records
+  its amaxes a second time (TE's own ``te.checkpoint`` avoids that; we do not use it).
 - **Zero-row padding** of the token dimension. It is exact: zero rows leave every amax
   (tensor, 1x128 rows, 128-token wgrad blocks, MX groups) unchanged and their outputs and
   gradients are discarded.
