@@ -211,7 +211,7 @@ class MiniTrainer:
         base, self.sft_meta = warm_start(cfg.model.slot, self.train_set, self.tok, mini, sft_cache)
         self.engine = RolloutEngine(base, cfg.fp8.rollout_recipe, emulate=cfg.fp8.emulate)
         self.policy = convert_to_fp8(copy.deepcopy(base).train(), cfg.fp8.trainer_recipe,
-                                     emulate=cfg.fp8.emulate)
+                                     emulate=cfg.fp8.emulate, impl=cfg.fp8.impl)
         self.engine.sync(self.policy)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr,
                                            betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay)
