@@ -144,6 +144,33 @@ class Fp8Config:
                  f"fp8.rollout_recipe={self.rollout_recipe!r} uses delayed scaling, a training "
                  f"recipe; the rollout engine quantizes with dynamic scales (vLLM's fp8 online "
                  f"mode): use fp8.rollout_recipe=tensorwise")
+        self._check_name_matches_recipes()
+
+    def _check_name_matches_recipes(self) -> None:
+        """The arm name goes into run names and figure legends: it must say what runs.
+
+        ``bf16`` means both recipes bf16; ``rollout_only`` an FP8 rollout recipe with a bf16
+        trainer; a recipe name (``tensorwise``, ``blockwise``, ...) full FP8 with that trainer
+        recipe and an FP8 rollout recipe. Any other name is a free label for a custom arm.
+        """
+        from fp8rl.quant import RECIPES
+
+        name, rollout, trainer = self.name, self.rollout_recipe, self.trainer_recipe
+        how = "(the launcher's fp8=<arm> config group sets all three together)"
+        if name == "bf16":
+            _require(rollout == "bf16" and trainer == "bf16",
+                     f"fp8.name='bf16' needs fp8.rollout_recipe=bf16 and fp8.trainer_recipe=bf16, "
+                     f"got rollout {rollout!r}, trainer {trainer!r} {how}")
+        elif name == "rollout_only":
+            _require(trainer == "bf16" and rollout != "bf16",
+                     f"fp8.name='rollout_only' needs an FP8 fp8.rollout_recipe and "
+                     f"fp8.trainer_recipe=bf16, got rollout {rollout!r}, trainer {trainer!r} {how}")
+        elif name in RECIPES:
+            _require(trainer == name and rollout != "bf16",
+                     f"fp8.name={name!r} names the full-FP8 {name} arm: set "
+                     f"fp8.trainer_recipe={name} and an FP8 fp8.rollout_recipe (e.g. "
+                     f"fp8.rollout_recipe={'tensorwise' if name == 'tensorwise_delayed' else name}), "
+                     f"got rollout {rollout!r}, trainer {trainer!r} {how}")
 
 
 @dataclass

@@ -53,9 +53,12 @@ def test_defaults_validate_and_round_trip_through_omegaconf():
 def test_cli_overrides_and_config_file(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("seed: 3\nclip:\n  arm: tis\n")
-    cfg, overrides, _ = parse_config(["--config", str(f), "fp8.name=tensorwise", "algorithm.eps_high=0.28"])
+    arm = ["fp8.name=tensorwise", "fp8.rollout_recipe=tensorwise", "fp8.trainer_recipe=tensorwise"]
+    cfg, overrides, _ = parse_config(["--config", str(f), *arm, "algorithm.eps_high=0.28"])
     assert (cfg.seed, cfg.clip.arm, cfg.fp8.name, cfg.algorithm.eps_high) == (3, "tis", "tensorwise", 0.28)
-    assert overrides == ["fp8.name=tensorwise", "algorithm.eps_high=0.28"]
+    assert overrides == [*arm, "algorithm.eps_high=0.28"]
+    with pytest.raises(ValueError, match="fp8.trainer_recipe=tensorwise"):  # a label that lies
+        parse_config(["fp8.name=tensorwise"])
     with pytest.raises(Exception, match="nosuchkey"):
         parse_config(["nosuchkey=1"])
     with pytest.raises(ValueError, match=r"model\.slot"):

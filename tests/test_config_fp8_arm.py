@@ -1,0 +1,44 @@
+"""The fp8 arm name is what run names and legends show: it must match the recipes that run."""
+
+import pytest
+
+from fp8rl.config import Fp8Config
+
+
+@pytest.mark.parametrize(
+    ("name", "rollout", "trainer"),
+    [
+        ("bf16", "bf16", "bf16"),
+        ("rollout_only", "tensorwise", "bf16"),
+        ("rollout_only", "blockwise", "bf16"),
+        ("tensorwise", "tensorwise", "tensorwise"),
+        ("blockwise", "blockwise", "blockwise"),
+        ("my_custom_arm", "rowwise", "tensorwise"),  # a free label for a custom arm
+    ],
+)
+def test_consistent_arms_build(name, rollout, trainer):
+    Fp8Config(name=name, rollout_recipe=rollout, trainer_recipe=trainer, emulate=True)
+
+
+def test_delayed_arm_rolls_out_with_tensorwise():
+    # delayed scaling has no emulation, so this arm is built with emulate=False
+    Fp8Config(name="tensorwise_delayed", rollout_recipe="tensorwise", trainer_recipe="tensorwise_delayed")
+    with pytest.raises(ValueError, match="fp8.trainer_recipe=tensorwise_delayed"):
+        Fp8Config(name="tensorwise_delayed", rollout_recipe="tensorwise", trainer_recipe="tensorwise")
+
+
+@pytest.mark.parametrize(
+    ("name", "rollout", "trainer", "needle"),
+    [
+        ("tensorwise", "bf16", "bf16", "fp8.trainer_recipe=tensorwise"),
+        ("tensorwise", "bf16", "tensorwise", "FP8 fp8.rollout_recipe"),
+        ("blockwise", "tensorwise", "tensorwise", "fp8.trainer_recipe=blockwise"),
+        ("bf16", "tensorwise", "bf16", "fp8.rollout_recipe=bf16"),
+        ("rollout_only", "bf16", "bf16", "FP8 fp8.rollout_recipe"),
+        ("rollout_only", "tensorwise", "tensorwise", "fp8.trainer_recipe=bf16"),
+    ],
+)
+def test_mislabelled_arm_raises_naming_the_fix(name, rollout, trainer, needle):
+    with pytest.raises(ValueError, match="fp8.name") as e:
+        Fp8Config(name=name, rollout_recipe=rollout, trainer_recipe=trainer, emulate=True)
+    assert needle in str(e.value)
