@@ -144,19 +144,30 @@ def parse_jsonl_bytes(data: bytes, *, engine: str = "auto") -> tuple[ParsedJsonl
             truncated = bool(tail.strip())
             data = data[:cut]
             consumed = cut
-    body = data.rstrip(b"\n")
-    if not body.strip():
-        return ParsedJsonl([], truncated), consumed
+    if data.endswith(b"\n") and not data.endswith(b"\n\n") and not data.isspace():
+        body = None  # common case: one final newline, no copy needed to strip it
+    else:
+        body = data.rstrip(b"\n")
+        if not body.strip():
+            return ParsedJsonl([], truncated), consumed
     if engine != "loop":
         loads = _loads if engine == "auto" else json.loads
         try:
-            rows = loads(b"[" + body.replace(b"\n", b",") + b"]")
-            if all(type(r) is dict for r in rows):
+            if body is None:  # "[" + lines joined by "," + "]" with two copies, not three
+                doc = bytearray(b"[")
+                doc += data
+                doc = doc.replace(b"\n", b",")
+                doc[-1] = 0x5D  # the final newline's comma -> "]"
+                doc = doc if loads is _loads else bytes(doc)
+            else:
+                doc = b"[" + body.replace(b"\n", b",") + b"]"
+            rows = loads(doc)
+            if not rows or set(map(type, rows)) == {dict}:
                 return ParsedJsonl(rows, truncated), consumed
         except ValueError:
             pass  # blank or corrupt lines: fall through to the per-line reader
     rows, bad = [], 0
-    for line in body.split(b"\n"):
+    for line in (data if body is None else body).split(b"\n"):
         if not line.strip():
             continue
         try:
@@ -174,36 +185,38 @@ def parse_jsonl_bytes(data: bytes, *, engine: str = "auto") -> tuple[ParsedJsonl
 def rows_to_columns(rows: Sequence[dict]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Metric rows -> (steps int64 [N], {metric: float64 [N]}); rows without an int step dropped.
 
-    Values that are not numbers (null, strings, lists) become NaN; booleans become 0/1.
-    Rows are grouped by key sequence and each group is converted with one ``np.fromiter``.
+    Values that are not numbers (null, lists, objects) become NaN; booleans become 0/1. (A
+    string value is read with ``float()`` when every value of its key group converts, else as
+    NaN; the backends never log strings.) Rows are grouped by key sequence and each group is converted with one ``np.fromiter``
+    into a [rows, keys] block. The common case, every row with the first row's key sequence
+    (checked with one C-level pass over ``map(list, rows)``), skips the grouping and the
+    NaN-filled scatter: the columns are the rows of the transposed block.
     """
-    groups: dict[tuple, list[int]] = {}
-    for i, r in enumerate(rows):
-        sig = tuple(r)
-        g = groups.get(sig)
-        if g is None:
-            groups[sig] = [i]
-        else:
-            g.append(i)
     n = len(rows)
-    cols: dict[str, np.ndarray] = {}
-    for sig, idx in groups.items():
-        grp = [rows[i] for i in idx]
-        try:
-            block = np.fromiter(
-                itertools.chain.from_iterable([r.values() for r in grp]),
-                dtype=np.float64,
-                count=len(grp) * len(sig),
-            ).reshape(len(grp), len(sig))
-        except (TypeError, ValueError):
-            block = np.array([[_num(v) for v in r.values()] for r in grp], dtype=np.float64)
-            block = block.reshape(len(grp), len(sig))
-        ia = np.asarray(idx)
-        for j, key in enumerate(sig):
-            col = cols.get(key)
-            if col is None:
-                col = cols[key] = np.full(n, np.nan)
-            col[ia] = block[:, j]
+    if n == 0:
+        return np.zeros(0, np.int64), {}
+    sig0 = tuple(rows[0])
+    sig0l = list(sig0)
+    if all(map(sig0l.__eq__, map(list, rows))):
+        cols = dict(zip(sig0, _block(rows, len(sig0)).T.copy(), strict=True))
+    else:
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(rows):
+            sig = tuple(r)
+            g = groups.get(sig)
+            if g is None:
+                groups[sig] = [i]
+            else:
+                g.append(i)
+        cols = {}
+        for sig, idx in groups.items():
+            block = _block([rows[i] for i in idx], len(sig))
+            ia = np.asarray(idx)
+            for j, key in enumerate(sig):
+                col = cols.get(key)
+                if col is None:
+                    col = cols[key] = np.full(n, np.nan)
+                col[ia] = block[:, j]
     step = cols.pop(M.STEP, np.full(n, np.nan))
     keep = np.isfinite(step) & (step >= 0) & (step == np.floor(step))
     if not keep.all():
@@ -212,12 +225,25 @@ def rows_to_columns(rows: Sequence[dict]) -> tuple[np.ndarray, dict[str, np.ndar
     return step.astype(np.int64), cols
 
 
+def _block(grp: Sequence[dict], width: int) -> np.ndarray:
+    """Rows sharing one key sequence -> float64 [len(grp), width] (one ``np.fromiter``)."""
+    try:
+        block = np.fromiter(
+            itertools.chain.from_iterable(map(dict.values, grp)),
+            dtype=np.float64,
+            count=len(grp) * width,
+        )
+    except (TypeError, ValueError, OverflowError):
+        block = np.array([[_num(v) for v in r.values()] for r in grp], dtype=np.float64)
+    return block.reshape(len(grp), width)
+
+
 def _num(v) -> float:
     if v is None or isinstance(v, (str, list, dict)):
         return np.nan
     try:
         return float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return np.nan
 
 

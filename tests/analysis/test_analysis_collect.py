@@ -213,3 +213,54 @@ def test_progress_display(known_sweep, capsys):
     assert "collect" in capsys.readouterr().err  # tqdm bar on stderr
     collect(known_sweep)  # small sweep: no bar by default
     assert "collect" not in capsys.readouterr().err
+
+
+def _columns_reference(rows):
+    """Explicit per-value loop: the contract rows_to_columns must meet."""
+    keep = [r for r in rows if isinstance(r.get("step"), (int, float)) and not isinstance(r.get("step"), bool)
+            and np.isfinite(r["step"]) and r["step"] >= 0 and r["step"] == int(r["step"])]
+    keys = dict.fromkeys(k for r in keep for k in r if k != "step")
+    cols = {}
+    for k in keys:
+        vals = [r.get(k) for r in keep]
+        cols[k] = np.array([np.nan if v is None or isinstance(v, (str, list, dict)) else float(v)
+                            for v in vals], dtype=float)
+    return np.array([int(r["step"]) for r in keep], dtype=np.int64), cols
+
+
+@pytest.mark.parametrize("case", ["uniform", "one_reordered", "sparse_keys", "nulls", "bad_step"])
+def test_rows_to_columns_fast_path_equals_reference(case):
+    """The one-key-sequence fast path and the grouped path give the explicit loop's columns."""
+    rng = np.random.default_rng(1)
+    rows = [{"step": s, "a": float(rng.normal()), "b": float(rng.random()), "c": int(s * 3)} for s in range(40)]
+    if case == "one_reordered":  # same keys, other order: must not take the fast path blindly
+        rows[17] = dict(reversed(list(rows[17].items())))
+    elif case == "sparse_keys":
+        for r in rows[::5]:
+            r["extra"] = 2.5
+    elif case == "nulls":  # NaN written as null, also in the fast path
+        rows[3]["a"] = None
+        rows[30]["b"] = None
+    elif case == "bad_step":
+        rows[5]["step"] = 4.5
+        rows[6]["step"] = -1
+    steps, cols = rows_to_columns(rows)
+    ref_steps, ref_cols = _columns_reference(rows)
+    np.testing.assert_array_equal(steps, ref_steps)
+    assert set(cols) == set(ref_cols)
+    for k, v in ref_cols.items():
+        np.testing.assert_array_equal(cols[k], v)
+        assert cols[k].dtype == np.float64 and cols[k].flags.c_contiguous
+
+
+@pytest.mark.parametrize("tail", ["", "\n", "\n\n", "\r\n", '{"step": 9, "a"', '{"step": 9, "a": 1}'])
+def test_parse_fast_join_equals_loop(tmp_path, tail):
+    """The one-array parse (joined lines) equals the per-line loop, whatever the file's end."""
+    body = "\n".join(json.dumps({"step": s, "a": s / 7, "b": None if s == 2 else s}) for s in range(6))
+    p = tmp_path / "m.jsonl"
+    p.write_text(body + ("\n" + tail if tail.startswith("{") else tail))
+    fast, loop, js = parse_jsonl(p), parse_jsonl(p, engine="loop"), parse_jsonl(p, engine="json")
+    assert fast.rows == loop.rows == js.rows
+    assert fast.truncated_tail == loop.truncated_tail == (tail == '{"step": 9, "a"')
+    assert len(fast.rows) == 6 + (tail == '{"step": 9, "a": 1}')
+    assert fast.bad_lines == loop.bad_lines == 0
