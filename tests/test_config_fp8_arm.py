@@ -23,7 +23,7 @@ def test_consistent_arms_build(name, rollout, trainer):
 def test_delayed_arm_rolls_out_with_tensorwise():
     # delayed scaling has no emulation, so this arm is built with emulate=False
     Fp8Config(name="tensorwise_delayed", rollout_recipe="tensorwise", trainer_recipe="tensorwise_delayed")
-    with pytest.raises(ValueError, match="fp8.trainer_recipe=tensorwise_delayed"):
+    with pytest.raises(ValueError, match=r"fp8\.trainer_recipe=tensorwise_delayed"):
         Fp8Config(name="tensorwise_delayed", rollout_recipe="tensorwise", trainer_recipe="tensorwise")
 
 
@@ -39,6 +39,6 @@ def test_delayed_arm_rolls_out_with_tensorwise():
     ],
 )
 def test_mislabelled_arm_raises_naming_the_fix(name, rollout, trainer, needle):
-    with pytest.raises(ValueError, match="fp8.name") as e:
+    with pytest.raises(ValueError, match=r"fp8\.name") as e:
         Fp8Config(name=name, rollout_recipe=rollout, trainer_recipe=trainer, emulate=True)
     assert needle in str(e.value)
