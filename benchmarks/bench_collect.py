@@ -41,6 +41,12 @@ from fp8rl.runs.manifest import write_manifest
 from fp8rl.runs.synthetic import DEMO_ARMS, RunSpec, write_run
 
 
+def _cpu() -> float:
+    """CPU seconds of this process plus its finished children (the 2-worker run's workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def fabricate(sweep: Path, runs: int, steps: int) -> int:
     """Write ``runs`` runs of ``steps`` steps; returns total bytes of metrics.jsonl."""
     cells = []
@@ -96,26 +102,26 @@ def main() -> int:
               f"cores: {os.cpu_count()}")
 
         results = {}
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), _cpu()
         coll = C.collect(sweep, workers=1, progress=False)
-        results["collect (1 worker)"] = (time.perf_counter() - t0, time.process_time() - c0)
+        results["collect (1 worker)"] = (time.perf_counter() - t0, _cpu() - c0)
         if (os.cpu_count() or 1) > 1:
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0 = time.perf_counter(), _cpu()
             coll2 = C.collect(sweep, workers=2, progress=False)
-            results["collect (2 workers)"] = (time.perf_counter() - t0, time.process_time() - c0)
+            results["collect (2 workers)"] = (time.perf_counter() - t0, _cpu() - c0)
             assert coll2.steps.shape == coll.steps.shape
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), _cpu()
         ref = plain_loop(sweep)
-        results["plain json.loads loop"] = (time.perf_counter() - t0, time.process_time() - c0)
+        results["plain json.loads loop"] = (time.perf_counter() - t0, _cpu() - c0)
 
         cache = base / "cache"
         shutil.rmtree(cache, ignore_errors=True)
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), _cpu()
         C.collect(sweep, workers=1, progress=False, cache_dir=cache)
-        results["collect, cold cache"] = (time.perf_counter() - t0, time.process_time() - c0)
-        t0, c0 = time.perf_counter(), time.process_time()
+        results["collect, cold cache"] = (time.perf_counter() - t0, _cpu() - c0)
+        t0, c0 = time.perf_counter(), _cpu()
         warm = C.collect(sweep, workers=1, progress=False, cache_dir=cache)
-        results["collect, warm cache"] = (time.perf_counter() - t0, time.process_time() - c0)
+        results["collect, warm cache"] = (time.perf_counter() - t0, _cpu() - c0)
         assert warm.steps.shape == coll.steps.shape
         extra = 20  # a live sweep: every run logged 20 more steps since the last collect
         for run in (p for p in sweep.iterdir() if p.is_dir()):
@@ -123,9 +129,9 @@ def main() -> int:
             with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
                 for i in range(1, extra + 1):
                     f.write(json.dumps({**last, "step": last["step"] + i}) + "\n")
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), _cpu()
         inc = C.collect(sweep, workers=1, progress=False, cache_dir=cache)
-        results[f"collect, +{extra} steps/run"] = (time.perf_counter() - t0, time.process_time() - c0)
+        results[f"collect, +{extra} steps/run"] = (time.perf_counter() - t0, _cpu() - c0)
         assert len(inc.steps) == args.runs * (args.steps + extra)
 
         assert len(ref) == len(coll.steps) == args.runs * args.steps, (len(ref), len(coll.steps))
@@ -136,8 +142,8 @@ def main() -> int:
         print(f"{'':26s}{'wall s':>8s}{'cpu s':>8s}{'MB/s':>8s}  vs loop (wall)")
         for name, (t, c) in results.items():
             print(f"{name:26s}{t:8.2f}{c:8.2f}{nbytes / 1e6 / t:8.0f}  x{loop / t:.2f}")
-        print("(cpu s: this process only, so it excludes the worker processes of the 2-worker run; "
-              "it shows the work independent of other load on a shared machine)")
+        print(f"(cpu s: this process and its worker processes; load average now "
+              f"{os.getloadavg()[0]:.2f}: wall > cpu means other jobs had the cores)")
         cold = min(results["collect (1 worker)"][0], results.get("collect (2 workers)", (np.inf,))[0])
         verdict = "meets" if cold <= 5.0 and cold < loop else "misses"
         print(f"target (<= 5 s and faster than the loop), cold collect: {verdict} ({cold:.2f} s)")
