@@ -52,8 +52,8 @@ from fp8rl.quant.convert import (
     swap_linears,
 )
 from fp8rl.quant.granularity import MX, PerBlock, PerRow, PerTensor
-from fp8rl.quant.linear import scaled_gemm
-from fp8rl.quant.quantize import quantize
+from fp8rl.quant.linear import has_scaled_mm_kernel, scaled_gemm
+from fp8rl.quant.quantize import dequantize, quantize
 from fp8rl.quant.recipes import Recipe, get_recipe
 
 __all__ = [
@@ -161,6 +161,7 @@ class Fp8InferenceLinear(nn.Module):
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=wcfg.fmt.dtype, device=device))
         self.register_buffer(self._scale_name, torch.ones(scale_shape, dtype=torch.float32, device=device))
         self.register_buffer("bias", torch.zeros(out_features, dtype=out_dtype, device=device) if bias else None)
+        self._dq_cache: tuple | None = None  # see dequantized_weight
 
     @property
     def scale(self) -> torch.Tensor:
@@ -187,13 +188,34 @@ class Fp8InferenceLinear(nn.Module):
         new.load_hp_weight(mod.weight, mod.bias)
         return new
 
+    def dequantized_weight(self) -> torch.Tensor:
+        """``dequantize(weight, scale)`` as float32 ``[N, K]``, cached until the buffers change.
+
+        The emulated forward needs it on every call, but the weight only changes at a sync, so
+        it is computed once per weight version: the cache is keyed on the identity and the
+        in-place version counter of the ``weight`` and scale buffers (``load_hp_weight``,
+        ``load_state_dict``, ``.to()`` and buffer reassignment all invalidate it). It holds
+        the very tensor ``scaled_gemm``'s emulated path would compute, so outputs are
+        bit-identical to dequantizing per call.
+        """
+        w, s = self.weight, self.scale
+        c = self._dq_cache
+        if c is None or c[0] is not w or c[1] != w._version or c[2] is not s or c[3] != s._version:
+            dq = dequantize(w, s, _weight_cfg(self.recipe).granularity)
+            c = self._dq_cache = (w, w._version, s, s._version, dq)
+        return c[4]
+
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         icfg, wcfg = self.recipe.input, _weight_cfg(self.recipe)
         x2 = x.reshape(-1, x.shape[-1])
         qx, sx = quantize(x2, icfg.granularity, icfg.fmt, pow2_scale=self.recipe.pow2_scales)  # type: ignore[union-attr]
-        y = scaled_gemm(qx, sx, icfg.granularity, self.weight, self.scale, wcfg.granularity,  # type: ignore[union-attr]
-                        out_dtype=self.out_dtype, emulate=self.emulate)
+        if self.emulate or not has_scaled_mm_kernel(icfg.granularity, wcfg.granularity):  # type: ignore[union-attr]
+            # scaled_gemm's emulated path with the weight dequantized once per sync
+            y = (dequantize(qx, sx, icfg.granularity) @ self.dequantized_weight().t()).to(self.out_dtype)  # type: ignore[union-attr]
+        else:
+            y = scaled_gemm(qx, sx, icfg.granularity, self.weight, self.scale, wcfg.granularity,  # type: ignore[union-attr]
+                            out_dtype=self.out_dtype, emulate=False)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)

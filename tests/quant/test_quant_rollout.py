@@ -120,3 +120,31 @@ def test_rollout_bf16_is_plain_copy_and_block_needs_emulate(tiny):
     with pytest.raises(Fp8UnsupportedError, match="emulate=True"):
         convert_for_rollout(copy.deepcopy(tiny), "blockwise")
     convert_for_rollout(copy.deepcopy(tiny), "blockwise", emulate=True)
+
+
+@pytest.mark.parametrize("name", ["tensorwise", "blockwise"])
+def test_inference_linear_weight_cache_is_bit_identical_and_follows_the_buffers(name):
+    """The emulated forward dequantizes the weight once per weight version: equal bit for bit to
+    ``scaled_gemm`` on the buffers, and refreshed by ``load_hp_weight`` / ``load_state_dict``."""
+    from fp8rl.quant.linear import scaled_gemm
+    from fp8rl.quant.quantize import quantize
+
+    recipe = RECIPES[name]
+    torch.manual_seed(0)
+    lin, other = nn.Linear(160, 96), nn.Linear(160, 96)
+    inf = Fp8InferenceLinear.from_linear(lin, recipe, emulate=True)
+    x = torch.randn(5, 160)
+
+    def reference(layer):
+        qx, sx = quantize(x, recipe.input.granularity, recipe.input.fmt, pow2_scale=recipe.pow2_scales)
+        return scaled_gemm(qx, sx, recipe.input.granularity, layer.weight, layer.scale,
+                           recipe.weight.granularity, out_dtype=torch.float32, emulate=True) + layer.bias
+
+    assert torch.equal(inf(x), reference(inf))
+    assert torch.equal(inf(x), reference(inf))  # cached path
+    inf.load_hp_weight(other.weight, other.bias)  # a sync: in-place copy into the buffers
+    assert torch.equal(inf(x), reference(inf))
+    assert torch.equal(inf(x), Fp8InferenceLinear.from_linear(other, recipe, emulate=True)(x))
+    inf.load_state_dict(Fp8InferenceLinear.from_linear(lin, recipe, emulate=True).state_dict())
+    assert torch.equal(inf(x), reference(inf))
+    assert not torch.equal(inf(x), Fp8InferenceLinear.from_linear(other, recipe, emulate=True)(x))

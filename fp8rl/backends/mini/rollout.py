@@ -53,7 +53,6 @@ class RolloutBatch:
         return self.response_mask.sum(-1)
 
 
-@torch.no_grad()
 def generate(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
@@ -74,12 +73,32 @@ def generate(
         generator: the ``torch.Generator`` that drives sampling (on the model's device).
     Returns: ``RolloutBatch`` with ``T <= max_new_tokens`` columns.
     """
-    from transformers import DynamicCache
-
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    toks, logps, valid, done = _decode(model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens,
+                                       temperature=temperature, eos_id=eos_id, pad_id=pad_id,
+                                       generator=generator, greedy=greedy)
+    # stacked outside inference mode: the trainer gets ordinary tensors
+    response_ids = torch.stack(toks, 1)
+    response_mask = torch.stack(valid, 1).long()
+    return RolloutBatch(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+        response_mask=response_mask, rollout_log_probs=torch.stack(logps, 1),
+        truncated=~done,
+    )
+
+
+@torch.inference_mode()
+def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+            max_new_tokens: int, temperature: float, eos_id: int, pad_id: int,
+            generator: torch.Generator | None, greedy: bool
+            ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """The decode loop of ``generate`` under ``torch.inference_mode`` (no autograd bookkeeping):
+    per-step ``[B]`` tokens, log-probs and validity, and the final ``[B]`` done flags."""
+    from transformers import DynamicCache
+
     dev = prompt_ids.device
     b = prompt_ids.shape[0]
     mask = prompt_mask.clone()
@@ -108,13 +127,7 @@ def generate(
         out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
                     cache=out.cache, use_cache=True)
         next_pos = next_pos + 1
-    response_ids = torch.stack(toks, 1)
-    response_mask = torch.stack(valid, 1).long()
-    return RolloutBatch(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-        response_mask=response_mask, rollout_log_probs=torch.stack(logps, 1),
-        truncated=~done,
-    )
+    return toks, logps, valid, done
 
 
 class RolloutEngine:
