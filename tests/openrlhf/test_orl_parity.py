@@ -9,69 +9,28 @@ compiled from the function's own source text in ``utils.py`` (so it is upstream'
 Missing openrlhf skips these tests, except under CI (``CI`` set), where it fails.
 """
 
-import ast
 import importlib.util
 import inspect
-import os
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
+from orl_helpers import load_upstream_loss, openrlhf_dir
 
 from fp8rl.rl.aggregation import aggregate
 from fp8rl.rl.correction import corrected_ppo_token_loss
 from fp8rl.rl.dapo import overlong_penalty
 
-PKG = "_fp8rl_openrlhf_ref"
 
-
-def _openrlhf_dir() -> Path:
-    spec = importlib.util.find_spec("openrlhf")
-    if spec is None or spec.origin is None:
-        msg = "openrlhf==0.11.2 is not installed (pip install --no-deps openrlhf==0.11.2; `make test` does)"
-        if os.environ.get("CI"):
-            pytest.fail(msg + " -- required under CI")
-        pytest.skip(msg)
-    return Path(spec.origin).parent
-
-
-def _function_from_source(path: Path, name: str, namespace: dict) -> object:
-    tree = ast.parse(path.read_text())
-    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
-    return namespace[name]
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    root = _openrlhf_dir()
+@pytest.fixture
+def upstream(monkeypatch):
+    """Upstream's ``loss`` module (see ``orl_helpers.load_upstream_loss``) and the wheel's root."""
     from importlib.metadata import version
 
+    root = openrlhf_dir()
     assert version("openrlhf") == "0.11.2", "parity is pinned to openrlhf 0.11.2"
-    models = root / "models"
-    pkg = types.ModuleType(PKG)
-    pkg.__path__ = [str(models)]
-    utils = types.ModuleType(f"{PKG}.utils")
-    from typing import Optional
-
-    ns = {"torch": torch, "Optional": Optional}
-    utils.masked_mean = _function_from_source(models / "utils.py", "masked_mean", ns)
-    saved = {k: sys.modules.get(k) for k in (PKG, f"{PKG}.utils", f"{PKG}.loss")}
-    sys.modules[PKG], sys.modules[f"{PKG}.utils"] = pkg, utils
-    try:
-        spec = importlib.util.spec_from_file_location(f"{PKG}.loss", models / "loss.py")
-        loss = importlib.util.module_from_spec(spec)
-        sys.modules[f"{PKG}.loss"] = loss
-        spec.loader.exec_module(loss)
-        yield types.SimpleNamespace(loss=loss, root=root)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
+    return types.SimpleNamespace(loss=load_upstream_loss(monkeypatch), root=root)
 
 
 def test_upstream_signature_is_the_pinned_one(upstream):
@@ -167,7 +126,7 @@ def test_overlong_penalty_matches_openrlhf(upstream, monkeypatch):
     logging_stub.init_logger = lambda name: None
     monkeypatch.setitem(sys.modules, "openrlhf.utils.logging_utils", logging_stub)
     path = upstream.root / "trainer" / "ppo_utils" / "length_penalty.py"
-    spec = importlib.util.spec_from_file_location(f"{PKG}.length_penalty", path)
+    spec = importlib.util.spec_from_file_location("_fp8rl_orl_models.length_penalty", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
 
@@ -183,7 +142,7 @@ def test_missing_openrlhf_skips_locally_and_fails_under_ci(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     monkeypatch.delenv("CI", raising=False)
     with pytest.raises(pytest.skip.Exception):
-        _openrlhf_dir()
+        openrlhf_dir()
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="required under CI"):
-        _openrlhf_dir()
+        openrlhf_dir()
