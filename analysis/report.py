@@ -8,7 +8,7 @@ Reads the sweep directories (never trains, never needs a GPU), then writes into 
     figures/<name>.png|pdf|csv   every figure of analysis.figures.FIGURES that has data
     tables/accuracy.md|tex|csv   the paper-layout accuracy table
     tables/diagnostics.md|tex|csv
-    tables/cells.csv          one row per cell: axes, state, steps logged, why it is not ok
+    tables/cells.csv          one row per cell: sweep, run, axes, state, steps logged, why it is not ok
     tables/surges.csv         per run: diagnostics including the surge onset step
 
 A progress bar (tqdm, on stderr) is shown while collecting sweeps of 50 runs or more
@@ -74,7 +74,10 @@ def write_report(
     acc.write(tab_dir)
     diag = diagnostics_table(coll, rule)
     diag.write(tab_dir)
-    coll.runs.drop(columns=["summary"]).to_csv(tab_dir / "cells.csv", index=False, lineterminator="\n")
+    # No ``path`` column: ``sweep`` + ``run`` name the directory, and a published table must not
+    # carry the machine's paths (nor change when the sweep directory is moved).
+    cells = coll.runs.drop(columns=["summary", "path", "run_dir"], errors="ignore")
+    cells.to_csv(tab_dir / "cells.csv", index=False, lineterminator="\n")
     run_diagnostics(coll, rule).to_csv(tab_dir / "surges.csv", index=False, lineterminator="\n",
                                        float_format="%.6g")
 

@@ -43,3 +43,22 @@ def test_report_default_out_and_empty(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main([str(tmp_path / "empty")]) == 2
     assert "no run directories" in capsys.readouterr().err
+
+
+def test_tables_do_not_depend_on_where_the_sweep_lives(known_sweep, tmp_path):
+    """Published tables are regenerated from copies of the run directories: same bytes anywhere."""
+    import shutil
+
+    a, b = tmp_path / "a" / known_sweep.name, tmp_path / "elsewhere" / "deeper" / known_sweep.name
+    shutil.copytree(known_sweep, a)
+    shutil.copytree(known_sweep, b)
+    for src in (a, b):
+        assert main([str(src), "--out", str(src.parent / "rep"), "--no-progress", "--no-cache",
+                     "--figures", "entropy"]) == 0
+    tables = sorted(p.name for p in (a.parent / "rep" / "tables").iterdir())
+    assert "cells.csv" in tables and "accuracy.csv" in tables
+    for name in tables:
+        ta = (a.parent / "rep" / "tables" / name).read_bytes()
+        assert ta == (b.parent / "rep" / "tables" / name).read_bytes(), name
+        assert str(tmp_path).encode() not in ta, f"{name} carries a machine path"
+    assert (a.parent / "rep" / "report.md").read_bytes() == (b.parent / "rep" / "report.md").read_bytes()
