@@ -8,6 +8,7 @@ Reads the sweep directories (never trains, never needs a GPU), then writes into 
     figures/<name>.png|pdf|csv   every figure of analysis.figures.FIGURES that has data
     tables/accuracy.md|tex|csv   the paper-layout accuracy table
     tables/diagnostics.md|tex|csv
+    tables/mechanism.md|tex|csv  A<0 tokens below the lower bound per arm, x BF16, ratio q01, bounds
     tables/cells.csv          one row per cell: sweep, run, axes, state, steps logged, why it is not ok
     tables/surges.csv         per run: diagnostics including the surge onset step
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from analysis.collect import Collection, collect
 from analysis.figures import FIGURE_NAMES, FIGURES, figure_spec, plot_figure
 from analysis.surge import SurgeRule
-from analysis.tables import accuracy_table, diagnostics_table, run_diagnostics
+from analysis.tables import accuracy_table, diagnostics_table, mechanism_table, run_diagnostics
 
 
 def _md_table(df, columns: Sequence[str]) -> str:
@@ -74,6 +75,8 @@ def write_report(
     acc.write(tab_dir)
     diag = diagnostics_table(coll, rule)
     diag.write(tab_dir)
+    mech = mechanism_table(coll)
+    mech.write(tab_dir)
     # No ``path`` column: ``sweep`` + ``run`` name the directory, and a published table must not
     # carry the machine's paths (nor change when the sweep directory is moved).
     cells = coll.runs.drop(columns=["summary", "path", "run_dir"], errors="ignore")
@@ -95,7 +98,8 @@ def write_report(
         md.append("None: every cell of the manifest finished.")
     if coll.notes:
         md += ["", "Data notes:", ""] + [f"- {x}" for x in coll.notes]
-    md += ["", "## Accuracy", "", acc.markdown, "## Diagnostics", "", diag.markdown]
+    md += ["", "## Accuracy", "", acc.markdown, "## Diagnostics", "", diag.markdown,
+           "## Mechanism: FP8 noise and the lower clip bound", "", mech.markdown]
     md += ["## Figures", ""]
     for name, (spec, paths) in figs.items():
         if paths is None:

@@ -18,7 +18,11 @@ logged steps, at least one), peak entropy (max of the EMA-smoothed curve), surge
 ``actor/clipfrac_neg_low`` over training, and the final garbled fraction (last 5%, as for
 entropy). Each number is a mean over runs.
 
-Both tables are written as Markdown, LaTeX (booktabs: ``\\toprule``/``\\midrule``/
+**Mechanism table** (:func:`mechanism_table`): per arm, ``actor/clipfrac_neg_low`` with its
+spread over runs and relative to the block's BF16 arm, the ratio's q01 over A<0 tokens, the
+rollout/trainer mismatch and the clip bounds in force at the end.
+
+All three tables are written as Markdown, LaTeX (booktabs: ``\\toprule``/``\\midrule``/
 ``\\bottomrule``; needs ``\\usepackage{booktabs}``) and a tidy CSV.
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -315,3 +320,117 @@ def clip_cells_table(coll: Collection) -> pd.DataFrame:
     df["_k"] = [arm_order_key(str(f), str(c)) for f, c in zip(df["fp8"], df["clip"], strict=True)]
     df = df.sort_values(["algorithm", "model", "_k"]).drop(columns=["_k", "fp8", "clip"])
     return df.set_index(["algorithm", "model", "arm"])[cols]
+
+
+# --- the mechanism -----------------------------------------------------------------------
+
+#: Per-run means over training that the mechanism table reports (besides the clip bounds).
+MECHANISM_MEANS: tuple[str, ...] = (M.ACTOR_CLIPFRAC_NEG_LOW, M.ACTOR_RATIO_NEG_Q01, M.ROLLOUT_MISMATCH_KL)
+
+
+def _bf16_reference(arms: Sequence[tuple[str, str]]) -> tuple[str, str] | None:
+    """The block's BF16 reference arm: ``bf16`` + ``vanilla`` if present, else the first ``bf16`` arm."""
+    bf16 = [a for a in arms if a[0] == "bf16"]
+    if not bf16:
+        return None
+    return ("bf16", "vanilla") if ("bf16", "vanilla") in bf16 else bf16[0]
+
+
+def run_mechanism(coll: Collection) -> pd.DataFrame:
+    """Per run: the mean over logged steps of each of :data:`MECHANISM_MEANS` (NaN where the run
+    never logged it) and the last logged ``clip/low`` / ``clip/high``, plus axes and ``cell``."""
+    rows = []
+    for run, g in coll.steps.groupby("run", observed=True, sort=False):
+        g = g.sort_values("step")
+        row = {"run": str(run)}
+        for name in MECHANISM_MEANS:
+            v = g[name].to_numpy(dtype=float) if name in g.columns else np.array([])
+            row[name] = float(np.nanmean(v)) if np.isfinite(v).any() else math.nan
+        for name in (M.CLIP_LOW, M.CLIP_HIGH):
+            v = g[name].to_numpy(dtype=float) if name in g.columns else np.array([])
+            v = v[np.isfinite(v)]
+            row[f"{name}_final"] = float(v[-1]) if len(v) else math.nan
+        rows.append(row)
+    cols = ["run", *MECHANISM_MEANS, f"{M.CLIP_LOW}_final", f"{M.CLIP_HIGH}_final"]
+    df = pd.DataFrame(rows, columns=cols)
+    return df.merge(coll.runs[["run", "algorithm", "model", "fp8", "clip", "seed", "arm", "cell"]],
+                    on="run", how="left")
+
+
+def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
+    """The paper's mechanism per arm: how many negative-advantage tokens fall below the lower
+    clip bound (gradient zeroed), relative to BF16, and what drives it.
+
+    Per (algorithm, model, arm), over every run that logged metrics (finished or not, as the
+    diagnostics table): ``actor/clipfrac_neg_low`` averaged over a run's steps, then mean ± std
+    (ddof=1) over runs; ``x_bf16`` = that mean over the block's BF16 reference arm's mean
+    (``bf16`` + ``vanilla`` if the block has it, else its first ``bf16`` arm; NaN without
+    one); the run-mean ``actor/ratio_neg_q01`` and ``rollout/mismatch_kl`` and the last
+    ``clip/low`` / ``clip/high`` in force, each a mean over runs.
+    """
+    per_run = run_mechanism(coll)
+    cnl = M.ACTOR_CLIPFRAC_NEG_LOW
+    rows = []
+    for algo, model, arms in _blocks(coll):
+        blk = per_run[(per_run["algorithm"].astype(str) == algo) & (per_run["model"].astype(str) == model)]
+
+        def of(arm, blk=blk):
+            return blk[(blk["fp8"].astype(str) == arm[0]) & (blk["clip"].astype(str) == arm[1])]
+
+        def vals(r, c):
+            v = r[c].to_numpy(dtype=float)
+            return v[np.isfinite(v)]
+
+        ref = _bf16_reference(arms)
+        ref_v = vals(of(ref), cnl) if ref is not None else np.array([])
+        ref_mean = float(ref_v.mean()) if len(ref_v) else math.nan
+        for arm in arms:
+            r = of(arm)
+            v = vals(r, cnl)
+            mean = float(v.mean()) if len(v) else math.nan
+            row = {"algorithm": algo, "model": model, "arm": arm_label(*arm), "fp8": arm[0], "clip": arm[1],
+                   "runs": len(r), "clipfrac_neg_low_mean": mean, "clipfrac_neg_low_std": _std(v),
+                   "x_bf16": mean / ref_mean if ref_mean > 0 else math.nan,
+                   "bf16_reference": arm_label(*ref) if ref is not None else ""}
+            for c, key in ((M.ACTOR_RATIO_NEG_Q01, "ratio_neg_q01"), (M.ROLLOUT_MISMATCH_KL, "mismatch_kl"),
+                           (f"{M.CLIP_LOW}_final", "clip_low_final"), (f"{M.CLIP_HIGH}_final", "clip_high_final")):
+                w = vals(r, c)
+                row[key] = float(w.mean()) if len(w) else math.nan
+            rows.append(row)
+    df = pd.DataFrame(rows, columns=["algorithm", "model", "arm", "fp8", "clip", "runs",
+                                     "clipfrac_neg_low_mean", "clipfrac_neg_low_std", "x_bf16",
+                                     "bf16_reference", "ratio_neg_q01", "mismatch_kl",
+                                     "clip_low_final", "clip_high_final"])
+    header = ["Arm", "runs", "A<0 below low (%)", "x BF16", "ratio q01 (A<0)", "mismatch KL",
+              "final low / high"]
+
+    def cells(r, latex: bool) -> list[str]:
+        def f(x, fmt):
+            return "n/a" if not np.isfinite(x) else format(x, fmt)
+        pm = " $\\pm$ " if latex else " ± "
+        c = f(100 * r["clipfrac_neg_low_mean"], ".3f")
+        if np.isfinite(r["clipfrac_neg_low_std"]):
+            c += pm + f(100 * r["clipfrac_neg_low_std"], ".3f")
+        return [_latex_escape(r["arm"]) if latex else r["arm"], str(r["runs"]), c, f(r["x_bf16"], ".1f"),
+                f(r["ratio_neg_q01"], ".3f"), f(r["mismatch_kl"], ".2e"),
+                f"{f(r['clip_low_final'], '.3f')} / {f(r['clip_high_final'], '.3f')}"]
+
+    md, tex = [], []
+    for (algo, model), g in df.groupby(["algorithm", "model"], sort=False):
+        refname = g["bf16_reference"].iloc[0] or "none in this block"
+        md.append(f"**{algo.upper()} · {model}** — A<0 tokens below the lower clip bound, mean over "
+                  f"training (± std over runs); x BF16 relative to {refname}\n")
+        md.append("| " + " | ".join(header) + " |")
+        md.append("|---|" + "---:|" * (len(header) - 1))
+        tex += ["\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
+                f"\\multicolumn{{{len(header)}}}{{l}}{{{_latex_escape(algo.upper())} · "
+                f"{_latex_escape(model)}}} \\\\", "\\midrule",
+                " & ".join(_latex_escape(h) for h in header) + " \\\\", "\\midrule"]
+        for _, r in g.iterrows():
+            md.append("| " + " | ".join(cells(r, False)) + " |")
+            tex.append(" & ".join(cells(r, True)) + " \\\\")
+        md.append("")
+        tex += ["\\bottomrule", "\\end{tabular}", ""]
+    md.append("Per run: means over logged steps (`actor/clipfrac_neg_low`, `actor/ratio_neg_q01`, "
+              "`rollout/mismatch_kl`) and the last `clip/low` / `clip/high`; then mean over runs.")
+    return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")

@@ -105,3 +105,53 @@ def test_clip_cells_table(known_coll):
     # planted: surging runs clip more A<0 tokens than BF16
     assert (t.loc[("grpo", "8b", "FP8 tensorwise (vanilla)"), "actor/clipfrac_neg_low"]
             > t.loc[("grpo", "8b", "BF16"), "actor/clipfrac_neg_low"])
+
+
+def test_mechanism_table_against_a_per_run_loop(known_coll):
+    """Mean over steps per run, then mean/std over runs; x BF16 against the BF16 vanilla arm."""
+    from analysis.tables import mechanism_table
+
+    t = mechanism_table(known_coll)
+    d = t.data.set_index("arm")
+    st = known_coll.steps
+
+    def per_run_means(fp8, clip, metric):
+        g = st[(st["fp8"] == fp8) & (st["clip"] == clip)]
+        out = []
+        for _, r in g.groupby("run", observed=True):
+            v = r[metric].to_numpy(dtype=float)
+            v = v[np.isfinite(v)]
+            if len(v):
+                out.append(sum(v) / len(v))
+        return np.array(out)
+
+    ref = per_run_means("bf16", "vanilla", "actor/clipfrac_neg_low").mean()
+    for fp8, clip in ARMS:
+        v = per_run_means(fp8, clip, "actor/clipfrac_neg_low")
+        row = d.loc[arm_label(fp8, clip)]
+        assert row["runs"] == len(v)
+        assert np.isclose(row["clipfrac_neg_low_mean"], v.mean())
+        assert np.isclose(row["clipfrac_neg_low_std"], np.std(v, ddof=1))
+        assert np.isclose(row["x_bf16"], v.mean() / ref)
+        q = per_run_means(fp8, clip, "actor/ratio_neg_q01")
+        assert np.isclose(row["ratio_neg_q01"], q.mean())
+        g = st[(st["fp8"] == fp8) & (st["clip"] == clip)].sort_values("step")
+        lows = [r["clip/low"].dropna().iloc[-1] for _, r in g.groupby("run", observed=True)]
+        assert np.isclose(row["clip_low_final"], np.mean(lows))
+    assert d.loc["BF16", "x_bf16"] == 1.0
+    assert (d["bf16_reference"] == "BF16").all()
+    assert "x BF16" in t.markdown and "±" in t.markdown and "\\toprule" in t.latex
+
+
+def test_mechanism_table_without_a_bf16_arm(known_coll):
+    import dataclasses
+
+    from analysis.tables import mechanism_table
+
+    keep = known_coll.runs["fp8"] != "bf16"
+    runs = known_coll.runs[keep]
+    coll = dataclasses.replace(known_coll, runs=runs,
+                               steps=known_coll.steps[known_coll.steps["run"].isin(runs["run"])])
+    t = mechanism_table(coll)
+    assert len(t.data) and t.data["x_bf16"].isna().all()
+    assert "none in this block" in t.markdown
