@@ -9,6 +9,8 @@ Reads the sweep directories (never trains, never needs a GPU), then writes into 
     tables/accuracy.md|tex|csv   the paper-layout accuracy table
     tables/diagnostics.md|tex|csv
     tables/mechanism.md|tex|csv  A<0 tokens below the lower bound per arm, x BF16, ratio q01, bounds
+    tables/trajectory.md|tex|csv entropy, garbled fraction and eval accuracy, start vs end, per arm
+    tables/calibration.md|tex|csv  calibrated arms: alpha, L, H at every calibration step
     tables/cells.csv          one row per cell: sweep, run, axes, state, steps logged, why it is not ok
     tables/surges.csv         per run: diagnostics including the surge onset step
 
@@ -29,7 +31,14 @@ from pathlib import Path
 from analysis.collect import Collection, collect
 from analysis.figures import FIGURE_NAMES, FIGURES, figure_spec, plot_figure
 from analysis.surge import SurgeRule
-from analysis.tables import accuracy_table, diagnostics_table, mechanism_table, run_diagnostics
+from analysis.tables import (
+    accuracy_table,
+    calibration_table,
+    diagnostics_table,
+    mechanism_table,
+    run_diagnostics,
+    trajectory_table,
+)
 
 
 def _md_table(df, columns: Sequence[str]) -> str:
@@ -77,6 +86,10 @@ def write_report(
     diag.write(tab_dir)
     mech = mechanism_table(coll)
     mech.write(tab_dir)
+    traj = trajectory_table(coll)
+    traj.write(tab_dir)
+    cal = calibration_table(coll)
+    cal.write(tab_dir)
     # No ``path`` column: ``sweep`` + ``run`` name the directory, and a published table must not
     # carry the machine's paths (nor change when the sweep directory is moved).
     cells = coll.runs.drop(columns=["summary", "path", "run_dir"], errors="ignore")
@@ -99,7 +112,9 @@ def write_report(
     if coll.notes:
         md += ["", "Data notes:", ""] + [f"- {x}" for x in coll.notes]
     md += ["", "## Accuracy", "", acc.markdown, "## Diagnostics", "", diag.markdown,
-           "## Mechanism: FP8 noise and the lower clip bound", "", mech.markdown]
+           "## Mechanism: FP8 noise and the lower clip bound", "", mech.markdown,
+           "## Start versus end of training", "", traj.markdown,
+           "## Calibrated Clipping: the bounds over time", "", cal.markdown]
     md += ["## Figures", ""]
     for name, (spec, paths) in figs.items():
         if paths is None:

@@ -434,3 +434,168 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
     md.append("Per run: means over logged steps (`actor/clipfrac_neg_low`, `actor/ratio_neg_q01`, "
               "`rollout/mismatch_kl`) and the last `clip/low` / `clip/high`; then mean over runs.")
     return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
+
+
+# --- calibration over time ---------------------------------------------------------------
+
+CALIBRATION_METRICS: tuple[str, ...] = (M.CLIP_ALPHA, M.SHADOW_CLIPFRAC_NEG_LOW, M.CLIP_LOW, M.CLIP_HIGH,
+                                        M.ACTOR_CLIPFRAC_NEG_LOW)
+
+
+def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
+    """What the calibrated arms' controller did, step by step.
+
+    For every calibrated arm (``clip == "calibrated"``) and every step at which any of its runs
+    logged ``clip/alpha`` (a calibration step), plus the arm's first and last logged steps: the
+    mean over runs of ``clip/alpha`` (the BF16 shadow's fraction of A<0 tokens below 1 - eps_low),
+    ``shadow/clipfrac_neg_low``, the bounds in force (``clip/low``, ``clip/high``) and the FP8
+    ``actor/clipfrac_neg_low`` of that step. Empty (with a sentence saying so) when no arm is
+    calibrated.
+    """
+    st = coll.steps
+    rows = []
+    for algo, model, arms in _blocks(coll):
+        for fp8, clip in arms:
+            if clip != "calibrated":
+                continue
+            g = st[(st["algorithm"].astype(str) == algo) & (st["model"].astype(str) == model)
+                   & (st["fp8"].astype(str) == fp8) & (st["clip"].astype(str) == clip)]
+            if g.empty:
+                continue
+            steps = set(g["step"].astype(int))
+            cal = (set(g.loc[g[M.CLIP_ALPHA].notna(), "step"].astype(int)) if M.CLIP_ALPHA in g.columns
+                   else set())
+            for step in sorted(cal | {min(steps), max(steps)}):
+                at = g[g["step"] == step]
+                row = {"algorithm": algo, "model": model, "arm": arm_label(fp8, clip), "fp8": fp8,
+                       "clip": clip, "step": step, "calibration": step in cal, "runs": at["run"].nunique()}
+                for m in CALIBRATION_METRICS:
+                    v = at[m].to_numpy(dtype=float) if m in at.columns else np.array([])
+                    v = v[np.isfinite(v)]
+                    row[m] = float(v.mean()) if len(v) else math.nan
+                rows.append(row)
+    cols = ["algorithm", "model", "arm", "fp8", "clip", "step", "calibration", "runs", *CALIBRATION_METRICS]
+    df = pd.DataFrame(rows, columns=cols)
+    header = ["Arm", "step", "runs", "alpha: BF16 shadow A<0 below 1-eps (%)", "L", "H", "FP8 A<0 below L (%)"]
+
+    def cells(r, latex: bool) -> list[str]:
+        def f(x, fmt):
+            return "" if not np.isfinite(x) else format(x, fmt)
+        step = f"{r['step']}{'' if r['calibration'] else ' (not a calibration step)'}"
+        return [_latex_escape(r["arm"]) if latex else r["arm"], step, str(r["runs"]),
+                f(100 * r[M.CLIP_ALPHA], ".3f"),
+                f(r[M.CLIP_LOW], ".4f"), f(r[M.CLIP_HIGH], ".4f"),
+                f(100 * r[M.ACTOR_CLIPFRAC_NEG_LOW], ".3f")]
+
+    md, tex = [], []
+    if df.empty:
+        md.append("No calibrated arm in these sweeps.")
+        tex.append("% No calibrated arm in these sweeps.")
+    for (algo, model), g in df.groupby(["algorithm", "model"], sort=False):
+        md.append(f"**{algo.upper()} · {model}** — calibrated bounds at each calibration step "
+                  "(mean over runs; the bounds apply from that step's update on)\n")
+        md.append("| " + " | ".join(header) + " |")
+        md.append("|---|" + "---:|" * (len(header) - 1))
+        tex += ["\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
+                " & ".join(_latex_escape(h) for h in header) + " \\\\", "\\midrule"]
+        for _, r in g.iterrows():
+            md.append("| " + " | ".join(cells(r, False)) + " |")
+            tex.append(" & ".join(cells(r, True)) + " \\\\")
+        md.append("")
+        tex += ["\\bottomrule", "\\end{tabular}", ""]
+    return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
+
+
+# --- trajectory: start vs end ------------------------------------------------------------
+
+TRAJECTORY_WINDOW = 0.25
+
+
+def trajectory_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str = "trajectory") -> Table:
+    """Start versus end of training per arm: did entropy, garbling or accuracy move?
+
+    Per run (every run that logged metrics): mean ``actor/entropy`` and ``rollout/garbled_frac``
+    over the first and the last quarter of its logged steps (at least one step each), the max
+    of ``actor/entropy`` over all steps, and the evaluation ``stat`` (mean over datasets) at the
+    first and the last evaluation. Per arm: mean and sample std (ddof=1) over runs.
+    """
+    st = coll.steps
+    ev = coll.evals
+    ev = ev[ev["stat"] == stat] if len(ev) else ev
+    per_run = []
+    for run, g in st.groupby("run", observed=True, sort=False):
+        g = g.sort_values("step")
+        w = max(1, math.ceil(TRAJECTORY_WINDOW * len(g)))
+
+        def win(m, part, g=g, w=w):
+            if m not in g.columns:
+                return math.nan
+            v = g[m].to_numpy(dtype=float)
+            v = v[:w] if part == "first" else v[-w:]
+            v = v[np.isfinite(v)]
+            return float(v.mean()) if len(v) else math.nan
+
+        ent = g[M.ACTOR_ENTROPY].to_numpy(dtype=float) if M.ACTOR_ENTROPY in g.columns else np.array([])
+        ent = ent[np.isfinite(ent)]
+        e = ev[ev["run"] == run] if len(ev) else ev
+        by_step = e.groupby("step")["value"].mean().sort_index() if len(e) else pd.Series(dtype=float)
+        per_run.append({
+            "run": str(run),
+            "entropy_first": win(M.ACTOR_ENTROPY, "first"), "entropy_last": win(M.ACTOR_ENTROPY, "last"),
+            "entropy_max": float(ent.max()) if len(ent) else math.nan,
+            "garbled_first": win(M.ROLLOUT_GARBLED_FRAC, "first"),
+            "garbled_last": win(M.ROLLOUT_GARBLED_FRAC, "last"),
+            "eval_first": float(by_step.iloc[0]) if len(by_step) else math.nan,
+            "eval_last": float(by_step.iloc[-1]) if len(by_step) else math.nan,
+        })
+    keys = ["entropy_first", "entropy_last", "entropy_max", "garbled_first", "garbled_last",
+            "eval_first", "eval_last"]
+    pr = pd.DataFrame(per_run, columns=["run", *keys]).merge(
+        coll.runs[["run", "algorithm", "model", "fp8", "clip"]], on="run", how="left")
+    rows = []
+    for algo, model, arms in _blocks(coll):
+        for fp8, clip in arms:
+            r = pr[(pr["algorithm"].astype(str) == algo) & (pr["model"].astype(str) == model)
+                   & (pr["fp8"].astype(str) == fp8) & (pr["clip"].astype(str) == clip)]
+            row = {"algorithm": algo, "model": model, "arm": arm_label(fp8, clip), "fp8": fp8, "clip": clip,
+                   "runs": len(r)}
+            for k in keys:
+                v = r[k].to_numpy(dtype=float)
+                v = v[np.isfinite(v)]
+                row[f"{k}_mean"] = float(v.mean()) if len(v) else math.nan
+                row[f"{k}_std"] = _std(v)
+            rows.append(row)
+    cols = ["algorithm", "model", "arm", "fp8", "clip", "runs"] + [f"{k}_{s}" for k in keys for s in ("mean", "std")]
+    df = pd.DataFrame(rows, columns=cols)
+    header = ["Arm", "runs", "entropy first → last", "entropy max", "garbled % first → last",
+              f"eval {stat} % first → last"]
+
+    def ms(r, k, scale, fmt, latex):
+        m, s = r[f"{k}_mean"] * scale, r[f"{k}_std"] * scale
+        if not np.isfinite(m):
+            return "n/a"
+        pm = " $\\pm$ " if latex else " ± "
+        return format(m, fmt) + (pm + format(s, fmt) if np.isfinite(s) else "")
+
+    def cells(r, latex: bool) -> list[str]:
+        arrow = " $\\to$ " if latex else " → "
+        return [_latex_escape(r["arm"]) if latex else r["arm"], str(r["runs"]),
+                ms(r, "entropy_first", 1, ".3f", latex) + arrow + ms(r, "entropy_last", 1, ".3f", latex),
+                ms(r, "entropy_max", 1, ".3f", latex),
+                ms(r, "garbled_first", 100, ".2f", latex) + arrow + ms(r, "garbled_last", 100, ".2f", latex),
+                ms(r, "eval_first", 100, ".1f", latex) + arrow + ms(r, "eval_last", 100, ".1f", latex)]
+
+    md, tex = [], []
+    for (algo, model), g in df.groupby(["algorithm", "model"], sort=False):
+        md.append(f"**{algo.upper()} · {model}** — first vs last {TRAJECTORY_WINDOW:.0%} of steps, "
+                  "first vs last evaluation (mean ± std over runs)\n")
+        md.append("| " + " | ".join(header) + " |")
+        md.append("|---|" + "---:|" * (len(header) - 1))
+        tex += ["\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
+                " & ".join(_latex_escape(h) for h in header) + " \\\\", "\\midrule"]
+        for _, r in g.iterrows():
+            md.append("| " + " | ".join(cells(r, False)) + " |")
+            tex.append(" & ".join(cells(r, True)) + " \\\\")
+        md.append("")
+        tex += ["\\bottomrule", "\\end{tabular}", ""]
+    return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")

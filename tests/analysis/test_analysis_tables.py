@@ -155,3 +155,73 @@ def test_mechanism_table_without_a_bf16_arm(known_coll):
     t = mechanism_table(coll)
     assert len(t.data) and t.data["x_bf16"].isna().all()
     assert "none in this block" in t.markdown
+
+
+def test_calibration_table_lists_every_calibration_step(known_coll):
+    from analysis.tables import calibration_table
+
+    t = calibration_table(known_coll)
+    d = t.data
+    assert set(d["arm"]) == {arm_label("tensorwise", "calibrated")}  # only calibrated arms
+    st = known_coll.steps
+    g = st[(st["fp8"] == "tensorwise") & (st["clip"] == "calibrated")]
+    cal_steps = sorted(set(g.loc[g["clip/alpha"].notna(), "step"].astype(int)))
+    assert cal_steps, "the synthetic calibrated runs log clip/alpha on calibration steps"
+    assert sorted(d.loc[d["calibration"], "step"]) == cal_steps
+    assert d["step"].min() == g["step"].min() and d["step"].max() == g["step"].max()
+    for _, r in d.iterrows():
+        at = g[g["step"] == r["step"]]
+        assert r["runs"] == at["run"].nunique()
+        for m in ("clip/low", "clip/high", "clip/alpha"):
+            v = at[m].dropna()
+            assert (np.isnan(r[m]) and v.empty) or np.isclose(r[m], v.mean()), (r["step"], m)
+    # the planted controller moves the bounds from (0.6, 1.8) towards (0.7, 1.35)
+    first, last = d.iloc[0], d.iloc[-1]
+    assert last["clip/low"] > first["clip/low"] and last["clip/high"] < first["clip/high"]
+    assert "alpha" in t.markdown and "(not a calibration step)" in t.markdown
+
+
+def test_calibration_table_without_calibrated_arms(known_coll):
+    import dataclasses
+
+    from analysis.tables import calibration_table
+
+    runs = known_coll.runs[known_coll.runs["clip"] != "calibrated"]
+    coll = dataclasses.replace(known_coll, runs=runs,
+                               steps=known_coll.steps[known_coll.steps["run"].isin(runs["run"])])
+    t = calibration_table(coll)
+    assert t.data.empty and "No calibrated arm" in t.markdown
+
+
+def test_trajectory_table_against_a_per_run_loop(known_coll):
+    import math
+
+    from analysis.tables import TRAJECTORY_WINDOW, trajectory_table
+
+    t = trajectory_table(known_coll)
+    d = t.data.set_index("arm")
+    st, ev = known_coll.steps, known_coll.evals
+    for fp8, clip in ARMS:
+        firsts, lasts, maxes, ev_first, ev_last = [], [], [], [], []
+        for run, g in st[(st["fp8"] == fp8) & (st["clip"] == clip)].groupby("run", observed=True):
+            e = g.sort_values("step")["actor/entropy"].to_numpy(dtype=float)
+            w = max(1, math.ceil(TRAJECTORY_WINDOW * len(e)))
+            firsts.append(np.nanmean(e[:w]))
+            lasts.append(np.nanmean(e[-w:]))
+            maxes.append(np.nanmax(e))
+            r = ev[(ev["run"] == run) & (ev["stat"] == "avg@k")]
+            if len(r):
+                by = r.groupby("step")["value"].mean().sort_index()
+                ev_first.append(by.iloc[0])
+                ev_last.append(by.iloc[-1])
+        row = d.loc[arm_label(fp8, clip)]
+        assert np.isclose(row["entropy_first_mean"], np.mean(firsts))
+        assert np.isclose(row["entropy_last_mean"], np.mean(lasts))
+        assert np.isclose(row["entropy_max_mean"], np.mean(maxes))
+        assert np.isclose(row["eval_last_mean"], np.mean(ev_last))
+        assert np.isclose(row["eval_first_std"], np.std(ev_first, ddof=1))
+    # planted surges: the surging arm ends with more entropy than it started with; BF16 does not
+    assert d.loc["FP8 tensorwise (vanilla)", "entropy_last_mean"] > d.loc["FP8 tensorwise (vanilla)",
+                                                                          "entropy_first_mean"]
+    assert d.loc["BF16", "entropy_last_mean"] < d.loc["BF16", "entropy_first_mean"]
+    assert "→" in t.markdown and "$\\to$" in t.latex
