@@ -100,6 +100,32 @@ def _blocks(coll: Collection) -> list[tuple[str, str, list[tuple[str, str]]]]:
     return sorted(out, key=lambda b: panel_order_key(b[0], b[1]))
 
 
+def _render_blocks(df: pd.DataFrame, header: Sequence[str], cells, caption) -> tuple[list[str], list[str]]:
+    """Markdown and LaTeX lines of one table per (algorithm, model) block of ``df``.
+
+    ``cells(row, latex) -> list[str]`` renders a row; ``caption(algo, model, block_df) -> str``
+    is the Markdown line above each block (the LaTeX table gets ``ALGO · model`` as its title).
+    """
+    md: list[str] = []
+    tex: list[str] = []
+    if df.empty:
+        return md, tex
+    for (algo, model), g in df.groupby(["algorithm", "model"], sort=False):
+        md.append(f"**{algo.upper()} · {model}** — {caption(algo, model, g)}\n")
+        md.append("| " + " | ".join(header) + " |")
+        md.append("|---|" + "---:|" * (len(header) - 1))
+        tex += ["\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
+                f"\\multicolumn{{{len(header)}}}{{l}}{{{_latex_escape(algo.upper())} · "
+                f"{_latex_escape(model)}}} \\\\", "\\midrule",
+                " & ".join(_latex_escape(h) for h in header) + " \\\\", "\\midrule"]
+        for _, r in g.iterrows():
+            md.append("| " + " | ".join(cells(r, False)) + " |")
+            tex.append(" & ".join(cells(r, True)) + " \\\\")
+        md.append("")
+        tex += ["\\bottomrule", "\\end{tabular}", ""]
+    return md, tex
+
+
 def accuracy_table(coll: Collection, *, stat: str = M.EVAL_AVG, percent: bool = True,
                    decimals: int = 1, name: str = "accuracy") -> Table:
     """The accuracy table (see the module docstring)."""
@@ -279,21 +305,7 @@ def diagnostics_table(coll: Collection, rule: SurgeRule = SurgeRule(), *, decima
                 f(r["peak_entropy"]), f"{r['surged']}/{r['runs']}{onset}",
                 f(r["mean_clipfrac_neg_low"], 4), f(r["final_garbled_frac"])]
 
-    md, tex = [], []
-    if len(df):
-        for (algo, model), g in df.groupby(["algorithm", "model"], sort=False):
-            md.append(f"**{algo.upper()} · {model}** — end-of-training diagnostics (mean over runs)\n")
-            md.append("| " + " | ".join(header) + " |")
-            md.append("|---|" + "---:|" * (len(header) - 1))
-            tex += ["\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
-                    f"\\multicolumn{{{len(header)}}}{{l}}{{{_latex_escape(algo.upper())} · "
-                    f"{_latex_escape(model)}}} \\\\", "\\midrule",
-                    " & ".join(_latex_escape(h) for h in header) + " \\\\", "\\midrule"]
-            for _, r in g.iterrows():
-                md.append("| " + " | ".join(cells(r, False)) + " |")
-                tex.append(" & ".join(cells(r, True)) + " \\\\")
-            md.append("")
-            tex += ["\\bottomrule", "\\end{tabular}", ""]
+    md, tex = _render_blocks(df, header, cells, lambda a, m, g: "end-of-training diagnostics (mean over runs)")
     md.append(f"Surge rule: {rule.describe()}. Runs include unfinished ones (a surging run may fail); "
               f"'final' = mean over the last {FINAL_FRACTION:.0%} of logged steps.")
     tex.append(f"% Surge rule: {rule.describe()}.")
@@ -415,22 +427,12 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
                 f(r["ratio_neg_q01"], ".3f"), f(r["mismatch_kl"], ".2e"),
                 f"{f(r['clip_low_final'], '.3f')} / {f(r['clip_high_final'], '.3f')}"]
 
-    md, tex = [], []
-    for (algo, model), g in df.groupby(["algorithm", "model"], sort=False):
-        refname = g["bf16_reference"].iloc[0] or "none in this block"
-        md.append(f"**{algo.upper()} · {model}** — A<0 tokens below the lower clip bound, mean over "
-                  f"training (± std over runs); x BF16 relative to {refname}\n")
-        md.append("| " + " | ".join(header) + " |")
-        md.append("|---|" + "---:|" * (len(header) - 1))
-        tex += ["\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
-                f"\\multicolumn{{{len(header)}}}{{l}}{{{_latex_escape(algo.upper())} · "
-                f"{_latex_escape(model)}}} \\\\", "\\midrule",
-                " & ".join(_latex_escape(h) for h in header) + " \\\\", "\\midrule"]
-        for _, r in g.iterrows():
-            md.append("| " + " | ".join(cells(r, False)) + " |")
-            tex.append(" & ".join(cells(r, True)) + " \\\\")
-        md.append("")
-        tex += ["\\bottomrule", "\\end{tabular}", ""]
+    def caption(algo, model, g):
+        ref = g["bf16_reference"].iloc[0] or "none in this block"
+        return (f"A<0 tokens below the lower clip bound, mean over training (± std over runs); "
+                f"x BF16 relative to {ref}")
+
+    md, tex = _render_blocks(df, header, cells, caption)
     md.append("Per run: means over logged steps (`actor/clipfrac_neg_low`, `actor/ratio_neg_q01`, "
               "`rollout/mismatch_kl`) and the last `clip/low` / `clip/high`; then mean over runs.")
     return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
@@ -487,22 +489,12 @@ def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
                 f(r[M.CLIP_LOW], ".4f"), f(r[M.CLIP_HIGH], ".4f"),
                 f(100 * r[M.ACTOR_CLIPFRAC_NEG_LOW], ".3f")]
 
-    md, tex = [], []
+    md, tex = _render_blocks(df, header, cells, lambda a, m, g: (
+        "calibrated bounds at each calibration step (mean over runs; the bounds apply from that "
+        "step's update on)"))
     if df.empty:
         md.append("No calibrated arm in these sweeps.")
         tex.append("% No calibrated arm in these sweeps.")
-    for (algo, model), g in df.groupby(["algorithm", "model"], sort=False):
-        md.append(f"**{algo.upper()} · {model}** — calibrated bounds at each calibration step "
-                  "(mean over runs; the bounds apply from that step's update on)\n")
-        md.append("| " + " | ".join(header) + " |")
-        md.append("|---|" + "---:|" * (len(header) - 1))
-        tex += ["\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
-                " & ".join(_latex_escape(h) for h in header) + " \\\\", "\\midrule"]
-        for _, r in g.iterrows():
-            md.append("| " + " | ".join(cells(r, False)) + " |")
-            tex.append(" & ".join(cells(r, True)) + " \\\\")
-        md.append("")
-        tex += ["\\bottomrule", "\\end{tabular}", ""]
     return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
 
 
@@ -585,17 +577,6 @@ def trajectory_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str = "t
                 ms(r, "garbled_first", 100, ".2f", latex) + arrow + ms(r, "garbled_last", 100, ".2f", latex),
                 ms(r, "eval_first", 100, ".1f", latex) + arrow + ms(r, "eval_last", 100, ".1f", latex)]
 
-    md, tex = [], []
-    for (algo, model), g in df.groupby(["algorithm", "model"], sort=False):
-        md.append(f"**{algo.upper()} · {model}** — first vs last {TRAJECTORY_WINDOW:.0%} of steps, "
-                  "first vs last evaluation (mean ± std over runs)\n")
-        md.append("| " + " | ".join(header) + " |")
-        md.append("|---|" + "---:|" * (len(header) - 1))
-        tex += ["\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
-                " & ".join(_latex_escape(h) for h in header) + " \\\\", "\\midrule"]
-        for _, r in g.iterrows():
-            md.append("| " + " | ".join(cells(r, False)) + " |")
-            tex.append(" & ".join(cells(r, True)) + " \\\\")
-        md.append("")
-        tex += ["\\bottomrule", "\\end{tabular}", ""]
+    md, tex = _render_blocks(df, header, cells, lambda a, m, g: (
+        f"first vs last {TRAJECTORY_WINDOW:.0%} of steps, first vs last evaluation (mean ± std over runs)"))
     return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
