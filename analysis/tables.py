@@ -442,16 +442,21 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
 
 CALIBRATION_METRICS: tuple[str, ...] = (M.CLIP_ALPHA, M.SHADOW_CLIPFRAC_NEG_LOW, M.CLIP_LOW, M.CLIP_HIGH,
                                         M.ACTOR_CLIPFRAC_NEG_LOW)
+#: The controller's bounds before smoothing (logged by the mini backend on calibration steps).
+CLIP_LOW_RAW, CLIP_HIGH_RAW = "clip/low_raw", "clip/high_raw"
 
 
 def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
     """What the calibrated arms' controller did, step by step.
 
     For every calibrated arm (``clip == "calibrated"``) and every step at which any of its runs
-    logged ``clip/alpha`` (a calibration step), plus the arm's first and last logged steps: the
+    logged ``shadow/clipfrac_neg_low`` (a calibration step: the BF16 shadow runs only then; a
+    backend that logs no shadow metric is read by ``clip/alpha`` instead), plus the arm's first
+    and last logged steps: the
     mean over runs of ``clip/alpha`` (the BF16 shadow's fraction of A<0 tokens below 1 - eps_low),
-    ``shadow/clipfrac_neg_low``, the bounds in force (``clip/low``, ``clip/high``) and the FP8
-    ``actor/clipfrac_neg_low`` of that step. Empty (with a sentence saying so) when no arm is
+    ``shadow/clipfrac_neg_low``, the controller's target bounds before smoothing
+    (``clip/low_raw``, ``clip/high_raw``, where logged), the bounds in force (``clip/low``,
+    ``clip/high``) and the FP8 ``actor/clipfrac_neg_low`` of that step. Empty (with a sentence saying so) when no arm is
     calibrated.
     """
     st = coll.steps
@@ -465,20 +470,22 @@ def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
             if g.empty:
                 continue
             steps = set(g["step"].astype(int))
-            cal = (set(g.loc[g[M.CLIP_ALPHA].notna(), "step"].astype(int)) if M.CLIP_ALPHA in g.columns
-                   else set())
+            marker = next((m for m in (M.SHADOW_CLIPFRAC_NEG_LOW, M.CLIP_ALPHA) if m in g.columns), None)
+            cal = set(g.loc[g[marker].notna(), "step"].astype(int)) if marker else set()
             for step in sorted(cal | {min(steps), max(steps)}):
                 at = g[g["step"] == step]
                 row = {"algorithm": algo, "model": model, "arm": arm_label(fp8, clip), "fp8": fp8,
                        "clip": clip, "step": step, "calibration": step in cal, "runs": at["run"].nunique()}
-                for m in CALIBRATION_METRICS:
+                for m in (*CALIBRATION_METRICS, CLIP_LOW_RAW, CLIP_HIGH_RAW):
                     v = at[m].to_numpy(dtype=float) if m in at.columns else np.array([])
                     v = v[np.isfinite(v)]
                     row[m] = float(v.mean()) if len(v) else math.nan
                 rows.append(row)
-    cols = ["algorithm", "model", "arm", "fp8", "clip", "step", "calibration", "runs", *CALIBRATION_METRICS]
+    cols = ["algorithm", "model", "arm", "fp8", "clip", "step", "calibration", "runs", *CALIBRATION_METRICS,
+            CLIP_LOW_RAW, CLIP_HIGH_RAW]
     df = pd.DataFrame(rows, columns=cols)
-    header = ["Arm", "step", "runs", "alpha: BF16 shadow A<0 below 1-eps (%)", "L", "H", "FP8 A<0 below L (%)"]
+    header = ["Arm", "step", "runs", "alpha: BF16 shadow A<0 below 1-eps (%)", "L / H target", "L / H in force",
+              "FP8 A<0 below L (%)"]
 
     def cells(r, latex: bool) -> list[str]:
         def f(x, fmt):
@@ -486,7 +493,8 @@ def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
         step = f"{r['step']}{'' if r['calibration'] else ' (not a calibration step)'}"
         return [_latex_escape(r["arm"]) if latex else r["arm"], step, str(r["runs"]),
                 f(100 * r[M.CLIP_ALPHA], ".3f"),
-                f(r[M.CLIP_LOW], ".4f"), f(r[M.CLIP_HIGH], ".4f"),
+                f"{f(r[CLIP_LOW_RAW], '.4f')} / {f(r[CLIP_HIGH_RAW], '.4f')}" if r["calibration"] else "",
+                f"{f(r[M.CLIP_LOW], '.4f')} / {f(r[M.CLIP_HIGH], '.4f')}",
                 f(100 * r[M.ACTOR_CLIPFRAC_NEG_LOW], ".3f")]
 
     md, tex = _render_blocks(df, header, cells, lambda a, m, g: (

@@ -165,8 +165,8 @@ def test_calibration_table_lists_every_calibration_step(known_coll):
     assert set(d["arm"]) == {arm_label("tensorwise", "calibrated")}  # only calibrated arms
     st = known_coll.steps
     g = st[(st["fp8"] == "tensorwise") & (st["clip"] == "calibrated")]
-    cal_steps = sorted(set(g.loc[g["clip/alpha"].notna(), "step"].astype(int)))
-    assert cal_steps, "the synthetic calibrated runs log clip/alpha on calibration steps"
+    cal_steps = sorted(set(g.loc[g["shadow/clipfrac_neg_low"].notna(), "step"].astype(int)))
+    assert cal_steps, "the synthetic calibrated runs log the shadow on calibration steps"
     assert sorted(d.loc[d["calibration"], "step"]) == cal_steps
     assert d["step"].min() == g["step"].min() and d["step"].max() == g["step"].max()
     for _, r in d.iterrows():
