@@ -47,3 +47,16 @@ slurm-down:
 .PHONY: reproduce
 reproduce: install
 	$(BIN)/python -m experiments.launch +sweep=main_table
+
+# The published mini reproduction (docs/results/mini/README.md). After the sweeps have run:
+# copy each sweep's run directories (no checkpoints, no machine paths) into $(RESULTS)/runs/
+# and regenerate its report from that copy; tests/analysis/test_published_results.py checks it.
+RESULTS ?= docs/results/mini
+SWEEPS  ?= main_table entropy_granularity calibration_ablation surge_stress
+.PHONY: results
+results: install
+	@for s in $(SWEEPS); do \
+	  $(BIN)/python -m experiments.publish runs/$$s $(RESULTS)/runs/$$s --replace || exit 1; \
+	  rm -rf $(RESULTS)/$$s/figures $(RESULTS)/$$s/tables $(RESULTS)/$$s/report.md; \
+	  $(BIN)/python -m analysis.report $(RESULTS)/runs/$$s --out $(RESULTS)/$$s --no-cache --no-progress || exit 1; \
+	done
