@@ -21,6 +21,14 @@ in every figure whatever subset of arms a sweep holds.
 Unknown values never crash (the axes are extensible registries): an unknown FP8 setting gets
 the label ``"FP8 <name>"`` and a colour from a fallback palette picked by a stable hash
 (CRC32) of its name; an unknown clip method gets ``"+ <name>"`` and a dash-dot line.
+
+Variants. A sweep that varies options beyond the four axes (``calibration_ablation`` varies
+``clip.period``, ``clip.init_bounds`` and ``clip.upper_rule``) yields cells with the same
+(fp8, clip) that must stay apart; ``analysis.collect`` appends those options to the clip value,
+``"calibrated[clip.period=10 clip.upper_rule=fixed]"`` (:func:`with_variant`). Everything here
+reads such a value as its base method plus a variant (:func:`split_clip`): the label gets
+``" [clip.period=10 clip.upper_rule=fixed]"``, the colour and line style are the base method's,
+and variants sort by name after their base.
 """
 
 from __future__ import annotations
@@ -63,15 +71,32 @@ class ArmStyle:
     linewidth: float
 
 
+def with_variant(clip: str, variant: str) -> str:
+    """``clip`` with the sweep-specific options ``variant`` attached (unchanged when empty)."""
+    return f"{clip}[{variant}]" if variant else str(clip)
+
+
+def split_clip(clip: str) -> tuple[str, str]:
+    """``"calibrated[clip.period=10]"`` -> ``("calibrated", "clip.period=10")``; ``"tis"`` -> ``("tis", "")``."""
+    clip = str(clip)
+    if clip.endswith("]") and "[" in clip:
+        base, _, rest = clip.partition("[")
+        return base, rest[:-1]
+    return clip, ""
+
+
 def arm_label(fp8: str, clip: str) -> str:
     """The paper-style label of the arm ``(fp8, clip)`` (see the module docstring)."""
-    fp8, clip = str(fp8), str(clip)
+    fp8 = str(fp8)
+    clip, variant = split_clip(clip)
     base = FP8_LABELS.get(fp8, f"FP8 {fp8}")
     if fp8 == "bf16" or fp8 == "rollout_only":
-        return base if clip == "vanilla" else f"{base} + {CLIP_LABELS.get(clip, clip)}"
-    if clip == "vanilla":
-        return f"{base} (vanilla)"
-    return f"{base} + {CLIP_LABELS.get(clip, clip)}"
+        label = base if clip == "vanilla" else f"{base} + {CLIP_LABELS.get(clip, clip)}"
+    elif clip == "vanilla":
+        label = f"{base} (vanilla)"
+    else:
+        label = f"{base} + {CLIP_LABELS.get(clip, clip)}"
+    return f"{label} [{variant}]" if variant else label
 
 
 def arm_order_key(fp8: str, clip: str) -> tuple:
@@ -79,14 +104,15 @@ def arm_order_key(fp8: str, clip: str) -> tuple:
     within one, known clip methods in :data:`CLIP_LABELS` order, then unknown ones."""
     fp8_keys = list(FP8_LABELS)
     clip_keys = list(CLIP_LABELS)
+    clip, variant = split_clip(clip)
     f = (0, fp8_keys.index(fp8), "") if fp8 in FP8_LABELS else (1, 0, str(fp8))
     c = (0, clip_keys.index(clip), "") if clip in CLIP_LABELS else (1, 0, str(clip))
-    return (*f, *c)
+    return (*f, *c, _natural(variant))
 
 
 def arm_style(fp8: str, clip: str) -> ArmStyle:
     """The fixed colour / line style of ``(fp8, clip)``; unknown values get a stable fallback."""
-    fp8, clip = str(fp8), str(clip)
+    fp8, clip = str(fp8), split_clip(clip)[0]
     if fp8 in _COLOURS:
         shades = _COLOURS[fp8]
         idx = list(CLIP_LABELS).index(clip) if clip in CLIP_LABELS else 1

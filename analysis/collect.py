@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.arms import arm_label, arm_order_key
+from analysis.arms import arm_label, arm_order_key, with_variant
 from fp8rl.runs import metrics as M
 from fp8rl.runs.identity import parse_run_name
 from fp8rl.runs.manifest import AXES, MANIFEST_FILE, read_manifest
@@ -499,6 +499,32 @@ def _progress(iterable, total: int, progress: bool | None, desc: str):
     return tqdm(iterable, total=total, desc=desc, unit="run", leave=False)
 
 
+_NOT_VARIANT_KEYS = frozenset((*AXES, "seeds"))
+
+
+def _variants(overrides: Sequence[Sequence[str]]) -> list[str]:
+    """Per cell, the options beyond the grid axes whose values differ between the cells.
+
+    ``overrides`` are the manifest cells' command-line overrides. Axis keys (``fp8=``, ``seed=``,
+    ...), ``+``/``~`` group additions and options every cell shares are left out; what is left
+    (``calibration_ablation``: ``clip.period``, ``clip.init_bounds``, ``clip.upper_rule``) is
+    returned as ``"key=value key=value"`` in the order the keys first appear, "" when none.
+    """
+    parsed: list[dict[str, str]] = []
+    order: dict[str, None] = {}
+    for ovs in overrides:
+        d = {}
+        for o in ovs:
+            key, eq, value = str(o).partition("=")
+            if not eq or key.startswith(("+", "~")) or key in _NOT_VARIANT_KEYS:
+                continue
+            d[key] = value
+            order.setdefault(key, None)
+        parsed.append(d)
+    varying = [k for k in order if len({d.get(k) for d in parsed}) > 1]
+    return [" ".join(f"{k}={d[k]}" for k in varying if k in d) for d in parsed]
+
+
 def _discover(sweep_dir: Path) -> tuple[str, list[dict], list[str]]:
     """Cells of one sweep: manifest cells plus unlisted run directories."""
     notes = []
@@ -508,11 +534,14 @@ def _discover(sweep_dir: Path) -> tuple[str, list[dict], list[str]]:
     if (sweep_dir / MANIFEST_FILE).exists():
         man = read_manifest(sweep_dir)
         sweep = man.sweep
-        for c in man.cells:
+        variants = _variants([c.overrides for c in man.cells])
+        for c, variant in zip(man.cells, variants, strict=True):
             run = Path(c.run_dir).name
             listed.add(str(Path(c.run_dir)))
+            axes = dict(c.axes)
+            axes["clip"] = with_variant(axes.get("clip"), variant) if axes.get("clip") is not None else None
             cells.append({"sweep": sweep, "run": run, "name": c.name, "hash": c.hash,
-                          "axes": dict(c.axes), "path": sweep_dir / c.run_dir, "in_manifest": True})
+                          "axes": axes, "path": sweep_dir / c.run_dir, "in_manifest": True})
     else:
         notes.append(
             f"{sweep_dir}: no {MANIFEST_FILE}; run directories were discovered by listing, so "

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.arms import arm_label, arm_order_key, panel_order_key
+from analysis.arms import arm_label, arm_order_key, panel_order_key, split_clip
 from analysis.collect import CELL_OK, Collection, final_evals
 from analysis.surge import SurgeRule, ema, surge_onset
 from fp8rl.runs import metrics as M
@@ -449,7 +449,7 @@ CLIP_LOW_RAW, CLIP_HIGH_RAW = "clip/low_raw", "clip/high_raw"
 def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
     """What the calibrated arms' controller did, step by step.
 
-    For every calibrated arm (``clip == "calibrated"``) and every step at which any of its runs
+    For every calibrated arm (clip method ``calibrated``, any variant) and every step at which any of its runs
     logged ``shadow/clipfrac_neg_low`` (a calibration step: the BF16 shadow runs only then; a
     backend that logs no shadow metric is read by ``clip/alpha`` instead), plus the arm's first
     and last logged steps: the
@@ -463,7 +463,7 @@ def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
     rows = []
     for algo, model, arms in _blocks(coll):
         for fp8, clip in arms:
-            if clip != "calibrated":
+            if split_clip(clip)[0] != "calibrated":
                 continue
             g = st[(st["algorithm"].astype(str) == algo) & (st["model"].astype(str) == model)
                    & (st["fp8"].astype(str) == fp8) & (st["clip"].astype(str) == clip)]

@@ -264,3 +264,40 @@ def test_parse_fast_join_equals_loop(tmp_path, tail):
     assert fast.truncated_tail == loop.truncated_tail == (tail == '{"step": 9, "a"')
     assert len(fast.rows) == 6 + (tail == '{"step": 9, "a": 1}')
     assert fast.bad_lines == loop.bad_lines == 0
+
+
+def test_variants_are_the_options_a_sweep_varies_beyond_the_axes():
+    from analysis.collect import _variants
+
+    ovs = [["fp8=tensorwise", "clip.period=10", "lr=1e-5", "+sweep=abl", "seed=0"],
+           ["fp8=tensorwise", "clip.period=20", "lr=1e-5", "+sweep=abl", "seed=1"],
+           ["fp8=bf16", "clip.period=20", "clip.upper_rule=fixed", "lr=1e-5", "+sweep=abl"]]
+    # fp8/seed are axes, +sweep is a group addition, lr is shared: only clip.period and upper_rule vary
+    assert _variants(ovs) == ["clip.period=10", "clip.period=20", "clip.period=20 clip.upper_rule=fixed"]
+    assert _variants([["fp8=bf16", "lr=1"], ["fp8=tensorwise", "lr=1"]]) == ["", ""]
+    assert _variants([]) == []
+
+
+def test_ablation_cells_become_separate_arms(known_sweep, tmp_path):
+    """Cells that differ only in an ablated option (not an axis) are separate arms everywhere."""
+
+    from analysis.arms import arm_label, split_clip
+    from analysis.tables import mechanism_table
+
+    d = tmp_path / "abl"
+    shutil.copytree(known_sweep, d)
+    man = json.loads((d / "manifest.json").read_text())
+    for c in man["cells"]:
+        c["overrides"] = [*c["overrides"], f"clip.period={10 if c['axes']['seed'] == 0 else 20}"]
+    (d / "manifest.json").write_text(json.dumps(man))
+    coll = collect(d, workers=1, progress=False)
+    clips = set(coll.runs["clip"].astype(str))
+    assert "calibrated[clip.period=10]" in clips and "calibrated[clip.period=20]" in clips
+    assert {split_clip(c)[0] for c in clips} == {"vanilla", "calibrated", "tis"}
+    for _, row in coll.runs.iterrows():
+        assert row["arm"] == arm_label(row["fp8"], row["clip"])
+    assert arm_label("tensorwise", "calibrated[clip.period=10]") == "FP8 tensorwise + calibrated [clip.period=10]"
+    arms = set(mechanism_table(coll).data["arm"])
+    assert {"FP8 tensorwise + calibrated [clip.period=10]", "FP8 tensorwise + calibrated [clip.period=20]"} <= arms
+    # the plain sweep is unchanged
+    assert "calibrated" in set(collect(known_sweep, workers=1, progress=False).runs["clip"].astype(str))
