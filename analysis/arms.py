@@ -126,6 +126,17 @@ def arm_style(fp8: str, clip: str) -> ArmStyle:
     return ArmStyle(color=color, linestyle=linestyle, linewidth=linewidth)
 
 
+def select(df, algorithm: str, model: str, fp8: str | None = None, clip: str | None = None):
+    """Rows of the DataFrame ``df`` for one (algorithm, model) panel and, given ``fp8`` and
+    ``clip``, one arm of it (values compared as strings, so categorical columns work too)."""
+    mask = (df["algorithm"].astype(str) == algorithm) & (df["model"].astype(str) == model)
+    if fp8 is not None:
+        mask &= df["fp8"].astype(str) == fp8
+    if clip is not None:
+        mask &= df["clip"].astype(str) == clip
+    return df[mask]
+
+
 def sort_arms(pairs) -> list[tuple[str, str]]:
     """Unique ``(fp8, clip)`` pairs in display order."""
     return sorted({(str(f), str(c)) for f, c in pairs}, key=lambda p: arm_order_key(*p))

@@ -39,7 +39,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.arms import arm_label, arm_style, panel_order_key, sort_arms
+from analysis.arms import arm_label, arm_style, panel_order_key, select, sort_arms
 from analysis.collect import Collection
 from analysis.surge import SurgeRule, ema, surge_table
 from fp8rl.runs import metrics as M
@@ -230,9 +230,9 @@ def plot_figure(
             for c, (algo, model) in enumerate(panels):
                 rr, cc = position(r, c)
                 ax = axes[rr][cc]
-                sub = cur[(cur["algorithm"].astype(str) == algo) & (cur["model"].astype(str) == model)]
+                sub = select(cur, algo, model)
                 for fp8, clip in arms:
-                    a = sub[(sub["fp8"].astype(str) == fp8) & (sub["clip"].astype(str) == clip)]
+                    a = select(sub, algo, model, fp8, clip)
                     if a.empty:
                         continue
                     a = a.sort_values("step")
@@ -250,10 +250,7 @@ def plot_figure(
                         csv_rows.append(("line", metric, algo, model, label, fp8, clip, int(xi),
                                          _fmt(float(yi)), _fmt(float(si)), int(ni), ""))
                     if spec.mark_surge and not surges.empty:
-                        srg = surges[(surges["algorithm"].astype(str) == algo)
-                                     & (surges["model"].astype(str) == model)
-                                     & (surges["fp8"].astype(str) == fp8)
-                                     & (surges["clip"].astype(str) == clip)]
+                        srg = select(surges, algo, model, fp8, clip)
                         for s_ in srg.itertuples(index=False):
                             xs = int(s_.surge_step)
                             ys = float(np.interp(xs, x, y))

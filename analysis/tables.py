@@ -20,9 +20,12 @@ entropy). Each number is a mean over runs.
 
 **Mechanism table** (:func:`mechanism_table`): per arm, ``actor/clipfrac_neg_low`` with its
 spread over runs and relative to the block's BF16 arm, the ratio's q01 over A<0 tokens, the
-rollout/trainer mismatch and the clip bounds in force at the end.
+rollout/trainer mismatch and the clip bounds in force at the end. **Trajectory table**
+(:func:`trajectory_table`): entropy, garbled fraction and evaluation at the start versus the end
+of training. **Calibration table** (:func:`calibration_table`): the calibrated arms' alpha and
+bounds at every calibration step.
 
-All three tables are written as Markdown, LaTeX (booktabs: ``\\toprule``/``\\midrule``/
+All tables are written as Markdown, LaTeX (booktabs: ``\\toprule``/``\\midrule``/
 ``\\bottomrule``; needs ``\\usepackage{booktabs}``) and a tidy CSV.
 """
 
@@ -37,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.arms import arm_label, arm_order_key, panel_order_key, split_clip
+from analysis.arms import arm_label, arm_order_key, panel_order_key, select, split_clip
 from analysis.collect import CELL_OK, Collection, final_evals
 from analysis.surge import SurgeRule, ema, surge_onset
 from fp8rl.runs import metrics as M
@@ -63,6 +66,18 @@ def _latex_escape(s: str) -> str:
                  ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}")):
         s = s.replace(a, b)
     return s
+
+
+def _finite(values) -> np.ndarray:
+    """``values`` as a float array without NaN/inf."""
+    v = np.asarray(values, dtype=float)
+    return v[np.isfinite(v)]
+
+
+def _fmean(values) -> float:
+    """Mean of the finite ``values``; NaN when there are none."""
+    v = _finite(values)
+    return float(v.mean()) if len(v) else math.nan
 
 
 def _std(x: np.ndarray) -> float:
@@ -134,10 +149,10 @@ def accuracy_table(coll: Collection, *, stat: str = M.EVAL_AVG, percent: bool = 
     expected = coll.runs.groupby(["algorithm", "model", "fp8", "clip"], dropna=True).size()
     rows = []
     for algo, model, arms in _blocks(coll):
-        blk = fe[(fe["algorithm"].astype(str) == algo) & (fe["model"].astype(str) == model)]
+        blk = select(fe, algo, model)
         datasets = sorted(blk["dataset"].unique().tolist(), key=_dataset_key)
         for fp8, clip in arms:
-            a = blk[(blk["fp8"].astype(str) == fp8) & (blk["clip"].astype(str) == clip)]
+            a = select(blk, algo, model, fp8, clip)
             n_exp = int(expected.get((algo, model, fp8, clip), 0))
             per_run = a.pivot_table(index="run", columns="dataset", values="value", aggfunc="last")
             for ds in [*datasets, AVERAGE]:
@@ -272,16 +287,13 @@ def diagnostics_table(coll: Collection, rule: SurgeRule = SurgeRule(), *, decima
     rows = []
     for algo, model, arms in _blocks(coll):
         for fp8, clip in arms:
-            r = per_run[(per_run["algorithm"].astype(str) == algo) & (per_run["model"].astype(str) == model)
-                        & (per_run["fp8"].astype(str) == fp8) & (per_run["clip"].astype(str) == clip)]
+            r = select(per_run, algo, model, fp8, clip)
             n_cells = int(((coll.runs["algorithm"] == algo) & (coll.runs["model"] == model)
                            & (coll.runs["fp8"] == fp8) & (coll.runs["clip"] == clip)).sum())
             onsets = r["surge_step"].dropna().to_numpy(dtype=float)
 
             def m(c, r=r):
-                v = r[c].to_numpy(dtype=float)
-                v = v[np.isfinite(v)]
-                return float(v.mean()) if len(v) else math.nan
+                return _fmean(r[c])
 
             rows.append({
                 "algorithm": algo, "model": model, "arm": arm_label(fp8, clip), "fp8": fp8, "clip": clip,
@@ -356,11 +368,9 @@ def run_mechanism(coll: Collection) -> pd.DataFrame:
         g = g.sort_values("step")
         row = {"run": str(run)}
         for name in MECHANISM_MEANS:
-            v = g[name].to_numpy(dtype=float) if name in g.columns else np.array([])
-            row[name] = float(np.nanmean(v)) if np.isfinite(v).any() else math.nan
+            row[name] = _fmean(g[name]) if name in g.columns else math.nan
         for name in (M.CLIP_LOW, M.CLIP_HIGH):
-            v = g[name].to_numpy(dtype=float) if name in g.columns else np.array([])
-            v = v[np.isfinite(v)]
+            v = _finite(g[name]) if name in g.columns else np.array([])
             row[f"{name}_final"] = float(v[-1]) if len(v) else math.nan
         rows.append(row)
     cols = ["run", *MECHANISM_MEANS, f"{M.CLIP_LOW}_final", f"{M.CLIP_HIGH}_final"]
@@ -384,30 +394,19 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
     cnl = M.ACTOR_CLIPFRAC_NEG_LOW
     rows = []
     for algo, model, arms in _blocks(coll):
-        blk = per_run[(per_run["algorithm"].astype(str) == algo) & (per_run["model"].astype(str) == model)]
-
-        def of(arm, blk=blk):
-            return blk[(blk["fp8"].astype(str) == arm[0]) & (blk["clip"].astype(str) == arm[1])]
-
-        def vals(r, c):
-            v = r[c].to_numpy(dtype=float)
-            return v[np.isfinite(v)]
-
         ref = _bf16_reference(arms)
-        ref_v = vals(of(ref), cnl) if ref is not None else np.array([])
-        ref_mean = float(ref_v.mean()) if len(ref_v) else math.nan
+        ref_mean = _fmean(select(per_run, algo, model, *ref)[cnl]) if ref is not None else math.nan
         for arm in arms:
-            r = of(arm)
-            v = vals(r, cnl)
-            mean = float(v.mean()) if len(v) else math.nan
+            r = select(per_run, algo, model, *arm)
+            v = _finite(r[cnl])
+            mean = _fmean(v)
             row = {"algorithm": algo, "model": model, "arm": arm_label(*arm), "fp8": arm[0], "clip": arm[1],
                    "runs": len(r), "clipfrac_neg_low_mean": mean, "clipfrac_neg_low_std": _std(v),
                    "x_bf16": mean / ref_mean if ref_mean > 0 else math.nan,
                    "bf16_reference": arm_label(*ref) if ref is not None else ""}
             for c, key in ((M.ACTOR_RATIO_NEG_Q01, "ratio_neg_q01"), (M.ROLLOUT_MISMATCH_KL, "mismatch_kl"),
                            (f"{M.CLIP_LOW}_final", "clip_low_final"), (f"{M.CLIP_HIGH}_final", "clip_high_final")):
-                w = vals(r, c)
-                row[key] = float(w.mean()) if len(w) else math.nan
+                row[key] = _fmean(r[c])
             rows.append(row)
     df = pd.DataFrame(rows, columns=["algorithm", "model", "arm", "fp8", "clip", "runs",
                                      "clipfrac_neg_low_mean", "clipfrac_neg_low_std", "x_bf16",
@@ -449,15 +448,14 @@ CLIP_LOW_RAW, CLIP_HIGH_RAW = "clip/low_raw", "clip/high_raw"
 def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
     """What the calibrated arms' controller did, step by step.
 
-    For every calibrated arm (clip method ``calibrated``, any variant) and every step at which any of its runs
-    logged ``shadow/clipfrac_neg_low`` (a calibration step: the BF16 shadow runs only then; a
-    backend that logs no shadow metric is read by ``clip/alpha`` instead), plus the arm's first
-    and last logged steps: the
-    mean over runs of ``clip/alpha`` (the BF16 shadow's fraction of A<0 tokens below 1 - eps_low),
-    ``shadow/clipfrac_neg_low``, the controller's target bounds before smoothing
-    (``clip/low_raw``, ``clip/high_raw``, where logged), the bounds in force (``clip/low``,
-    ``clip/high``) and the FP8 ``actor/clipfrac_neg_low`` of that step. Empty (with a sentence saying so) when no arm is
-    calibrated.
+    For every calibrated arm (clip method ``calibrated``, any variant) and every step at which
+    any of its runs logged ``shadow/clipfrac_neg_low`` (a calibration step: the BF16 shadow runs
+    only then; for a backend that logs no shadow metric, ``clip/alpha`` marks them), plus the
+    arm's first and last logged steps: the mean over runs of ``clip/alpha`` (the BF16 shadow's
+    fraction of A<0 tokens below 1 - eps_low), ``shadow/clipfrac_neg_low``, the controller's
+    target bounds before smoothing (``clip/low_raw``, ``clip/high_raw``, where logged), the
+    bounds in force (``clip/low``, ``clip/high``) and the FP8 ``actor/clipfrac_neg_low`` of that
+    step. Empty (with a sentence saying so) when no arm is calibrated.
     """
     st = coll.steps
     rows = []
@@ -465,8 +463,7 @@ def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
         for fp8, clip in arms:
             if split_clip(clip)[0] != "calibrated":
                 continue
-            g = st[(st["algorithm"].astype(str) == algo) & (st["model"].astype(str) == model)
-                   & (st["fp8"].astype(str) == fp8) & (st["clip"].astype(str) == clip)]
+            g = select(st, algo, model, fp8, clip)
             if g.empty:
                 continue
             steps = set(g["step"].astype(int))
@@ -477,9 +474,7 @@ def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
                 row = {"algorithm": algo, "model": model, "arm": arm_label(fp8, clip), "fp8": fp8,
                        "clip": clip, "step": step, "calibration": step in cal, "runs": at["run"].nunique()}
                 for m in (*CALIBRATION_METRICS, CLIP_LOW_RAW, CLIP_HIGH_RAW):
-                    v = at[m].to_numpy(dtype=float) if m in at.columns else np.array([])
-                    v = v[np.isfinite(v)]
-                    row[m] = float(v.mean()) if len(v) else math.nan
+                    row[m] = _fmean(at[m]) if m in at.columns else math.nan
                 rows.append(row)
     cols = ["algorithm", "model", "arm", "fp8", "clip", "step", "calibration", "runs", *CALIBRATION_METRICS,
             CLIP_LOW_RAW, CLIP_HIGH_RAW]
@@ -531,12 +526,9 @@ def trajectory_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str = "t
             if m not in g.columns:
                 return math.nan
             v = g[m].to_numpy(dtype=float)
-            v = v[:w] if part == "first" else v[-w:]
-            v = v[np.isfinite(v)]
-            return float(v.mean()) if len(v) else math.nan
+            return _fmean(v[:w] if part == "first" else v[-w:])
 
-        ent = g[M.ACTOR_ENTROPY].to_numpy(dtype=float) if M.ACTOR_ENTROPY in g.columns else np.array([])
-        ent = ent[np.isfinite(ent)]
+        ent = _finite(g[M.ACTOR_ENTROPY]) if M.ACTOR_ENTROPY in g.columns else np.array([])
         e = ev[ev["run"] == run] if len(ev) else ev
         by_step = e.groupby("step")["value"].mean().sort_index() if len(e) else pd.Series(dtype=float)
         per_run.append({
@@ -555,14 +547,12 @@ def trajectory_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str = "t
     rows = []
     for algo, model, arms in _blocks(coll):
         for fp8, clip in arms:
-            r = pr[(pr["algorithm"].astype(str) == algo) & (pr["model"].astype(str) == model)
-                   & (pr["fp8"].astype(str) == fp8) & (pr["clip"].astype(str) == clip)]
+            r = select(pr, algo, model, fp8, clip)
             row = {"algorithm": algo, "model": model, "arm": arm_label(fp8, clip), "fp8": fp8, "clip": clip,
                    "runs": len(r)}
             for k in keys:
-                v = r[k].to_numpy(dtype=float)
-                v = v[np.isfinite(v)]
-                row[f"{k}_mean"] = float(v.mean()) if len(v) else math.nan
+                v = _finite(r[k])
+                row[f"{k}_mean"] = _fmean(v)
                 row[f"{k}_std"] = _std(v)
             rows.append(row)
     cols = ["algorithm", "model", "arm", "fp8", "clip", "runs"] + [f"{k}_{s}" for k in keys for s in ("mean", "std")]

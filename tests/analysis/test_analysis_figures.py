@@ -97,3 +97,18 @@ def test_many_panels_wrap_and_order(tmp_path):
 
     h, w = mpimg.imread(out["png"]).shape[:2]
     assert h > 0.4 * w  # wrapped into two rows of at most three panels, not one wide row
+
+
+def test_select_filters_a_panel_and_an_arm_with_categoricals():
+    import pandas as pd
+
+    from analysis.arms import select
+
+    df = pd.DataFrame({"algorithm": ["grpo", "grpo", "dapo", "grpo"], "model": ["8b", "8b", "8b", "14b"],
+                       "fp8": ["bf16", "tensorwise", "bf16", "bf16"], "clip": ["vanilla", "tis", "vanilla", "vanilla"],
+                       "v": [1, 2, 3, 4]})
+    cat = df.astype({c: "category" for c in ("algorithm", "model", "fp8", "clip")})
+    for d in (df, cat):
+        assert select(d, "grpo", "8b")["v"].tolist() == [1, 2]
+        assert select(d, "grpo", "8b", "tensorwise", "tis")["v"].tolist() == [2]
+        assert select(d, "dapo", "14b").empty
