@@ -75,7 +75,7 @@ def _check(src: Path, dest: Path, replace: bool) -> None:
 
 def _copy_text(src: Path, dest: Path, prefix: str) -> bool:
     text = src.read_text(encoding="utf-8")
-    new = text.replace(prefix, "./") if prefix else text
+    new = text.replace(prefix, "./")
     dest.write_text(new, encoding="utf-8")
     return new != text
 
