@@ -55,17 +55,22 @@ def response_logits(
 ) -> torch.Tensor:
     """Logits ``[B, T, V]`` that predict each response token (full forward, no cache).
 
+    The forward is ``qwen3.LeanQwen3``: the numbers of ``model(input_ids=..., attention_mask=...,
+    position_ids=...)``, bit for bit, with less per-call overhead.
+
     Args:
         prompt_ids, prompt_mask: ``[B, P]`` left-padded prompts.
         response_ids, response_mask: ``[B, T]`` right-padded responses.
     """
+    from fp8rl.backends.mini.qwen3 import LeanQwen3, causal_bias
+
     ids = torch.cat([prompt_ids, response_ids], dim=1)
     # padding after <eos> is attended by no real token that matters (causal), but keep it
     # masked so the layout equals the rollout engine's
     mask = torch.cat([prompt_mask, torch.ones_like(response_mask)], dim=1)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False)
+    logits = LeanQwen3(model, model.config.max_position_embeddings)(ids, causal_bias(mask), position_ids(mask))
     p = prompt_ids.shape[1]
-    return out.logits[:, p - 1 : -1, :]
+    return logits[:, p - 1 : -1, :]
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:

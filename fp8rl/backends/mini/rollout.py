@@ -8,9 +8,10 @@ sampled from the FP8 policy while the trainer keeps its own precision, exactly t
 train/inference mismatch of the real pipeline. With the ``bf16`` rollout recipe the copy is
 exact.
 
-Sampling is batched autoregressive decoding with a KV cache (``transformers.DynamicCache``):
-one prefill over the left-padded prompts, then one token per step for every row until all rows
-emitted ``<eos>`` or ``max_new_tokens`` is reached. Sampling uses a caller-owned
+Sampling is batched autoregressive decoding with a KV cache (``qwen3.LeanQwen3`` with a
+preallocated ``KVCache``: transformers' eager Qwen3 maths op for op, bit-identical to
+``model(...)`` with a ``DynamicCache``): one prefill over the left-padded prompts, then one
+token per step for every row until all rows emitted ``<eos>`` or ``max_new_tokens`` is reached. Sampling uses a caller-owned
 ``torch.Generator`` (deterministic per seed). The engine returns, per sampled token, its **own**
 log-prob ``log softmax(logits / temperature)[token]`` computed from the engine's (FP8) logits;
 the trainer uses the same temperature convention (``batch.token_logprobs``).
@@ -96,36 +97,40 @@ def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
             generator: torch.Generator | None, greedy: bool
             ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     """The decode loop of ``generate`` under ``torch.inference_mode`` (no autograd bookkeeping):
-    per-step ``[B]`` tokens, log-probs and validity, and the final ``[B]`` done flags."""
-    from transformers import DynamicCache
+    per-step ``[B]`` tokens, log-probs and validity, and the final ``[B]`` done flags.
 
-    dev = prompt_ids.device
-    b = prompt_ids.shape[0]
-    mask = prompt_mask.clone()
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=position_ids(mask),
-                cache=cache, use_cache=True)
-    next_pos = mask.sum(-1, keepdim=True)  # [B, 1] position of the first response token
-    done = torch.zeros(b, dtype=torch.bool, device=dev)
+    The forward is :class:`~fp8rl.backends.mini.qwen3.LeanQwen3` with a preallocated KV cache
+    (the same numbers as ``model(...)`` with a ``DynamicCache``, with fewer operations).
+    """
+    from fp8rl.backends.mini.qwen3 import LeanQwen3, causal_bias, decode_bias
+
+    b, p = prompt_ids.shape
+    lean = LeanQwen3(model, model.config.max_position_embeddings)
+    cache = lean.new_cache(b, p + max_new_tokens)
+    bias = decode_bias(prompt_mask, max_new_tokens)  # [B, 1, 1, P + max_new]
+    logits = lean(prompt_ids, causal_bias(prompt_mask), position_ids(prompt_mask), cache)
+    next_pos = prompt_mask.sum(-1, keepdim=True)  # [B, 1] position of the first response token
+    done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
+    pad = torch.full_like(done, pad_id, dtype=torch.long)
+    zero = torch.zeros((), dtype=torch.float32, device=prompt_ids.device)
     toks, logps, valid = [], [], []
-    for _ in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float() / temperature  # [B, V]
-        logp_all = torch.log_softmax(logits, dim=-1)
+    for i in range(max_new_tokens):
+        last = logits[:, -1, :].float()  # [B, V]
+        if temperature != 1.0:  # x / 1.0 == x: skip the no-op division
+            last = last / temperature
+        logp_all = torch.log_softmax(last, dim=-1)
         if greedy:
-            tok = logits.argmax(-1)
+            tok = last.argmax(-1)
         else:
             tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
-        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        tok = torch.where(done, pad, tok)
         valid.append(~done)
         toks.append(tok)
-        logps.append(torch.where(done, torch.zeros_like(tok, dtype=logits.dtype),
-                                 logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)))
+        logps.append(torch.where(done, zero, logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)))
         done = done | (tok == eos_id)
         if bool(done.all()):
             break
-        mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], dim=1)
-        out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
-                    cache=out.cache, use_cache=True)
+        logits = lean(tok.unsqueeze(-1), bias[..., : p + i + 1], next_pos, cache)
         next_pos = next_pos + 1
     return toks, logps, valid, done
 
