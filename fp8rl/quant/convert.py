@@ -19,11 +19,21 @@ Default implementation per recipe (``default_impl(recipe, emulate=...)``, pure):
 ======================================  ===================  ===================================
 recipe                                  ``emulate=False``    ``emulate=True``
 ======================================  ===================  ===================================
-tensorwise, rowwise, rowwise_with_gw_hp torchao (the paper)  torchao (its ``emulate`` flag)
+tensorwise, rowwise, rowwise_with_gw_hp torchao (the paper)  fp8rl, torchao's arithmetic (below)
 blockwise                               transformer_engine   fp8rl (emulated ``Fp8Linear``)
 mxfp8                                   transformer_engine   fp8rl
 tensorwise_delayed                      transformer_engine   -- (raises: no emulation exists)
 ======================================  ===================  ===================================
+
+Emulation runs on ``fp8rl`` for every recipe because it is the faster emulator on CPU (no
+tensor-subclass dispatch, a table lookup for FP8 -> float32, quantized operands reused between
+forward and backward where the recipe allows; ``benchmarks/bench_quant.py``) and it computes
+**the same numbers as the recipe's reference implementation**: for the torchao recipes it
+dequantizes as torchao's emulated GEMM does (``q / qscale``), and the forward output and both
+gradients equal ``torchao.float8``'s ``emulate=True`` layer bit for bit (tested against torchao
+itself, ``tests/quant/test_quant_linear.py``); block and MX recipes dequantize with the
+multiplier (``q * scale``) as their kernels do. ``fp8.impl=torchao`` still runs torchao's own
+emulation.
 
 So ``blockwise`` runs on Transformer Engine where it is importable (on an sm90+ GPU) and is
 emulated only when ``emulate=True`` is asked for; a choice that cannot run raises
@@ -182,7 +192,7 @@ def default_impl(recipe: Recipe | str, *, emulate: bool) -> str:
             f"capability >= 8.9 and transformer_engine installed (pip install 'fp8rl[cluster]'), or "
             f"use the dynamic-scaling recipe 'tensorwise'"
         )
-    return "torchao" if recipe.impl == "torchao" else "fp8rl"
+    return "fp8rl"
 
 
 def resolve_impl(recipe: Recipe | str, impl: str | None = None, *, emulate: bool = False) -> str:

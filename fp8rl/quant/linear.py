@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fp8rl.quant.granularity import Granularity, PerRow, PerTensor
-from fp8rl.quant.quantize import dequantize, quantize
+from fp8rl.quant.granularity import Granularity, PerBlock, PerRow, PerTensor
+from fp8rl.quant.quantize import dequantize, fake_quantize, quantize
 from fp8rl.quant.recipes import OperandConfig, Recipe
 
 __all__ = ["Fp8Linear", "fp8_linear", "fp8_mm", "has_scaled_mm_kernel", "scaled_gemm"]
@@ -117,23 +117,72 @@ def fp8_mm(
     )
 
 
-def _gemm(recipe: Recipe, gemm: str, a: torch.Tensor, b: torch.Tensor, emulate: bool) -> torch.Tensor:
-    """One of the three GEMMs, ``a @ b.T``, in FP8 or high precision per the recipe."""
+def _transpose_invariant(g: Granularity) -> bool:
+    """Quantizing ``t`` and ``t.T`` with ``g`` gives the same FP8 values (transposed)."""
+    return isinstance(g, PerTensor) or (isinstance(g, PerBlock) and g.rows == g.cols)
+
+
+def _fake_quantize(t: torch.Tensor, cfg: OperandConfig, recipe: Recipe) -> torch.Tensor:
+    """An emulated GEMM operand: ``t``'s FP8 values in float32, dequantized as the recipe's
+    reference implementation does (torchao divides by its multiplier; the others multiply)."""
+    return fake_quantize(t, cfg.granularity, cfg.fmt, pow2_scale=recipe.pow2_scales,
+                         divide=recipe.impl == "torchao")
+
+
+class _Operand:
+    """A GEMM operand's emulated FP8 value, kept for a later GEMM that quantizes the same
+    tensor transposed with the same config (then the values are the same, transposed)."""
+
+    __slots__ = ("cfg", "value")
+
+    def __init__(self, cfg: OperandConfig, value: torch.Tensor) -> None:
+        self.cfg, self.value = cfg, value
+
+    def transposed_for(self, cfg: OperandConfig) -> torch.Tensor | None:
+        if cfg == self.cfg and _transpose_invariant(cfg.granularity):
+            return self.value.t()
+        return None
+
+
+def _gemm(recipe: Recipe, gemm: str, a: torch.Tensor, b: torch.Tensor, emulate: bool,
+          *, a_from: _Operand | None = None, b_from: _Operand | None = None,
+          ) -> tuple[torch.Tensor, _Operand | None, _Operand | None]:
+    """One of the three GEMMs, ``a @ b.T``, in FP8 or high precision per the recipe.
+
+    Emulated, an operand whose ``*_from`` holds the same tensor transposed, quantized with the
+    same transpose-invariant config (per-tensor, square blocks), is taken from there instead of
+    being quantized again: the same numbers, one quantization less. Returns the result and the
+    two emulated operands (``None`` when the GEMM ran in high precision or on a kernel).
+    """
     if not getattr(recipe, gemm):
-        return a @ b.t()
+        return a @ b.t(), None, None
     a_cfg, b_cfg = recipe.operands(gemm)
-    return fp8_mm(a, a_cfg, b, b_cfg, pow2_scales=recipe.pow2_scales, emulate=emulate)  # type: ignore[arg-type]
+    assert a_cfg is not None and b_cfg is not None
+    if not (emulate or not has_scaled_mm_kernel(a_cfg.granularity, b_cfg.granularity)):
+        out = fp8_mm(a, a_cfg, b, b_cfg, pow2_scales=recipe.pow2_scales, emulate=False)
+        return out, None, None
+    qa = a_from.transposed_for(a_cfg) if a_from is not None else None
+    qb = b_from.transposed_for(b_cfg) if b_from is not None else None
+    qa = _fake_quantize(a, a_cfg, recipe) if qa is None else qa
+    qb = _fake_quantize(b, b_cfg, recipe) if qb is None else qb
+    return (qa @ qb.t()).to(a.dtype), _Operand(a_cfg, qa), _Operand(b_cfg, qb)
 
 
 class _Fp8LinearFn(torch.autograd.Function):
-    """``x @ W.T`` with the three GEMMs following ``recipe`` (bias handled by the caller)."""
+    """``x @ W.T`` with the three GEMMs following ``recipe`` (bias handled by the caller).
+
+    Emulated, the backward GEMMs reuse the forward's quantized input / weight, and wgrad reuses
+    dgrad's quantized gradient, where the recipe quantizes the same tensor transposed with a
+    transpose-invariant config (``tensorwise``: three quantizations per layer instead of six;
+    ``blockwise``: the 128x128 weight): exactly the numbers re-quantizing would give.
+    """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, recipe: Recipe, emulate: bool):
         ctx.save_for_backward(x, weight)
         ctx.recipe, ctx.emulate = recipe, emulate
         x2 = x.reshape(-1, x.shape[-1])  # [M, K]
-        y = _gemm(recipe, "fprop", x2, weight, emulate)  # [M, N]
+        y, ctx.x_q, ctx.w_q = _gemm(recipe, "fprop", x2, weight, emulate)  # [M, N]
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -142,13 +191,17 @@ class _Fp8LinearFn(torch.autograd.Function):
         recipe, emulate = ctx.recipe, ctx.emulate
         g2 = grad_y.reshape(-1, grad_y.shape[-1])  # [M, N]
         grad_x = grad_w = None
+        g_q = None
         if ctx.needs_input_grad[0]:
             # dgrad: grad_x [M, K] = grad_y [M, N] @ W [N, K]; contraction over N
-            grad_x = _gemm(recipe, "dgrad", g2, weight.t(), emulate).reshape(x.shape)
+            grad_x, g_q, _ = _gemm(recipe, "dgrad", g2, weight.t(), emulate, b_from=ctx.w_q)
+            grad_x = grad_x.reshape(x.shape)
         if ctx.needs_input_grad[1]:
             # wgrad: grad_W [N, K] = grad_y.T [N, M] @ x [M, K]; contraction over tokens M
             x2 = x.reshape(-1, x.shape[-1])
-            grad_w = _gemm(recipe, "wgrad", g2.t(), x2.t(), emulate).to(weight.dtype)
+            grad_w, _, _ = _gemm(recipe, "wgrad", g2.t(), x2.t(), emulate, a_from=g_q, b_from=ctx.x_q)
+            grad_w = grad_w.to(weight.dtype)
+        ctx.x_q = ctx.w_q = None
         return grad_x, grad_w, None, None
 
 

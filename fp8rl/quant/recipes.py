@@ -27,8 +27,8 @@ name                    operands                                                
 ======================  ==============================================================  ==================
 
 The ``impl`` column is the implementation used when FP8 GEMMs run on FP8 kernels; with
-``emulate=True`` the default is ``torchao`` for the torchao recipes and ``fp8rl`` (our emulated
-``Fp8Linear``) for the others (``fp8rl.quant.convert.default_impl``). ``tensorwise_delayed`` has
+``emulate=True`` the default is ``fp8rl`` (our emulated ``Fp8Linear``), which for the torchao
+recipes computes exactly what torchao's emulation computes (``fp8rl.quant.convert.default_impl``). ``tensorwise_delayed`` has
 no emulation: only Transformer Engine implements delayed scaling.
 
 ``with_hybrid(True)`` switches every grad_output operand to E5M2 (Transformer Engine's

@@ -53,7 +53,7 @@ from fp8rl.quant.convert import (
 )
 from fp8rl.quant.granularity import MX, PerBlock, PerRow, PerTensor
 from fp8rl.quant.linear import has_scaled_mm_kernel, scaled_gemm
-from fp8rl.quant.quantize import dequantize, quantize
+from fp8rl.quant.quantize import dequantize, fake_quantize, quantize
 from fp8rl.quant.recipes import Recipe, get_recipe
 
 __all__ = [
@@ -209,11 +209,13 @@ class Fp8InferenceLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         icfg, wcfg = self.recipe.input, _weight_cfg(self.recipe)
         x2 = x.reshape(-1, x.shape[-1])
-        qx, sx = quantize(x2, icfg.granularity, icfg.fmt, pow2_scale=self.recipe.pow2_scales)  # type: ignore[union-attr]
         if self.emulate or not has_scaled_mm_kernel(icfg.granularity, wcfg.granularity):  # type: ignore[union-attr]
-            # scaled_gemm's emulated path with the weight dequantized once per sync
-            y = (dequantize(qx, sx, icfg.granularity) @ self.dequantized_weight().t()).to(self.out_dtype)  # type: ignore[union-attr]
+            # scaled_gemm's emulated path (fake_quantize == dequantize(quantize(x)), bit for
+            # bit) with the weight dequantized once per sync
+            xq = fake_quantize(x2, icfg.granularity, icfg.fmt, pow2_scale=self.recipe.pow2_scales)  # type: ignore[union-attr]
+            y = (xq @ self.dequantized_weight().t()).to(self.out_dtype)
         else:
+            qx, sx = quantize(x2, icfg.granularity, icfg.fmt, pow2_scale=self.recipe.pow2_scales)  # type: ignore[union-attr]
             y = scaled_gemm(qx, sx, icfg.granularity, self.weight, self.scale, wcfg.granularity,  # type: ignore[union-attr]
                             out_dtype=self.out_dtype, emulate=False)
         if self.bias is not None:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from fp8rl.quant import RECIPES, Fp8Linear, convert_to_fp8, fp8_linear, get_recipe
-from fp8rl.quant.quantize import EPS
+from fp8rl.quant.quantize import EPS, fake_quantize
 
 
 def _slow_dequant(t, g, fmt, pow2):
@@ -83,7 +83,7 @@ def test_scaled_mm_kernel_path_matches_emulation(name):
         assert _rel(a, e) < 1e-6
 
 
-def _torchao_vs_ours(name, emulate, k=128, n=96):
+def _torchao_vs_ours(recipe, emulate, k=128, n=96):
     x, w, b, gy = _data(k=k, n=n)
     out = {}
     for impl in ("torchao", "fp8rl"):
@@ -91,7 +91,7 @@ def _torchao_vs_ours(name, emulate, k=128, n=96):
         with torch.no_grad():
             lin.weight.copy_(w)
             lin.bias.copy_(b)
-        model = convert_to_fp8(nn.Sequential(lin), name, impl=impl, emulate=emulate,
+        model = convert_to_fp8(nn.Sequential(lin), recipe, impl=impl, emulate=emulate,
                                module_filter=lambda m, f: isinstance(m, nn.Linear))
         xx = x.clone().requires_grad_(True)
         y = model(xx)
@@ -100,14 +100,43 @@ def _torchao_vs_ours(name, emulate, k=128, n=96):
     return out["torchao"], out["fp8rl"]
 
 
+@pytest.mark.parametrize("hybrid", [None, True, False])
 @pytest.mark.parametrize("name", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
-def test_agrees_with_torchao_float8linear_emulated(name):
-    tao, ours = _torchao_vs_ours(name, emulate=True)
-    # Measured: rowwise recipes bit-identical (power-of-two scales); tensorwise <= 3e-7 relative
-    # (torchao divides by its quantization multiplier, we multiply by its float32 reciprocal).
-    tol = 0.0 if RECIPES[name].pow2_scales else 1e-6
+def test_emulation_equals_torchao_float8linear_emulated_bit_for_bit(name, hybrid):
+    """The default emulator of the torchao recipes computes what torchao's own emulation does:
+    forward output, input gradient and weight gradient, exactly (torchao's real code)."""
+    tao, ours = _torchao_vs_ours(get_recipe(name, hybrid=hybrid), emulate=True)
     for a, o in zip(tao, ours, strict=True):
-        assert _rel(o, a) <= tol
+        assert torch.equal(o, a)
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if n not in ("bf16", "tensorwise_delayed")])
+def test_backward_reuse_of_quantized_operands_equals_requantizing(name):
+    """Emulated, the backward reuses forward-quantized operands where the recipe allows
+    (tensorwise, square weight blocks); the gradients equal the three GEMMs computed one by one
+    (each quantizing its own operands) exactly."""
+    from fp8rl.quant.linear import fp8_mm
+
+    recipe = RECIPES[name]
+    x, w, b, gy = _data(k=256, n=160)
+    y, gx, gw, _ = _run(lambda x, w, b: fp8_linear(x, w, b, recipe, emulate=True), x, w, b, gy)
+    x2, g2 = x.reshape(-1, x.shape[-1]), gy.reshape(-1, gy.shape[-1])
+    divide = recipe.impl == "torchao"
+
+    def gemm(gemm, a, bb):
+        if not getattr(recipe, gemm):
+            return a @ bb.t()
+        ca, cb = recipe.operands(gemm)
+        return fake_quantize(a, ca.granularity, ca.fmt, pow2_scale=recipe.pow2_scales, divide=divide) @ \
+            fake_quantize(bb, cb.granularity, cb.fmt, pow2_scale=recipe.pow2_scales, divide=divide).t()
+
+    assert torch.equal(y.reshape(-1, y.shape[-1]), gemm("fprop", x2, w) + b)
+    assert torch.equal(gx.reshape(-1, gx.shape[-1]), gemm("dgrad", g2, w.t()))
+    assert torch.equal(gw, gemm("wgrad", g2.t(), x2.t()))
+    if not divide:  # block/MX recipes: the same numbers as quantize -> dequantize -> matmul
+        ca, cb = recipe.operands("fprop")
+        ref = fp8_mm(x2, ca, w, cb, pow2_scales=recipe.pow2_scales, emulate=True)
+        assert torch.equal(y.reshape(-1, y.shape[-1]), ref + b)
 
 
 @pytest.mark.parametrize("name", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])

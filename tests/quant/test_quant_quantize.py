@@ -225,3 +225,39 @@ def test_bits_and_scales_match_torchao(dtype, pow2):
             q, s = quantize(x, ours, fmt, pow2_scale=pow2)
             assert torch.equal(q.view(torch.uint8), t._data.view(torch.uint8))
             assert torch.equal(s.reshape(t._scale.shape), t._scale.reciprocal())
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+def test_fp8_to_float32_equals_torch_conversion_for_every_bit_pattern(fmt):
+    from fp8rl.quant.quantize import fp8_to_float32
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fmt.dtype).reshape(16, 16)
+    for q in (codes, codes.t()):  # the table path (contiguous) and the fallback
+        ref = q.to(torch.float32)
+        out = fp8_to_float32(q)
+        assert torch.equal(out.view(torch.int32), ref.contiguous().view(torch.int32))  # NaN, -0 too
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+@pytest.mark.parametrize("gname", GRANS)
+@pytest.mark.parametrize("shape", [(96, 160), (300, 200), (4, 7, 64)])
+def test_fake_quantize_equals_dequantize_of_quantize(gname, fmt, shape):
+    from fp8rl.quant import fake_quantize
+
+    g = GRANS[gname]
+    if isinstance(g, PerBlock) and g.rows > 1 and len(shape) != 2:
+        pytest.skip("multi-row blocks need a 2-D operand")
+    x = _normal(*shape) * torch.linspace(0.01, 40.0, shape[-1])  # scales vary across blocks
+    q, s = quantize(x, g, fmt)
+    assert torch.equal(fake_quantize(x, g, fmt), dequantize(q, s, g))
+    # divide=True is torchao's arithmetic: q / qscale with qscale = fmt.max / amax (float32)
+    x2 = x.reshape(-1, shape[-1])
+    br, bc = g.block_shape(*x2.shape)
+    qs = torch.empty_like(x2)
+    for i in range(0, x2.shape[0], br):
+        for j in range(0, x2.shape[1], bc):
+            amax = float(x2[i:i + br, j:j + bc].abs().max())
+            v = torch.tensor(fmt.max / max(amax, EPS), dtype=torch.float64).float()
+            qs[i:i + br, j:j + bc] = torch.exp2(torch.floor(torch.log2(v))) if g.power_of_two else v
+    ref = q.reshape(x2.shape).to(torch.float32) / qs
+    assert torch.equal(fake_quantize(x, g, fmt, divide=True).reshape(x2.shape), ref)

@@ -272,9 +272,9 @@ def test_delayed_recipe_options_validate():
 
 def test_default_impl_per_recipe():
     want = {  # recipe: (emulate=False, emulate=True)
-        "tensorwise": ("torchao", "torchao"),
-        "rowwise": ("torchao", "torchao"),
-        "rowwise_with_gw_hp": ("torchao", "torchao"),
+        "tensorwise": ("torchao", "fp8rl"),
+        "rowwise": ("torchao", "fp8rl"),
+        "rowwise_with_gw_hp": ("torchao", "fp8rl"),
         "blockwise": ("transformer_engine", "fp8rl"),
         "mxfp8": ("transformer_engine", "fp8rl"),
         "tensorwise_delayed": ("transformer_engine", None),
