@@ -20,6 +20,7 @@ the eval set, so the eval set is held out exactly.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -63,7 +64,18 @@ def sample_problem(rng: random.Random, min_terms: int, max_terms: int, max_opera
 def make_splits(
     seed: int, n_train: int, n_eval: int, *, min_terms: int, max_terms: int, max_operand: int
 ) -> tuple[list[Problem], list[Problem]]:
-    """Train pool and held-out eval set (disjoint by prompt), deterministic in ``seed``."""
+    """Train pool and held-out eval set (disjoint by prompt), deterministic in ``seed``.
+
+    Memoised per process (the lists are shared: treat them as read-only): drawing 20,000
+    problems takes ~0.5 s, which a worker that runs many cells pays once.
+    """
+    train, eval_set = _make_splits(seed, n_train, n_eval, min_terms, max_terms, max_operand)
+    return list(train), list(eval_set)
+
+
+@functools.lru_cache(maxsize=8)
+def _make_splits(seed: int, n_train: int, n_eval: int, min_terms: int, max_terms: int, max_operand: int
+                 ) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
     if not 2 <= min_terms <= max_terms:
         raise ValueError(f"need 2 <= min_terms <= max_terms, got {min_terms}, {max_terms}")
     if max_operand < 1:
@@ -91,4 +103,4 @@ def make_splits(
         p = sample_problem(rng, min_terms, max_terms, max_operand)
         if p.prompt not in seen:
             train.append(p)
-    return train, eval_set
+    return tuple(train), tuple(eval_set)
