@@ -34,7 +34,7 @@ class CellFailed(RuntimeError):
 def build_config(payload: dict):
     """The backend's validated config dataclass from a payload."""
     from fp8rl.launch.backends import BACKENDS
-    from fp8rl.launch.grid import build_dataclass
+    from fp8rl.launch.configs import build_dataclass
 
     return build_dataclass(BACKENDS[payload["backend"]].load_config_class(), payload["config"])
 

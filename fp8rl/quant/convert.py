@@ -83,9 +83,7 @@ CPU kernel; checked in the tests). Anything else raises ``Fp8UnsupportedError`` 
 
 from __future__ import annotations
 
-import contextlib
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -93,6 +91,16 @@ from torch import nn
 from fp8rl.quant.formats import E4M3
 from fp8rl.quant.granularity import PerRow, PerTensor
 from fp8rl.quant.linear import Fp8Linear
+from fp8rl.quant.modules import (
+    _RECIPE_ATTR,
+    DEFAULT_SKIP_NAMES,
+    Fp8UnsupportedError,
+    ModuleFilter,
+    default_module_filter,
+    fp8_disabled,
+    fp8_layers,
+    swap_linears,
+)
 from fp8rl.quant.recipes import GEMMS, OperandConfig, Recipe, get_recipe
 from fp8rl.registry import Registry, RegistryError
 
@@ -107,29 +115,14 @@ __all__ = [
     "fp8_disabled",
     "fp8_layers",
     "resolve_impl",
+    "swap_linears",
     "to_torchao_config",
 ]
 
-ModuleFilter = Callable[[nn.Module, str], bool]
-
-#: Linear layers with these attribute names stay in high precision by default (MiniMax-M1:
-#: an FP32/BF16 LM head keeps train/rollout probabilities aligned; paper.md "Neighbouring methods").
-DEFAULT_SKIP_NAMES = ("lm_head", "embed_out", "output_layer")
-_RECIPE_ATTR = "fp8_recipe"
-_DEPTH_ATTR = "_fp8rl_disabled_depth"
 _MIN_CUDA_CAPABILITY = (8, 9)
 #: ``impl`` values that mean "the recipe's default implementation" (config key ``fp8.impl=auto``).
 AUTO_IMPL = ("auto", None)
 _TE = "transformer_engine"
-
-
-class Fp8UnsupportedError(RuntimeError):
-    """A recipe cannot run on this hardware with these settings; the message names the fix."""
-
-
-def default_module_filter(module: nn.Module, fqn: str) -> bool:
-    """Convert every ``nn.Linear`` except those named in ``DEFAULT_SKIP_NAMES`` (the LM head)."""
-    return isinstance(module, nn.Linear) and fqn.split(".")[-1] not in DEFAULT_SKIP_NAMES
 
 
 def check_supported(
@@ -336,23 +329,6 @@ def _convert_transformer_engine(
     return convert_te(model, recipe, module_filter)
 
 
-def swap_linears(
-    model: nn.Module, make: Callable[[nn.Linear], nn.Module], module_filter: ModuleFilter
-) -> nn.Module:
-    """Replace every ``nn.Linear`` (subclasses included) passing ``module_filter(mod, fqn)`` by ``make(mod)``."""
-    if isinstance(model, nn.Linear):
-        return make(model) if module_filter(model, "") else model
-    targets = [
-        (fqn, mod) for fqn, mod in model.named_modules()
-        if isinstance(mod, nn.Linear) and fqn and module_filter(mod, fqn)
-    ]
-    for fqn, mod in targets:
-        parent_name, _, child = fqn.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, make(mod))
-    return model
-
-
 def _device_of(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
@@ -416,46 +392,3 @@ def convert_to_fp8(
     if already:
         raise ValueError(f"model already has FP8 layers ({already[:3]}...); convert an unconverted model")
     return IMPLEMENTATIONS[impl](model, recipe, module_filter or default_module_filter, emulate)
-
-
-def fp8_layers(model: nn.Module) -> list[nn.Module]:
-    """The FP8-converted linear layers of ``model`` (those carrying ``fp8_recipe``)."""
-    return [m for m in model.modules() if hasattr(m, _RECIPE_ATTR)]
-
-
-def _disable(mod: nn.Module) -> None:
-    depth = mod.__dict__.get(_DEPTH_ATTR, 0)
-    if depth == 0:
-        if "forward" in mod.__dict__:
-            raise RuntimeError(f"{type(mod).__name__} already has an instance-level forward; cannot disable FP8")
-        hp_forward = getattr(type(mod), "hp_forward", nn.Linear.forward)  # TE layers define it
-        mod.forward = types.MethodType(hp_forward, mod)  # exactly F.linear(x, weight, bias)
-    mod.__dict__[_DEPTH_ATTR] = depth + 1
-
-
-def _enable(mod: nn.Module) -> None:
-    depth = mod.__dict__[_DEPTH_ATTR] - 1
-    if depth == 0:
-        del mod.__dict__["forward"]
-        del mod.__dict__[_DEPTH_ATTR]
-    else:
-        mod.__dict__[_DEPTH_ATTR] = depth
-
-
-@contextlib.contextmanager
-def fp8_disabled(model: nn.Module) -> Iterator[nn.Module]:
-    """Inside the block, every FP8 layer of ``model`` computes ``F.linear`` on its master weights.
-
-    Re-entrant (nesting keeps FP8 off until the outermost block exits) and exception-safe.
-    Yields ``model``. A model with no FP8 layers is left untouched.
-    """
-    done: list[nn.Module] = []
-    try:
-        for mod in fp8_layers(model):
-            _disable(mod)
-            done.append(mod)
-        yield model
-    finally:
-        for mod in reversed(done):
-            _enable(mod)
-

@@ -102,9 +102,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fp8rl.quant.convert import Fp8UnsupportedError, ModuleFilter, swap_linears
 from fp8rl.quant.formats import E4M3, E5M2
 from fp8rl.quant.granularity import MX, PerBlock, PerTensor
+from fp8rl.quant.modules import Fp8UnsupportedError, ModuleFilter, swap_linears
 from fp8rl.quant.recipes import GEMMS, Recipe, get_recipe
 
 __all__ = [

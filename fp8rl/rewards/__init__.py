@@ -14,34 +14,7 @@ The reward of a graded response is ``1.0`` if correct else ``0.0`` (``Grade.rewa
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-from fp8rl.registry import Registry
-
-
-@dataclass(frozen=True)
-class Grade:
-    """The grade of one response.
-
-    Attributes:
-        correct: the extracted answer equals the target.
-        garbled: no parseable final answer, or degenerate repetition.
-        answer: the extracted answer text, ``None`` when none was found.
-    """
-
-    correct: bool
-    garbled: bool
-    answer: str | None
-
-    @property
-    def reward(self) -> float:
-        return 1.0 if self.correct else 0.0
-
-
-Grader = Callable[[str, str], Grade]
-GRADERS: Registry[Grader] = Registry("grader")
-
-from fp8rl.rewards import exact, math_grader  # noqa: E402  (registers the graders)
+from fp8rl.rewards import exact, math_grader  # registers the graders
+from fp8rl.rewards.base import GRADERS, Grade, Grader
 
 __all__ = ["GRADERS", "Grade", "Grader", "exact", "math_grader"]

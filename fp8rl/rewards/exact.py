@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from fp8rl.rewards import GRADERS, Grade
+from fp8rl.rewards.base import GRADERS, Grade
 
 _ANSWER = re.compile(r"^A:(-?\d+)\s*$", re.MULTILINE)
 

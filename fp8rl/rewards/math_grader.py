@@ -16,7 +16,7 @@ Garbled: no extractable answer in the response, or degenerate repetition (the de
 
 from __future__ import annotations
 
-from fp8rl.rewards import GRADERS, Grade
+from fp8rl.rewards.base import GRADERS, Grade
 from fp8rl.rewards.exact import has_degenerate_repetition
 
 

@@ -18,7 +18,7 @@ from fp8rl.backends.openrlhf.command import (
     parse_flags,
 )
 from fp8rl.backends.openrlhf.config import OpenRLHFRunConfig
-from fp8rl.launch.grid import build_dataclass
+from fp8rl.launch.configs import build_dataclass
 from fp8rl.launch.profiles import load_profile
 
 
