@@ -5,7 +5,9 @@
 1. resolves the run directory: ``cfg.run_dir`` if set, else
    ``<output_dir>/<algo>-<model>-<fp8>-<clip>-s<seed>-<hash8>`` with the hash of the resolved
    config minus ``fp8rl.runs.identity.DEFAULT_EXCLUDE`` and ``fp8rl.config.IDENTITY_EXCLUDE``;
-2. returns the stored summary if that run is DONE (a sweep asking again skips it);
+2. takes the run directory (``fp8rl.runs.lock.own``: one live owner at a time; raises
+   ``RunOwned`` naming the owner when another process runs it), then returns the stored
+   summary if that run is DONE (a sweep asking again skips it);
 3. otherwise writes ``config.yaml``/``overrides.txt`` (a resume checks the config is the same),
    provenance, and runs the trainer, which resumes from ``checkpoint/`` when there is one.
 
@@ -39,18 +41,41 @@ def sft_cache_dir(cfg: MiniRunConfig) -> Path:
     return Path(cfg.mini.cache_dir) if cfg.mini.cache_dir else Path(cfg.output_dir) / ".cache" / "sft"
 
 
+def warm_start_key(cfg: MiniRunConfig) -> str:
+    """The SFT warm start a run needs (cache path): runs with equal keys share one."""
+    from fp8rl.backends.mini.sft import sft_key
+    from fp8rl.backends.mini.tokenizer import CharTokenizer
+
+    return str(sft_cache_dir(cfg) / sft_key(cfg.model.slot, cfg.mini, CharTokenizer()))
+
+
+def prepare_warm_start(cfg: MiniRunConfig) -> None:
+    """Train (or find) the run's SFT warm start in the shared cache, as the run itself would."""
+    from fp8rl.backends.mini.sft import warm_start
+    from fp8rl.backends.mini.task import make_splits
+    from fp8rl.backends.mini.tokenizer import CharTokenizer
+
+    m = cfg.mini
+    train, _ = make_splits(m.data_seed, m.n_train, m.n_eval, min_terms=m.min_terms,
+                           max_terms=m.max_terms, max_operand=m.max_operand)
+    with torch_settings(m.deterministic, m.num_threads, m.device):
+        warm_start(cfg.model.slot, train, CharTokenizer(), m, sft_cache_dir(cfg))
+
+
 def run_mini(cfg: MiniRunConfig, overrides: Iterable[str] = (), *, progress: bool = False) -> dict:
     """Run (or resume, or skip) ``cfg``; returns its summary (with ``run_dir``)."""
     from fp8rl.runs import RunDir
+    from fp8rl.runs.lock import own
 
     rd = RunDir(resolve_run_dir(cfg))
-    if rd.is_done():
-        return {**(rd.summary() or {}), "run_dir": str(rd.path), "skipped": True}
-    rd.init(config_dict(cfg), overrides)
-    device = torch.device(cfg.mini.device)
-    desc = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}"
-    rd.write_provenance({"backend": "mini"}, device=desc)
-    with torch_settings(cfg.mini.deterministic, cfg.mini.num_threads, cfg.mini.device):
-        trainer = MiniTrainer(cfg, rd, sft_cache=sft_cache_dir(cfg))
-        summary = trainer.run(progress=progress)
-    return {**summary, "run_dir": str(rd.path)}
+    with own(rd.path):  # raises RunOwned while another live process runs it
+        if rd.is_done():
+            return {**(rd.summary() or {}), "run_dir": str(rd.path), "skipped": True}
+        rd.init(config_dict(cfg), overrides)
+        device = torch.device(cfg.mini.device)
+        desc = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}"
+        rd.write_provenance({"backend": "mini"}, device=desc)
+        with torch_settings(cfg.mini.deterministic, cfg.mini.num_threads, cfg.mini.device):
+            trainer = MiniTrainer(cfg, rd, sft_cache=sft_cache_dir(cfg))
+            summary = trainer.run(progress=progress)
+        return {**summary, "run_dir": str(rd.path)}

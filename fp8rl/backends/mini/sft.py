@@ -94,8 +94,17 @@ def warm_start(slot: str, train: list[Problem], tok: CharTokenizer, mini: MiniSe
     Returns ``(model, meta)``; ``meta`` holds the key, the cache path, whether it was a hit and
     the final SFT loss.
     """
+    from fp8rl.runs.lock import exclusive
+
     key = sft_key(slot, mini, tok)
     path = Path(cache_root) / key
+    # one process trains a given warm start; others wait for it and load the result
+    with exclusive(Path(cache_root) / f"{key}.lock"):
+        return _load_or_train(slot, train, tok, mini, key, path)
+
+
+def _load_or_train(slot: str, train: list[Problem], tok: CharTokenizer, mini: MiniSettings, key: str,
+                   path: Path) -> tuple[torch.nn.Module, dict]:
     model = build_model(slot, tok.vocab_size, max_positions=MAX_POSITIONS, seed=mini.sft_seed)
     model.to(torch.device(mini.device))
     if (path / "model.pt").exists() and (path / "meta.json").exists():
