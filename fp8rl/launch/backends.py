@@ -27,6 +27,11 @@ Contract of a backend (what the launcher relies on):
 - ``check_cell`` (optional): ``check_cell(cfg, resources) -> None``, raises ``ValueError`` when a
   validated config cannot run on the cell's resources (OpenRLHF's start-up assertions); called
   for every cell before anything is submitted.
+- ``prepare`` (optional): ``(key_path, prepare_path)``: ``key(cfg) -> hashable`` names one-time,
+  idempotent work that cells share and ``prepare(cfg) -> None`` does it (the mini backend's SFT
+  warm start); the local launcher queues one ``prepare`` per distinct key before the cells, so
+  parallel workers do different preparations instead of waiting for one another. A cell must
+  still work without it (it is an optimisation of the order, not a precondition).
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class Backend:
     description: str = ""
     describe: str | None = None
     check_cell: str | None = None
+    prepare: tuple[str, str] | None = None
 
     def load_config_class(self) -> type:
         return load_object(self.config_class)
@@ -84,6 +90,10 @@ class Backend:
     def load_check_cell(self):
         return None if self.check_cell is None else load_object(self.check_cell)
 
+    def load_prepare(self):
+        """``(key, prepare)`` functions (see the module docstring); None without the hook."""
+        return None if self.prepare is None else (load_object(self.prepare[0]), load_object(self.prepare[1]))
+
 
 BACKENDS: Registry[Backend] = Registry("backend")
 
@@ -99,6 +109,7 @@ BACKENDS.add(
         data=("arith",),
         scales=("mini",),
         shared_cache=("mini.cache_dir", ".cache/sft"),
+        prepare=("fp8rl.backends.mini.run:warm_start_key", "fp8rl.backends.mini.run:prepare_warm_start"),
         description="the embedded backend: tiny Qwen3 models, our own RL loop, CPU or one GPU",
     ),
 )

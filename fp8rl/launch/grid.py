@@ -101,6 +101,7 @@ class SweepPlan:
     dry_run: bool = False
     wait: bool | None = None
     array_parallelism: int | None = None
+    workers: int | None = None
     progress: bool = True
     base_overrides: tuple[str, ...] = field(default_factory=tuple)
 
@@ -381,6 +382,10 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
                     profiles[launch["cluster"]] = profile
                 except ProfileError as e:
                     cell_errors.append(f"cluster: {e}")
+        workers = launch["workers"]
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+            cell_errors.append(f"workers: {workers!r} is not a number of worker processes; give an "
+                               "integer >= 1, or null for one per CPU core")
         sweep_name = launch["sweep_name"]
         if not isinstance(sweep_name, str) or not _SWEEP_NAME_RE.match(sweep_name) or sweep_name in (".", ".."):
             cell_errors.append(f"sweep_name: {sweep_name!r} must be a plain directory name "
@@ -438,7 +443,7 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
             ))
 
     for key in ("launcher", "cluster", "sweep_name", "output_dir", "dry_run", "wait",
-                "array_parallelism", "progress"):
+                "array_parallelism", "workers", "progress"):
         vals = launch_values.get(key, set())
         if len(vals) > 1:
             errors.append(f"{key}: the cells disagree ({', '.join(sorted(vals))}); it applies to the "
@@ -465,7 +470,7 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
         sweep_name=str(launch0["sweep_name"]), root=root, sweep_dir=root / str(launch0["sweep_name"]),
         launcher=str(launch0["launcher"]), cells=cells,
         profile=next(iter(profiles.values()), None), dry_run=bool(launch0["dry_run"]),
-        wait=launch0["wait"], array_parallelism=launch0["array_parallelism"],
+        wait=launch0["wait"], array_parallelism=launch0["array_parallelism"], workers=launch0["workers"],
         progress=bool(launch0["progress"]),
         base_overrides=tuple(a for a in arguments),
     )

@@ -42,14 +42,28 @@ def build_config(payload: dict):
 def run_cell(payload: dict) -> dict:
     """Run (or resume, or skip) one cell; returns the backend's summary.
 
-    Raises :class:`CellFailed` when the run ends FAILED, and re-raises any exception of the
-    backend after recording it in ``status.json``.
+    The cell's run directory is taken first (``fp8rl.runs.lock.own``): when another live process
+    owns it, nothing is written and the summary says so (``{"skipped": True, "owned_by": ...}``),
+    so a duplicate Slurm task ends cleanly and a second launcher reports the cell as running
+    elsewhere. Raises :class:`CellFailed` when the run ends FAILED, and re-raises any exception
+    of the backend after recording it in ``status.json``.
     """
+    from fp8rl.runs.lock import RunOwned, own
+
+    run_dir = Path(payload["run_dir"])
+    try:
+        with own(run_dir):
+            return _run_owned(payload, run_dir)
+    except RunOwned as e:
+        return {"state": None, "skipped": True, "run_dir": str(run_dir), "reason": str(e),
+                "owned_by": e.owner.describe() if e.owner else None}
+
+
+def _run_owned(payload: dict, run_dir: Path) -> dict:
     from fp8rl.launch.backends import BACKENDS
     from fp8rl.runs import FAILED, TERMINAL_STATES, RunDir
 
     backend = BACKENDS[payload["backend"]]
-    run_dir = Path(payload["run_dir"])
     try:
         cfg = build_config(payload)
         resolved = Path(backend.load_resolve_run_dir()(cfg))
@@ -69,6 +83,24 @@ def run_cell(payload: dict) -> dict:
     if summary.get("state") == FAILED:
         raise CellFailed(f"{run_dir.name}: {summary.get('reason')}")
     return summary
+
+
+def prepare_key(payload: dict):
+    """The key of the one-time work a cell needs before it runs (cells with equal keys share
+    it), or None when its backend has no such step."""
+    from fp8rl.launch.backends import BACKENDS
+
+    backend = BACKENDS[payload["backend"]]
+    if backend.prepare is None:
+        return None
+    return backend.load_prepare()[0](build_config(payload))
+
+
+def prepare_cell(payload: dict) -> None:
+    """Do a cell's one-time work (idempotent, safe to run concurrently with the cell)."""
+    from fp8rl.launch.backends import BACKENDS
+
+    BACKENDS[payload["backend"]].load_prepare()[1](build_config(payload))
 
 
 class CellJob(submitit.helpers.Checkpointable):

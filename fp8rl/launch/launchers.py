@@ -3,7 +3,9 @@
 =================  ==================================================================  =======
 name               what it does                                                         blocks
 =================  ==================================================================  =======
-``local``          one cell after the other in this process (default at mini scale)     yes
+``local``          ``workers`` cells at once (default: one per CPU core) in a pool of   yes
+                   worker processes; ``workers=1``: one after the other in this
+                   process (the default launcher at mini scale)
 ``local_parallel`` submitit's local executor: up to ``array_parallelism`` (default 2)    yes
                    cells side by side, each in its own process
 ``slurm``          submitit's Slurm executor: one array job per sweep (one per          no
@@ -25,6 +27,7 @@ the cells that failed (blocking launchers).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import defaultdict
@@ -36,10 +39,12 @@ from fp8rl.registry import Registry
 
 @dataclass
 class LaunchResult:
-    """``job_ids``: run-dir basename -> job id; ``failed``: (run-dir basename, reason)."""
+    """``job_ids``: run-dir basename -> job id; ``failed`` / ``skipped``: (run-dir basename,
+    reason); a cell is skipped when another live process owned its run directory."""
 
     job_ids: dict[str, str] = field(default_factory=dict)
     failed: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
     waited: bool = True
 
 
@@ -64,29 +69,77 @@ class Launcher:
 LAUNCHERS: Registry[Launcher] = Registry("launcher")
 
 
+def available_cores() -> int:
+    """CPU cores this process may use (its affinity mask, e.g. a Slurm allocation)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 class LocalLauncher(Launcher):
-    """Run the cells one after the other in this process, with the sweep progress display."""
+    """Run the cells on this machine, ``workers`` at a time (default: one per CPU core).
+
+    With more than one worker the cells run in a :class:`~fp8rl.launch.pool.WorkerPool` (one
+    torch thread per worker); one-time work the cells share (the backend's ``prepare``: the
+    mini backend's SFT warm starts) is queued first, once per distinct key, so that workers
+    prepare different things side by side instead of waiting for each other. With one worker
+    the cells run one after another in this process. A cell whose run directory another live
+    process owns is skipped and reported (``fp8rl.runs.lock``).
+    """
 
     name = "local"
 
     def launch(self, cells: list, plan) -> LaunchResult:
-        from fp8rl.launch.job import run_cell
         from fp8rl.launch.progress import SweepProgress
 
+        width = max(1, min(plan.workers or available_cores(), len(cells)))
+        how = "in this process" if width == 1 else f"{width} at a time in worker processes"
+        print(f"[{plan.sweep_name}] running {len(cells)} cell(s) {how}", file=sys.stderr)
         res = LaunchResult()
-        display = SweepProgress(cells, name=plan.sweep_name) if plan.progress else None
-        if display:
-            display.__enter__()
-        try:
-            for c in cells:
-                try:
-                    run_cell(c.payload(progress=False))
-                except Exception as e:
-                    res.failed.append((c.run_dir.name, _reason_from_rundir(c.run_dir, f"{type(e).__name__}: {e}")))
-        finally:
-            if display:
-                display.__exit__(None, None, None)
+        with SweepProgress(cells, name=plan.sweep_name, workers=width) if plan.progress else _Null():
+            if width == 1:
+                self._sequential(cells, res)
+            else:
+                self._pool(cells, width, res)
         return res
+
+    @staticmethod
+    def _record(res: LaunchResult, c, summary: dict | None, error: str | None) -> None:
+        if error is not None:
+            res.failed.append((c.run_dir.name, _reason_from_rundir(c.run_dir, error)))
+        elif summary and summary.get("owned_by") is not None:
+            res.skipped.append((c.run_dir.name, f"running elsewhere, owned by {summary['owned_by']}"))
+
+    def _sequential(self, cells: list, res: LaunchResult) -> None:
+        from fp8rl.launch.job import run_cell
+
+        for c in cells:
+            try:
+                self._record(res, c, run_cell(c.payload(progress=False)), None)
+            except Exception as e:
+                self._record(res, c, None, f"{type(e).__name__}: {e}")
+
+    def _pool(self, cells: list, width: int, res: LaunchResult) -> None:
+        from fp8rl.launch.job import prepare_key
+        from fp8rl.launch.pool import WorkerPool
+
+        tasks: list[tuple] = []
+        seen: set = set()
+        for c in cells:
+            key = prepare_key(c.payload())
+            if key is not None and key not in seen:
+                seen.add(key)
+                tasks.append((("prepare", key), "fp8rl.launch.job:prepare_cell", (c.payload(),)))
+        by_index = {c.index: c for c in cells}
+        tasks += [(("cell", c.index), "fp8rl.launch.job:run_cell", (c.payload(),)) for c in cells]
+        for out in WorkerPool(width).run(tasks):
+            kind, ident = out.key
+            if kind == "prepare":
+                if not out.ok:  # the cells will meet (and report) the same error themselves
+                    print(f"preparing {ident} failed: {out.error}", file=sys.stderr)
+                continue
+            self._record(res, by_index[ident], out.value, None if out.ok else out.error)
 
 
 class LocalParallelLauncher(Launcher):

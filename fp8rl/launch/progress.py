@@ -5,7 +5,8 @@ and any local launcher without a callback into the training loop. ETA: the steps
 divided by the step rate measured since the display started (steps that were already done
 when it started, e.g. resumed runs, do not count towards the rate).
 
-On a terminal the line is redrawn in place; otherwise (logs, CI) a line is printed when a cell
+On a terminal it is a progress bar redrawn in place (fraction of all steps, cells finished,
+what each running cell is at, ETA); otherwise (logs, CI) a text line is printed when a cell
 starts or ends and at most every ``every_s`` seconds in between.
 """
 
@@ -33,9 +34,11 @@ class SweepProgress:
     """Polls the run directories of ``cells`` (objects with ``run_dir`` and ``steps``)."""
 
     def __init__(self, cells: Sequence, *, name: str = "", stream=None, every_s: float = 10.0,
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float = 1.0, workers: int | None = None, bar_width: int = 24) -> None:
         self.cells = list(cells)
         self.name = name
+        self.workers = workers
+        self.bar_width = bar_width
         self.stream = stream or sys.stderr
         self.every_s = every_s
         self.interval_s = interval_s
@@ -77,17 +80,27 @@ class SweepProgress:
         rate = (steps - self.steps0) / elapsed if elapsed > 0 else 0.0
         eta = (self.total_steps - steps) / rate if rate > 0 else None
         head = f"[{self.name}] " if self.name else ""
-        run = "; ".join(running) if running else "starting"
+        finished = done + failed == len(self.cells)
+        run = "; ".join(running) if running else ("done" if finished else "starting")
         fail = f", {failed} FAILED" if failed else ""
-        text = (f"{head}{done + failed}/{len(self.cells)} cells finished{fail} | {run} | "
-                f"elapsed {_fmt(elapsed)} ETA {_fmt(eta)}")
+        if self.tty:
+            filled = round(self.bar_width * steps / max(self.total_steps, 1))
+            bar = "#" * filled + "." * (self.bar_width - filled)
+            pct = 100.0 * steps / max(self.total_steps, 1)
+            text = (f"{head}[{bar}] {pct:3.0f}% {done + failed}/{len(self.cells)} cells{fail} | "
+                    f"{_fmt(elapsed)} ETA {_fmt(eta)} | {run}")
+        else:
+            text = (f"{head}{done + failed}/{len(self.cells)} cells finished{fail} | {run} | "
+                    f"elapsed {_fmt(elapsed)} ETA {_fmt(eta)}")
         return text, (done, failed, tuple(r.rsplit(" step ", 1)[0].removesuffix(" preparing") for r in running))
 
     def show(self, force: bool = False) -> None:
         text, key = self.line()
         now = time.monotonic()
         if self.tty:
-            self.stream.write("\r\033[K" + text[:200])
+            import shutil
+
+            self.stream.write("\r\033[K" + text[: max(40, shutil.get_terminal_size().columns - 1)])
             self.stream.flush()
         elif force or key != self._last_key or now - self._last_print >= self.every_s:
             self.stream.write(text + "\n")

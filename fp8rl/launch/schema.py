@@ -41,6 +41,9 @@ class LaunchFields:
             block, ``slurm`` submits and returns).
         array_parallelism: most array tasks running at once on Slurm, or the most local
             processes for ``local_parallel`` (``None`` = the profile's value, or 2 locally).
+        workers: cells the ``local`` launcher runs at once, each in a worker process with one
+            torch thread (``None`` = one per CPU core this process may use; 1 = one after
+            another in this process).
         progress: show the sweep-level progress display (local launchers).
     """
 
@@ -54,6 +57,7 @@ class LaunchFields:
     dry_run: bool = False
     wait: bool | None = None
     array_parallelism: int | None = None
+    workers: int | None = None
     progress: bool = True
 
 

@@ -9,7 +9,10 @@
 State of a cell (column ``state``): the run directory's state (RUNNING, DONE, FAILED,
 PREEMPTED) or ``MISSING`` (never started). A cell whose Slurm task ended (FAILED, TIMEOUT,
 OUT_OF_MEMORY, CANCELLED, NODE_FAIL) while its run directory still says RUNNING, or was never
-written, is shown as ``FAILED`` with Slurm's reason: the job died outside Python.
+written, is shown as ``FAILED`` with Slurm's reason: the job died outside Python. A cell that
+says RUNNING but whose run directory no live process owns (``fp8rl.runs.lock``: its process was
+killed, e.g. together with its launcher) is shown as ``DIED``, naming the owner that is gone;
+relaunching the sweep resumes it from its checkpoint.
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from fp8rl.runs import DONE, FAILED, RunDir, read_manifest
+from fp8rl.runs import DONE, FAILED, RUNNING, RunDir, read_manifest
 from fp8rl.runs import metrics as M
+from fp8rl.runs.lock import OWNER_FILE, probe
+
+#: Shown for a run that says RUNNING while no live process owns it.
+DIED = "DIED"
 
 _DEAD = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
          "PREEMPTED"}
@@ -86,6 +93,12 @@ def sweep_status(sweep_dir: str | Path, *, query_slurm: bool = True) -> list[Cel
             log = _log_path(sweep_dir, c.job_id) if c.job_id else None
             reason = (f"Slurm {sl['state']} (exit code {sl.get('exit_code')})"
                       + (f"; log: {log}" if log else ""))
+        elif state == RUNNING and (rd.path / OWNER_FILE).exists():
+            held, owner = probe(rd.path)
+            if not held:
+                state = DIED
+                reason = (f"its process ({owner.describe() if owner else 'unknown'}) is gone; "
+                          "relaunch the sweep to resume it from its checkpoint")
         elif state == FAILED and not reason and c.job_id:
             log = _log_path(sweep_dir, c.job_id)
             reason = f"see {log}" if log else None
@@ -120,5 +133,5 @@ def format_table(rows: list[CellStatus]) -> str:
 
 
 def failed_cells(rows: list[CellStatus]) -> list[tuple[str, str]]:
-    """``(run dir, reason)`` of every FAILED cell."""
-    return [(r.run_dir, r.reason or "no reason recorded") for r in rows if r.state == FAILED]
+    """``(run dir, reason)`` of every FAILED or DIED cell."""
+    return [(r.run_dir, r.reason or "no reason recorded") for r in rows if r.state in (FAILED, DIED)]

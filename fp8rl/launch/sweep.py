@@ -6,8 +6,10 @@ Called by the Hydra sweeper (``hydra_plugins/fp8rl_launch``) with the composed p
    written; any problem aborts with :class:`~fp8rl.launch.grid.SweepError`);
 2. ``dry_run=true``: print every cell (run directory, state, resources, command) and stop;
 3. otherwise classify the cells: DONE cells are skipped, cells whose Slurm job (from the
-   manifest) is still pending or running are left alone, all others (new, FAILED, PREEMPTED,
-   interrupted) are launched, and incomplete ones resume from their checkpoints;
+   manifest) is still pending or running are left alone, cells whose run directory is owned
+   by another live process (``fp8rl.runs.lock``: a second launch, a duplicate job) are
+   skipped naming the owner, all others (new, FAILED, PREEMPTED, interrupted, or whose owner
+   died) are launched, and incomplete ones resume from their checkpoints;
 4. write ``<output_dir>/<sweep_name>/manifest.json`` *before* launching (cells of earlier
    launches of the same sweep that are not in this grid are kept), launch, and record the job
    ids; a blocking launcher's failed cells are listed and the exit status is 1.
@@ -60,6 +62,7 @@ def execute(plan: SweepPlan, stream=None) -> int:
     from fp8rl.launch.launchers import LAUNCHERS
     from fp8rl.launch.slurm import active_jobs
     from fp8rl.runs import DONE, MANIFEST_FILE, Cell, read_manifest, write_manifest
+    from fp8rl.runs.lock import probe
 
     stream = stream or sys.stderr
     if plan.dry_run:
@@ -71,7 +74,7 @@ def execute(plan: SweepPlan, stream=None) -> int:
     old_ids = {k: c.job_id for k, c in previous.items() if c.job_id}
     active = active_jobs(old_ids.values()) if old_ids else set()
 
-    todo, skipped_done, skipped_active = [], [], []
+    todo, skipped_done, skipped_active, elsewhere = [], [], [], []
     for c in plan.cells:
         key = c.run_dir.name
         if c.state == DONE:
@@ -79,7 +82,11 @@ def execute(plan: SweepPlan, stream=None) -> int:
         elif old_ids.get(key) in active:
             skipped_active.append(c)
         else:
-            todo.append(c)
+            held, owner = probe(c.run_dir)
+            if held:  # another live process (a second launch, a Slurm task) runs it
+                elsewhere.append((c, owner))
+            else:
+                todo.append(c)
 
     def manifest_cells(job_ids: dict[str, str]) -> list[Cell]:
         cur = {}
@@ -93,12 +100,18 @@ def execute(plan: SweepPlan, stream=None) -> int:
     plan.sweep_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells({}))
     print(f"[{plan.sweep_name}] {len(plan.cells)} cell(s): {len(skipped_done)} DONE (skipped), "
-          f"{len(skipped_active)} still queued or running (left alone), {len(todo)} to "
+          f"{len(skipped_active)} still queued or running (left alone), "
+          f"{len(elsewhere)} running elsewhere (skipped), {len(todo)} to "
           f"{'submit' if LAUNCHERS[plan.launcher].needs_cluster else 'run'}", file=stream)
+    for c, owner in elsewhere:
+        print(f"  {c.run_dir.name}: running elsewhere, owned by "
+              f"{owner.describe() if owner else 'another process'}", file=stream)
     if not todo:
         print(f"[{plan.sweep_name}] nothing to do", file=stream)
         return 0
     result = LAUNCHERS[plan.launcher].launch(todo, plan)
+    for name, reason in result.skipped:
+        print(f"  {name}: skipped, {reason}", file=stream)
     if result.job_ids:
         write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells(result.job_ids))
     if result.failed:

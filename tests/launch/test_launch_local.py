@@ -91,3 +91,49 @@ def test_launch_no_overrides_runs_the_default_mini_run(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     man = read_manifest(tmp_path / "runs" / "default")
     assert len(man.cells) == 1 and RunDir(man.run_path(man.cells[0])).state == "DONE"
+
+
+def _numbers(sweep):
+    """Every logged number of every cell, minus timings: what a run computed."""
+    man = read_manifest(sweep)
+    out = {}
+    for c in man.cells:
+        rd = RunDir(man.run_path(c))
+        rows = [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rd.read_metrics()]
+        out[c.run_dir] = (rows, rd.read_eval(), rd.state)
+    return out
+
+
+def test_workers_run_cells_side_by_side_with_the_same_numbers(launch, tmp_path):
+    """The local launcher's worker pool changes when cells run, not what they compute."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = ["+sweep=smoke", "steps=3", "progress=false"]
+    r1 = launch(*args, "workers=1", f"output_dir={one}")
+    r2 = launch(*args, "workers=2", f"output_dir={two}")
+    assert r1.code == 0 and r2.code == 0, r1.err + r2.err
+    assert "running 4 cell(s) in this process" in r1.err
+    assert "running 4 cell(s) 2 at a time in worker processes" in r2.err
+    a, b = _numbers(one / "smoke"), _numbers(two / "smoke")
+    assert set(a) == set(b) and all(v[2] == "DONE" for v in b.values())
+    assert a == b
+
+
+def test_workers_must_be_a_positive_count(launch, tmp_path):
+    res = launch("+sweep=smoke", "workers=0", f"output_dir={tmp_path}/runs")
+    assert res.code == 1 and "workers: 0 is not a number of worker processes" in res.err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_pool_prepares_each_warm_start_once_before_the_cells(launch, tmp_path):
+    """Two cells of one model slot on two workers: the SFT warm start is trained once (a
+    preparation task is queued first; a cell that reaches the cache's lock first trains it and
+    everyone else loads it)."""
+    root = tmp_path / "runs"
+    res = launch("+sweep=smoke", "fp8=bf16", "clip=vanilla,tis", "steps=2", "mini.sft_steps=20",
+                 "workers=2", "progress=false", f"output_dir={root}")
+    assert res.code == 0, res.err
+    man = read_manifest(root / "smoke")
+    hits = [RunDir(man.run_path(c)).summary()["sft"]["cache_hit"] for c in man.cells]
+    assert hits.count(False) <= 1  # at most one of the cells trained it; usually the preparation
+    cached = [p for p in (root / ".cache" / "sft").iterdir() if p.is_dir()]
+    assert len(cached) == 1 and (cached[0] / "model.pt").exists()

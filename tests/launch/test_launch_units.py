@@ -97,7 +97,7 @@ def test_launch_status_table(tmp_path, capsys):
     assert failed_cells(rows) == [("grpo-8b-bf16-vanilla-s1-00000001", "diverged at step 1")]
     assert main([str(sweep), "--no-slurm"]) == 1
     out = capsys.readouterr().out
-    assert "FAILED cells (1)" in out and "diverged at step 1" in out
+    assert "FAILED or DIED cells (1)" in out and "diverged at step 1" in out
     assert main([str(sweep), "--no-slurm", "--json"]) == 1
     assert len(json.loads(capsys.readouterr().out)) == 4
     assert main([str(tmp_path / "nowhere")]) == 1
@@ -159,3 +159,27 @@ def test_launch_ray_readiness_deadline_names_what_is_missing():
     with pytest.raises(RayBootstrapError, match="head did not answer"):
         wait_for_cluster(lambda: None, nodes=1, gpus=0, deadline_s=2, poll_s=1,
                          clock=lambda: t[0], sleep=lambda s: t.__setitem__(0, t[0] + s))
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(tmp_path):
+    import io
+    from types import SimpleNamespace
+
+    from fp8rl.launch.progress import SweepProgress
+    from fp8rl.runs import RunDir
+
+    cells = [SimpleNamespace(run_dir=tmp_path / f"r{i}", steps=10, index=i + 1, total=2) for i in range(2)]
+    RunDir(cells[0].run_dir).set_status("DONE", 10)
+    RunDir(cells[1].run_dir).set_status("RUNNING", 5)
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, log = Tty(), io.StringIO()
+    SweepProgress(cells, name="s", stream=tty).show(force=True)
+    SweepProgress(cells, name="s", stream=log).show(force=True)
+    assert tty.getvalue().startswith("\r\033[K[s] [" + "#" * 18 + "." * 6 + "]  75% 1/2 cells")
+    assert "r1 step 5" in tty.getvalue()  # cut to the terminal width
+    assert log.getvalue().startswith("[s] 1/2 cells finished | cell 2/2 r1 step 5/10 | elapsed")
+    assert log.getvalue().endswith("\n") and "\r" not in log.getvalue()
