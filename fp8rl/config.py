@@ -242,6 +242,37 @@ class ClipConfig:
 
 
 @dataclass
+class LoggingConfig:
+    """Live views of a run besides ``metrics.jsonl`` (``fp8rl.runs.live``; not part of the run's
+    identity: ``logging`` is in ``fp8rl.runs.identity.DEFAULT_EXCLUDE``).
+
+    Attributes:
+        tensorboard: write TensorBoard event files to ``<run-dir>/tensorboard/`` (watch with
+            ``tensorboard --logdir runs/``).
+        wandb_project: also log to Weights & Biases under this project (``None`` = off; needs
+            the ``wandb`` package).
+        wandb_entity: the W&B entity (team or user); ``None`` = the account's default.
+        wandb_mode: ``online`` or ``offline`` (files only; ``wandb sync`` uploads them later).
+    """
+
+    tensorboard: bool = True
+    wandb_project: str | None = None
+    wandb_entity: str | None = None
+    wandb_mode: str = "online"
+
+    def __post_init__(self) -> None:
+        _require(self.wandb_mode in ("online", "offline"),
+                 f"logging.wandb_mode must be 'online' or 'offline', got {self.wandb_mode!r}")
+        if self.wandb_project is not None:
+            import importlib.util
+
+            _require(bool(self.wandb_project), "logging.wandb_project must be a non-empty name or null")
+            _require(importlib.util.find_spec("wandb") is not None,
+                     "logging.wandb_project is set but the wandb package is not installed: "
+                     "pip install wandb (or pip install -e '.[wandb]'), or leave logging.wandb_project unset")
+
+
+@dataclass
 class RunConfig:
     """One run: the four axes, seed, schedule, batch sizes, optimiser, eval cadence, outputs.
 
@@ -258,6 +289,7 @@ class RunConfig:
         checkpoint_every, samples_every: cadence of checkpoints and decoded samples (0 = off).
         max_bad_steps: consecutive skipped (non-finite) steps after which the run FAILS.
         output_dir: the runs root; run_dir: the run directory (``None`` = derived from identity).
+        logging: TensorBoard / W&B live views (``LoggingConfig``; not part of the identity).
     """
 
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -282,6 +314,7 @@ class RunConfig:
     max_bad_steps: int = 5
     output_dir: str = "runs"
     run_dir: str | None = None
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
         self.validate()

@@ -221,6 +221,7 @@ class MiniTrainer:
         self.bad_steps = 0  # consecutive
         self.skipped_updates = 0  # total
         self.history: list[dict] = []
+        self._live = None  # fp8rl.runs.live.LiveLog while run() runs
 
     # ----- rollout and reward ---------------------------------------------------------------
 
@@ -518,6 +519,11 @@ class MiniTrainer:
             rd.set_status(RUNNING, self.step)
         mw = rd.metrics_writer() if rd is not None else None
         ew = rd.eval_writer() if rd is not None else None
+        self._live = None
+        if rd is not None:
+            from fp8rl.runs.live import LiveLog
+
+            self._live = LiveLog(rd.path, cfg.logging, resume_step=self.step, config=config_dict(cfg))
         bar = _progress(range(self.step + 1, cfg.steps + 1), progress, initial=self.step, total=cfg.steps)
         try:
             if self.step == 0:
@@ -528,6 +534,7 @@ class MiniTrainer:
                 self.history.append(_brief(row))
                 if mw is not None:
                     mw.write(row)
+                    self._live.log(row)
                 if cfg.samples_every and step % cfg.samples_every == 0:
                     self.write_samples(step, self._last_samples[1])
                 if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
@@ -553,7 +560,7 @@ class MiniTrainer:
                 rd.set_status(FAILED, self.step, reason=f"{type(e).__name__}: {e}")
             raise
         finally:
-            for w in (mw, ew):
+            for w in (mw, ew, self._live):
                 if w is not None:
                     w.close()
             if hasattr(bar, "close"):
@@ -568,6 +575,8 @@ class MiniTrainer:
         self.history.append({"eval": row})
         if writer is not None:
             writer.write(row)
+        if self._live is not None:
+            self._live.log(row)
 
     def summary(self, wall_s: float, state: str, reason: str | None) -> dict:
         """The numbers tables read: final/best eval, late-training rollout stats, clip stats."""
