@@ -32,6 +32,12 @@ lint: install
 bench: install
 	$(BIN)/python benchmarks/bench_calibration.py
 
+# Our mini step against Hugging Face TRL's GRPOTrainer (benchmarks/bench_peer_trl.py).
+.PHONY: bench-peer
+bench-peer: install
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/bench_peer_trl.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache
 
