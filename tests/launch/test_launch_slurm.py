@@ -141,6 +141,52 @@ def test_launch_slurm_requeue_resumes_from_checkpoint(launch, tmp_path, cancel_j
     assert prov["slurm"].get("SLURM_RESTART_COUNT") == "1"
 
 
+def _plan(args: list[str]):
+    """The validated plan of an ``experiments.launch`` command line (Hydra's own composition)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    import experiments.launch as launch
+    from fp8rl.launch.grid import plan_sweep
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=launch.CONFIG_DIR, version_base=None):
+            loader = GlobalHydra.instance().config_loader()
+            cfg = loader.load_configuration("config", overrides=list(args), run_mode=RunMode.MULTIRUN)
+            return plan_sweep(cfg, loader, dict(cfg.hydra.sweeper.params), args)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def test_duplicate_submission_runs_each_step_once(tmp_path, cancel_jobs):
+    """The same cell submitted as two Slurm jobs at once: one task runs it, the other finds the
+    run owned by the first (``fp8rl.runs.lock``) or already DONE and ends cleanly; every step is
+    in metrics.jsonl once, written by one attempt."""
+    import submitit
+
+    from fp8rl.launch.job import CellJob
+
+    plan = _plan(["+sweep=smoke", "fp8=bf16", "clip=vanilla", "steps=40", f"output_dir={tmp_path}/runs"])
+    (cell,) = plan.cells
+    ex = submitit.AutoExecutor(folder=tmp_path / "submitit" / "%j", cluster="slurm")
+    ex.update_parameters(timeout_min=20, cpus_per_task=1, nodes=1, tasks_per_node=1)
+    jobs = [ex.submit(CellJob(), cell.payload()) for _ in range(2)]
+    ids = [j.job_id for j in jobs]
+    cancel_jobs.extend(ids)
+    results = [j.result() for j in jobs]
+    rd = RunDir(cell.run_dir)
+    assert rd.state == "DONE"
+    assert [r["step"] for r in rd.read_metrics()] == list(range(1, 41))
+    assert sum(1 for r in results if not r.get("skipped")) == 1  # exactly one task ran it
+    owned = [r for r in results if r.get("owned_by")]
+    for r in owned:
+        assert "running elsewhere" in r["reason"] and "Slurm job" in r["owned_by"]
+    assert rd.provenance()["previous_attempts"] == []  # one attempt wrote the run
+    _wait(lambda: set(_sacct(ids).values()) == {"COMPLETED"}, 60, "both tasks COMPLETED in sacct", ids)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                     reason="ray is not installed (it is in the cluster extra; see docs/launch.md)")
 def test_launch_slurm_ray_bootstrap_one_node(tmp_path, cancel_jobs):
