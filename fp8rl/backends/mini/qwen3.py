@@ -124,6 +124,12 @@ class LeanQwen3:
         attn = model.model.layers[0].self_attn
         self.head_dim, self.groups, self.scaling = attn.head_dim, attn.num_key_value_groups, attn.scaling
         self.kv_heads = cfg.num_key_value_heads
+        # the modules' forward functions and norm weights, looked up once per instance (an
+        # instance lives for one forward or one rollout; FP8 conversion happens before)
+        self.layers = [_Layer(layer) for layer in model.model.layers]
+        self.embed = _fwd(model.model.embed_tokens)
+        self.final_norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
+        self.lm_head = _fwd(model.lm_head)
         rot = model.model.rotary_emb
         inv_freq = rot.inv_freq
         pos = torch.arange(max_positions, device=inv_freq.device)
@@ -134,18 +140,19 @@ class LeanQwen3:
         self.sin_table = emb.sin() * rot.attention_scaling
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
-        layers = self.model.model.layers
         w = self.model.lm_head.weight
-        return KVCache(len(layers), batch, self.kv_heads, capacity, self.head_dim, dtype=w.dtype, device=w.device)
+        return KVCache(len(self.layers), batch, self.kv_heads, capacity, self.head_dim, dtype=w.dtype,
+                       device=w.device)
 
     @staticmethod
-    def _rms(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """``Qwen3RMSNorm.forward``."""
+    def _rms(norm: tuple[torch.Tensor, float], x: torch.Tensor) -> torch.Tensor:
+        """``Qwen3RMSNorm.forward`` (``norm``: its weight and epsilon)."""
+        weight, eps = norm
         dtype = x.dtype
         h = x.to(torch.float32)
         variance = h.pow(2).mean(-1, keepdim=True)
-        h = h * torch.rsqrt(variance + norm.variance_epsilon)
-        return norm.weight * h.to(dtype)
+        h = h * torch.rsqrt(variance + eps)
+        return weight * h.to(dtype)
 
     @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -164,19 +171,17 @@ class LeanQwen3:
             position_ids: ``[B, L]`` rotary positions.
             cache: optional :class:`KVCache`; the new keys/values are appended.
         """
-        m = self.model
-        x = m.model.embed_tokens(input_ids)
+        x = self.embed(input_ids)
         cos = self.cos_table[position_ids].to(dtype=x.dtype)[:, None]  # [B, 1, L, d]
         sin = self.sin_table[position_ids].to(dtype=x.dtype)[:, None]
         b, n = input_ids.shape
         hd, g = self.head_dim, self.groups
-        for i, layer in enumerate(m.model.layers):
-            attn, mlp = layer.self_attn, layer.mlp
+        for i, ly in enumerate(self.layers):
             residual = x
-            h = self._rms(layer.input_layernorm, x)
-            q = self._rms(attn.q_norm, attn.q_proj(h).view(b, n, -1, hd)).transpose(1, 2)
-            k = self._rms(attn.k_norm, attn.k_proj(h).view(b, n, -1, hd)).transpose(1, 2)
-            v = attn.v_proj(h).view(b, n, -1, hd).transpose(1, 2)
+            h = self._rms(ly.input_norm, x)
+            q = self._rms(ly.q_norm, ly.q_proj(h).view(b, n, -1, hd)).transpose(1, 2)
+            k = self._rms(ly.k_norm, ly.k_proj(h).view(b, n, -1, hd)).transpose(1, 2)
+            v = ly.v_proj(h).view(b, n, -1, hd).transpose(1, 2)
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             if cache is not None:
                 k, v = cache.append(i, k, v)
@@ -188,10 +193,43 @@ class LeanQwen3:
             w = w + bias
             w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
             o = torch.matmul(w, v).transpose(1, 2).contiguous()
-            x = residual + attn.o_proj(o.reshape(b, n, -1).contiguous())
+            x = residual + ly.o_proj(o.reshape(b, n, -1).contiguous())
             residual = x
-            h = self._rms(layer.post_attention_layernorm, x)
-            x = residual + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+            h = self._rms(ly.post_norm, x)
+            x = residual + ly.down_proj(ly.act(ly.gate_proj(h)) * ly.up_proj(h))
         if cache is not None:
             cache.advance(n)
-        return m.lm_head(self._rms(m.model.norm, x))
+        return self.lm_head(self._rms(self.final_norm, x))
+
+
+def _fwd(module: torch.nn.Module):
+    """``module.forward`` when calling the module would add nothing (no hooks of any kind),
+    else the module itself: the same computation without ``nn.Module.__call__``'s bookkeeping.
+    An instance-level ``forward`` (``fp8_disabled``'s switch) is what ``module.forward`` finds."""
+    from torch.nn.modules import module as torch_module
+
+    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
+             module._backward_pre_hooks, torch_module._global_forward_hooks,
+             torch_module._global_forward_pre_hooks, torch_module._global_backward_hooks,
+             torch_module._global_backward_pre_hooks)
+    return module if any(hooks) else module.forward
+
+
+class _Layer:
+    """One decoder layer's forward functions and norm parameters."""
+
+    __slots__ = ("act", "down_proj", "gate_proj", "input_norm", "k_norm", "k_proj", "o_proj", "post_norm",
+                 "q_norm", "q_proj", "up_proj", "v_proj")
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+
+        def norm(m: torch.nn.Module) -> tuple[torch.Tensor, float]:
+            return m.weight, m.variance_epsilon
+
+        self.input_norm, self.post_norm = norm(layer.input_layernorm), norm(layer.post_attention_layernorm)
+        self.q_norm, self.k_norm = norm(attn.q_norm), norm(attn.k_norm)
+        self.q_proj, self.k_proj = _fwd(attn.q_proj), _fwd(attn.k_proj)
+        self.v_proj, self.o_proj = _fwd(attn.v_proj), _fwd(attn.o_proj)
+        self.gate_proj, self.up_proj, self.down_proj = _fwd(mlp.gate_proj), _fwd(mlp.up_proj), _fwd(mlp.down_proj)
+        self.act = _fwd(mlp.act_fn)
