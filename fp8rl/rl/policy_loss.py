@@ -108,6 +108,7 @@ def ppo_token_loss(
     low: float,
     high: float,
     dual_clip: float | None = None,
+    metrics: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token PPO clipped loss and its clip diagnostics.
 
@@ -118,6 +119,8 @@ def ppo_token_loss(
         mask: ``[B, T]`` response-token mask (bool or 0/1).
         low, high: clip bounds as ratios, 0 <= low < 1 < high (e.g. 0.8, 1.28).
         dual_clip: c > 1 caps the A<0 loss at -A c; None disables it.
+        metrics: compute the diagnostics (False: an empty dict, for a caller that computes
+            its own, e.g. from counts summed over mini-batches).
 
     Returns:
         ``(loss_mat [B, T], metrics)``: ``loss_mat`` is 0 at masked tokens; reduce it with
@@ -134,12 +137,14 @@ def ppo_token_loss(
     if dual_clip is not None:
         loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
     loss_mat = torch.where(m, loss, torch.zeros((), dtype=dtype, device=loss.device))
+    if not metrics:
+        return loss_mat, {}
 
     with torch.no_grad():
         r = ratio.detach()
-        metrics = clip_table(r, adv, m, low=low, high=high)
-        metrics.update(ratio_quantiles(r, adv, m))
-        metrics["actor/ppo_kl"] = masked_mean(-log_ratio.detach(), m).to(torch.float32)
+        out = clip_table(r, adv, m, low=low, high=high)
+        out.update(ratio_quantiles(r, adv, m))
+        out["actor/ppo_kl"] = masked_mean(-log_ratio.detach(), m).to(torch.float32)
         if dual_clip is not None:
-            metrics["actor/dualclipfrac"] = masked_mean(((adv < 0) & (r > dual_clip)).float(), m)
-    return loss_mat, metrics
+            out["actor/dualclipfrac"] = masked_mean(((adv < 0) & (r > dual_clip)).float(), m)
+    return loss_mat, out
