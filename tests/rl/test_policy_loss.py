@@ -216,3 +216,12 @@ def test_cuda_matches_cpu():
     torch.testing.assert_close(gpu.cpu(), cpu)
     for k in mc:
         torch.testing.assert_close(mg[k].cpu(), mc[k], equal_nan=True)
+
+
+def test_metrics_off_gives_the_same_loss_and_no_diagnostics():
+    g = torch.Generator().manual_seed(7)
+    lp, old = torch.randn(4, 6, generator=g) * 0.1, torch.randn(4, 6, generator=g) * 0.1
+    adv, mask = torch.randn(4, 6, generator=g), (torch.rand(4, 6, generator=g) > 0.2)
+    a, ma = ppo_token_loss(lp, old, adv, mask, low=0.8, high=1.28, dual_clip=3.0)
+    b, mb = ppo_token_loss(lp, old, adv, mask, low=0.8, high=1.28, dual_clip=3.0, metrics=False)
+    assert torch.equal(a, b) and mb == {} and "actor/clipfrac_neg_low" in ma
