@@ -183,7 +183,7 @@ class ClipConfig:
             (clip method, IS correction).
         tis_cap: TIS truncation C (paper: 2).
         period, ema, upper_rule, init_bounds, reference, alpha, p_target, low_min, high_max,
-            calibrate_at_start: the options of
+            calibrate_at_start, window: the options of
             ``fp8rl.rl.calibration.CalibratedClipController`` (used by ``calibrated`` only;
             see that class). ``init_bounds`` default [0.6, 1.8] is the paper's wide start.
     """
@@ -200,12 +200,14 @@ class ClipConfig:
     low_min: float = 0.5
     high_max: float = 2.0
     calibrate_at_start: bool = True
+    window: int = 1
 
     def __post_init__(self) -> None:
         _check_registry("fp8rl.rl.clipping", "CLIP_ARMS", self.arm, "clip.arm")
         _check_registry("fp8rl.rl.calibration", "UPPER_RULES", self.upper_rule, "clip.upper_rule")
         _require(self.tis_cap > 0, f"clip.tis_cap must be > 0 (inf = no truncation), got {self.tis_cap}")
         _require(self.period >= 1, f"clip.period must be >= 1, got {self.period}")
+        _require(self.window >= 1, f"clip.window must be >= 1 (calibrations pooled; 1 = none), got {self.window}")
         _require(0 <= self.ema < 1, f"clip.ema must be in [0, 1), got {self.ema}")
         b = list(self.init_bounds)
         _require(len(b) == 2 and 0 < b[0] < 1 < b[1],
@@ -234,6 +236,7 @@ class ClipConfig:
             "init_bounds": tuple(self.init_bounds), "reference": self.reference,
             "alpha": self.alpha, "p_target": self.p_target, "low_min": self.low_min,
             "high_max": self.high_max, "calibrate_at_start": self.calibrate_at_start,
+            "window": self.window,
         }
 
     def correction_params(self) -> dict:

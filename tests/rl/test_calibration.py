@@ -562,3 +562,60 @@ def test_cuda_matches_cpu(rule):
     gpu = calibrate_bounds(fp8.cuda(), shadow.cuda(), adv.cuda(), mask.cuda(), **kw)
     assert (gpu.low, gpu.high, gpu.alpha) == (cpu.low, cpu.high, cpu.alpha)
     assert gpu.p_achieved == pytest.approx(cpu.p_achieved, rel=1e-9, nan_ok=True)
+
+
+def _flat_tokens(r, s, adv, mask):
+    m = mask.bool()
+    a = adv[:, None].expand_as(r) if adv.dim() == 1 else adv
+    return r[m], s[m], a[m]
+
+
+def test_window_pools_the_tokens_of_the_last_calibrations():
+    """With window W the estimate equals one calibration on the concatenated tokens of the
+    last W calibrations (reference: calibrate_bounds on the concatenation)."""
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, period=1, ema=0.0, window=2)
+    batches = [synthetic(seed, B=8, T=24) for seed in range(3)]
+    for step, (s, r, adv, mask) in enumerate(batches):
+        ctl.update(step, ratio=r, shadow_ratio=s, advantages=adv, mask=mask)
+        used = batches[max(0, step - 1): step + 1]
+        toks = [_flat_tokens(r_, s_, a_, m_) for s_, r_, a_, m_ in used]
+        ref = calibrate_bounds(torch.cat([t[0] for t in toks]), torch.cat([t[1] for t in toks]),
+                               torch.cat([t[2] for t in toks]), torch.ones(sum(t[0].numel() for t in toks)),
+                               eps_low=EPS_LOW, eps_high=EPS_HIGH)
+        assert ctl.bounds(step).as_tuple() == (ref.low, ref.high)
+        m = ctl.metrics(step)
+        assert m["clip/n_neg"] == ref.n_neg and m["clip/pooled_calibrations"] == len(used)
+        assert m["clip/low_data"] == float(ref.alpha * ref.n_neg < 5)
+
+
+def test_window_state_round_trip_continues_exactly():
+    batches = [synthetic(seed, B=8, T=24) for seed in range(5)]
+    a = CalibratedClipController(EPS_LOW, EPS_HIGH, period=1, window=3)
+    for step, (s, r, adv, mask) in enumerate(batches[:3]):
+        a.update(step, ratio=r, shadow_ratio=s, advantages=adv, mask=mask)
+    b = CalibratedClipController(EPS_LOW, EPS_HIGH, period=1, window=3)
+    state = a.state_dict()
+    assert len(state["pool"]) == 2
+    b.load_state_dict(state)
+    for step, (s, r, adv, mask) in enumerate(batches[3:], start=3):
+        assert a.update(step, ratio=r, shadow_ratio=s, advantages=adv, mask=mask) == \
+            b.update(step, ratio=r, shadow_ratio=s, advantages=adv, mask=mask)
+    with pytest.raises(ValueError, match="window"):
+        CalibratedClipController(EPS_LOW, EPS_HIGH, period=1, window=2).load_state_dict(a.state_dict())
+    json.dumps(CalibratedClipController(EPS_LOW, EPS_HIGH).state_dict())  # window 1: plain JSON
+
+
+def test_degenerate_calibration_adds_nothing_to_the_window():
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, period=1, ema=0.0, window=2)
+    s, r, adv, mask = synthetic(0, B=8, T=24)
+    ctl.update(0, ratio=r, shadow_ratio=s, advantages=adv, mask=mask)
+    before = ctl.bounds(0)
+    bad = r.clone()
+    bad[mask.bool()] = float("nan")  # a broken measurement poisons the pooled estimate
+    assert ctl.update(1, ratio=bad, shadow_ratio=s, advantages=adv, mask=mask) == before
+    assert ctl.metrics()["clip/degenerate_updates"] == 1.0 and len(ctl.state_dict()["pool"]) == 1
+    # an empty measurement: the window's earlier tokens still calibrate
+    ctl.update(2, ratio=r, shadow_ratio=s, advantages=adv, mask=torch.zeros_like(mask))
+    assert ctl.metrics(2)["clip/pooled_calibrations"] == 2.0 and ctl.metrics()["clip/degenerate_updates"] == 1.0
+    with pytest.raises(ValueError, match="window must be an integer >= 1"):
+        CalibratedClipController(EPS_LOW, EPS_HIGH, window=0)
