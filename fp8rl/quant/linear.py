@@ -31,10 +31,11 @@ Deviations / choices:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fp8rl.quant.granularity import Granularity, PerBlock, PerRow, PerTensor
+from fp8rl.quant.lowp import linear as lowp_linear
+from fp8rl.quant.lowp import matmul as lowp_matmul
 from fp8rl.quant.quantize import dequantize, fake_quantize, quantize
 from fp8rl.quant.recipes import OperandConfig, Recipe
 
@@ -155,7 +156,7 @@ def _gemm(recipe: Recipe, gemm: str, a: torch.Tensor, b: torch.Tensor, emulate: 
     two emulated operands (``None`` when the GEMM ran in high precision or on a kernel).
     """
     if not getattr(recipe, gemm):
-        return a @ b.t(), None, None
+        return lowp_matmul(a, b.t()), None, None
     a_cfg, b_cfg = recipe.operands(gemm)
     assert a_cfg is not None and b_cfg is not None
     if not (emulate or not has_scaled_mm_kernel(a_cfg.granularity, b_cfg.granularity)):
@@ -213,9 +214,16 @@ def fp8_linear(
     *,
     emulate: bool = False,
 ) -> torch.Tensor:
-    """Functional FP8 linear: ``x [..., K] @ weight[N, K].T + bias[N]`` -> ``[..., N]``."""
+    """Functional FP8 linear: ``x [..., K] @ weight[N, K].T + bias[N]`` -> ``[..., N]``.
+
+    Computes in ``x``'s dtype: with BF16 activations and an fp32 master weight, the weight is
+    cast to BF16 first (differentiably) and quantized from there, as under BF16 mixed precision
+    (FSDP / DeepSpeed hand the layer a BF16 weight); GEMM outputs are BF16.
+    """
     if not recipe.enabled:
-        return F.linear(x, weight, bias)
+        return lowp_linear(x, weight, bias)
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
     y = _Fp8LinearFn.apply(x, weight, recipe, emulate)
     return y if bias is None else y + bias.to(y.dtype)
 

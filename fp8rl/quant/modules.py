@@ -66,13 +66,22 @@ def fp8_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if hasattr(m, _RECIPE_ATTR)]
 
 
+def _hp_forward(self: nn.Module, x):
+    """The layer without FP8: ``F.linear(x, weight, bias)`` in ``x``'s dtype, i.e. exactly the
+    unconverted layer for fp32 activations and a BF16 GEMM (fp32 accumulation) on the
+    BF16-rounded master weight for BF16 activations (``fp8rl.quant.lowp.linear``)."""
+    from fp8rl.quant.lowp import linear
+
+    return linear(x, self.weight, self.bias)
+
+
 def _disable(mod: nn.Module) -> None:
     depth = mod.__dict__.get(_DEPTH_ATTR, 0)
     if depth == 0:
         if "forward" in mod.__dict__:
             raise RuntimeError(f"{type(mod).__name__} already has an instance-level forward; cannot disable FP8")
-        hp_forward = getattr(type(mod), "hp_forward", nn.Linear.forward)  # TE layers define it
-        mod.forward = types.MethodType(hp_forward, mod)  # exactly F.linear(x, weight, bias)
+        hp_forward = getattr(type(mod), "hp_forward", _hp_forward)  # TE layers define their own
+        mod.forward = types.MethodType(hp_forward, mod)
     mod.__dict__[_DEPTH_ATTR] = depth + 1
 
 

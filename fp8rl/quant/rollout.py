@@ -213,13 +213,13 @@ class Fp8InferenceLinear(nn.Module):
             # scaled_gemm's emulated path (fake_quantize == dequantize(quantize(x)), bit for
             # bit) with the weight dequantized once per sync
             xq = fake_quantize(x2, icfg.granularity, icfg.fmt, pow2_scale=self.recipe.pow2_scales)  # type: ignore[union-attr]
-            y = (xq @ self.dequantized_weight().t()).to(self.out_dtype)
+            y = (xq @ self.dequantized_weight().t()).to(x.dtype)
         else:
             qx, sx = quantize(x2, icfg.granularity, icfg.fmt, pow2_scale=self.recipe.pow2_scales)  # type: ignore[union-attr]
             y = scaled_gemm(qx, sx, icfg.granularity, self.weight, self.scale, wcfg.granularity,  # type: ignore[union-attr]
-                            out_dtype=self.out_dtype, emulate=False)
+                            out_dtype=x.dtype, emulate=False)
         if self.bias is not None:
-            y = y + self.bias
+            y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
