@@ -17,8 +17,13 @@ any causal LM, for a list of recipes, without training:
    both log-probs in FP8, as a full-FP8 trainer computes them). Report ``std(r - 1)`` and the
    fractions of tokens with ``r < clip_low`` (0.8) and ``r > clip_high`` (1.28) in each precision.
 
-The ``bf16`` row is the control: its "FP8" model is the high-precision model, so its mismatch is
-0 and its ratio noise equals the high-precision one.
+The **reference precision is BF16 mixed precision** (``dtype="bfloat16"``, the default), as the
+paper's baseline and the mini backend's ``bf16`` arm compute: the weights live in an fp32 master
+copy; every measured model is that master cast to BF16 (FP8 recipes then convert the BF16
+model, quantizing from the BF16 weights); the update is applied to the fp32 master and the
+models are re-cast. The ``bf16`` row is the control: its "FP8" model is the BF16 model, so its
+mismatch is 0 and its ratio noise equals the reference's. ``dtype="float32"`` audits against an
+fp32 reference instead (fp32 compute everywhere, the FP8 models included).
 
 Choices made here [G] (the paper gives no protocol for this measurement):
 - one AdamW step (``lr`` 1e-5 default, betas (0.9, 0.999), no weight decay) on random
@@ -30,7 +35,7 @@ Choices made here [G] (the paper gives no protocol for this measurement):
   sharper, more LM-like distributions. ``init_std`` is an option; the docs report both;
 - the ratio-noise multiple depends on the step size: the FP8 noise floor is roughly fixed by the
   weight-rounding flips, while the high-precision ratio noise scales with ``lr`` (docs: sweep);
-- the model runs in float32 on CPU by default (``dtype``); on clusters use bfloat16;
+- the reference and every FP8 model compute in ``dtype`` (BF16 by default) on fp32 masters;
 - FP8 GEMMs are emulated by default (``emulate=True``): the audit measures numerics, and
   emulation equals an FP8 kernel up to float32 accumulation order; ``emulate=False`` uses
   ``torch._scaled_mm`` where the recipe allows and raises where it does not.
@@ -70,7 +75,7 @@ class AuditConfig:
     clip_high: float = 1.28
     seed: int = 0
     emulate: bool = True
-    dtype: str = "float32"
+    dtype: str = "bfloat16"
     hybrid: bool | None = None
     init_std: float = 0.1  # tiny random model only
 
@@ -125,13 +130,20 @@ def build_tiny_qwen3(
 
 
 def _load_model(cfg: AuditConfig) -> nn.Module:
+    """The fp32 master model."""
     if cfg.model is None:
         model = build_tiny_qwen3(cfg.seed, init_std=cfg.init_std)
     else:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(cfg.model)
-    return model.to(getattr(torch, cfg.dtype)).eval()
+    return model.float().eval()
+
+
+def _compute_model(master: nn.Module, recipe, cfg: AuditConfig) -> nn.Module:
+    """The model a trainer computes with: the master cast to ``cfg.dtype``, then FP8 per ``recipe``."""
+    model = copy.deepcopy(master).to(getattr(torch, cfg.dtype)).eval()
+    return convert_to_fp8(model, recipe, emulate=cfg.emulate) if recipe.enabled else model
 
 
 def _vocab_size(model: nn.Module) -> int:
@@ -191,29 +203,29 @@ def run_audit(cfg: AuditConfig, model: nn.Module | None = None) -> list[AuditRow
 
     Args:
         cfg: settings.
-        model: optional high-precision causal LM (``model(input_ids=...).logits``); default
-            from ``cfg.model``. It is not modified.
+        model: optional causal LM (``model(input_ids=...).logits``) whose weights are taken as
+            the fp32 master; default from ``cfg.model``. It is not modified.
     """
-    base = _load_model(cfg) if model is None else model.eval()
-    ids = sample_sequences(base, cfg)
+    master = (_load_model(cfg) if model is None else model).float().eval()
+    control = get_recipe("bf16")
+    ref_old = _compute_model(master, control, cfg)
+    ids = sample_sequences(ref_old, cfg)
     with torch.no_grad():
-        lp_hp_old = response_log_probs(base, ids, cfg.prompt_len)
-    delta = _update_delta(base, ids, cfg)
-    hp_new = copy.deepcopy(base)
-    _apply_delta(hp_new, delta)
+        lp_hp_old = response_log_probs(ref_old, ids, cfg.prompt_len)
+    delta = _update_delta(master, ids, cfg)
+    master_new = copy.deepcopy(master)
+    _apply_delta(master_new, delta)
     with torch.no_grad():
-        lp_hp_new = response_log_probs(hp_new, ids, cfg.prompt_len)
+        lp_hp_new = response_log_probs(_compute_model(master_new, control, cfg), ids, cfg.prompt_len)
     hp_std, hp_lo, hp_hi = _ratio_stats(lp_hp_new, lp_hp_old, cfg)
 
     rows = []
     for name in cfg.recipes:
         t0 = time.perf_counter()
         recipe = get_recipe(name, hybrid=cfg.hybrid)
-        fp8 = convert_to_fp8(copy.deepcopy(base), recipe, emulate=cfg.emulate)
         with torch.no_grad():
-            lp_old = response_log_probs(fp8, ids, cfg.prompt_len)
-            _apply_delta(fp8, delta)
-            lp_new = response_log_probs(fp8, ids, cfg.prompt_len)
+            lp_old = response_log_probs(_compute_model(master, recipe, cfg), ids, cfg.prompt_len)
+            lp_new = response_log_probs(_compute_model(master_new, recipe, cfg), ids, cfg.prompt_len)
         d = (lp_old - lp_hp_old).flatten().double()
         std, lo, hi = _ratio_stats(lp_new, lp_old, cfg)
         rows.append(AuditRow(

@@ -73,3 +73,15 @@ def test_bad_config_raises():
         AuditConfig(lr=0)
     cfg, out = parse_args(["--no-emulate", "--hybrid"])
     assert cfg.emulate is False and cfg.hybrid is True and out == "audit.csv"
+
+
+def test_the_reference_is_bf16_mixed_precision_by_default():
+    """BF16 compute on fp32 masters is the reference: its own rounding moves the ratio more
+    than fp32's does, and FP8 still moves it several times more."""
+    assert AuditConfig().dtype == "bfloat16"
+    model = build_tiny_qwen3(layers=1)
+    bf16 = {r.recipe: r for r in run_audit(AuditConfig(recipes=("bf16", "tensorwise"), **FAST), model=model)}
+    fp32 = {r.recipe: r for r in run_audit(AuditConfig(recipes=("bf16", "tensorwise"), dtype="float32", **FAST),
+                                           model=model)}
+    assert bf16["bf16"].hp_ratio_std > fp32["bf16"].hp_ratio_std  # BF16 rounding moves the ratio too
+    assert bf16["tensorwise"].noise_x > 3 and fp32["tensorwise"].noise_x > 3
