@@ -102,19 +102,38 @@ class ModelConfig:
         _require(self.slot in MODEL_SLOTS, f"model.slot {self.slot!r} must be one of {MODEL_SLOTS}")
 
 
+#: ``fp8.compute_dtype`` values: the dtype of everything but FP8 GEMMs (torch dtypes below).
+COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp32")
+
+
+def torch_dtype(name: str):
+    """``bf16`` / ``fp32`` -> the torch dtype."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
 @dataclass
 class Fp8Config:
-    """FP8 precision arm: a rollout recipe and a trainer recipe (keys of ``fp8rl.quant.RECIPES``).
+    """Precision arm: a rollout recipe and a trainer recipe (keys of ``fp8rl.quant.RECIPES``)
+    and the compute dtype of everything that is not an FP8 GEMM.
 
-    ``bf16``: both ``bf16``; ``rollout_only``: FP8 rollout recipe, ``bf16`` trainer; full FP8:
-    both FP8. ``emulate=True`` computes FP8 by quantize-dequantize in high precision (CPU tests);
-    a recipe the hardware cannot run raises, naming ``fp8.emulate=true`` as the fix.
+    ``bf16``: no FP8 (both recipes ``bf16``); ``rollout_only``: FP8 rollout recipe, ``bf16``
+    trainer; full FP8: both FP8; ``fp32``: no FP8 and fp32 compute (an extra arm: the old mini
+    "BF16", which was fp32). ``compute_dtype`` (``bf16`` | ``fp32``) is the dtype the trainer and
+    the rollout engine compute in outside FP8 GEMMs: ``bf16`` is BF16 mixed precision as the paper
+    trains (fp32 master weights, BF16 activations and high-precision GEMMs with fp32
+    accumulation, ``fp8rl.quant.lowp``; FP8 GEMMs quantize from the BF16 values); the BF16 shadow
+    of Calibrated Clipping is that forward with FP8 off. ``emulate=True`` computes FP8 by
+    quantize-dequantize in high precision (CPU tests); a recipe the hardware cannot run raises,
+    naming ``fp8.emulate=true`` as the fix.
 
     ``impl`` is the trainer's FP8 implementation (``fp8rl.quant.IMPLEMENTATIONS``: ``torchao``,
     ``fp8rl``, ``transformer_engine``), or ``auto`` for the recipe's default
-    (``fp8rl.quant.default_impl``): tensorwise/rowwise -> torchao (as the paper); blockwise and
-    mxfp8 -> transformer_engine, or our emulated linear only when ``emulate=true`` is asked for;
-    tensorwise_delayed -> transformer_engine (no emulation exists). The issue's ``emulated`` is
+    (``fp8rl.quant.default_impl``): on FP8 kernels tensorwise/rowwise -> torchao (as the paper),
+    blockwise and mxfp8 -> transformer_engine, tensorwise_delayed -> transformer_engine; with
+    ``emulate=true`` our emulated linear for every recipe (for the torchao recipes with torchao's
+    own arithmetic, bit for bit). The issue's ``emulated`` is
     ``emulate=true``. Checked here without hardware: the implementation must express the trainer
     recipe (``fp8rl.quant.resolve_impl``); whether the GPU and Transformer Engine can run it is
     checked when the trainer converts its model, before the first step, naming the fix.
@@ -126,9 +145,12 @@ class Fp8Config:
     trainer_recipe: str = "bf16"
     emulate: bool = False
     impl: str = "auto"
+    compute_dtype: str = "bf16"
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "fp8.name must be a non-empty label (e.g. bf16, tensorwise)")
+        _require(self.compute_dtype in COMPUTE_DTYPES,
+                 f"fp8.compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {self.compute_dtype!r}")
         for f in ("rollout_recipe", "trainer_recipe"):
             _check_registry("fp8rl.quant", "RECIPES", getattr(self, f), f"fp8.{f}")
         from fp8rl.quant import get_recipe, resolve_impl
@@ -156,7 +178,18 @@ class Fp8Config:
         from fp8rl.quant import RECIPES
 
         name, rollout, trainer = self.name, self.rollout_recipe, self.trainer_recipe
-        how = "(the launcher's fp8=<arm> config group sets all three together)"
+        how = "(the launcher's fp8=<arm> config group sets these together)"
+        if name == "fp32":
+            _require(rollout == "bf16" and trainer == "bf16" and self.compute_dtype == "fp32",
+                     f"fp8.name='fp32' needs no FP8 (fp8.rollout_recipe=bf16, fp8.trainer_recipe=bf16) "
+                     f"and fp8.compute_dtype=fp32, got rollout {rollout!r}, trainer {trainer!r}, compute "
+                     f"{self.compute_dtype!r} {how}")
+            return
+        if name in ("bf16", "rollout_only") or name in RECIPES:
+            _require(self.compute_dtype == "bf16",
+                     f"fp8.name={name!r} computes in BF16 outside FP8 GEMMs; fp8.compute_dtype="
+                     f"{self.compute_dtype!r} would run something else under that name: use "
+                     f"fp8=fp32 for the fp32 arm, or give a custom arm its own fp8.name")
         if name == "bf16":
             _require(rollout == "bf16" and trainer == "bf16",
                      f"fp8.name='bf16' needs fp8.rollout_recipe=bf16 and fp8.trainer_recipe=bf16, "
@@ -284,11 +317,18 @@ class RunConfig:
         prompts_per_step: prompts per rollout batch (the batch has ``prompts_per_step *
             n_samples_per_prompt`` responses).
         num_mini_batches: optimizer updates per rollout batch (1 = on-policy: ratio == 1).
+        logprob_micro_batch: rows per forward when the trainer recomputes old log-probs, in
+            rollout order (OpenRLHF's ``--rollout.micro_batch_size``, verl's
+            ``log_prob_micro_batch_size``): not the updates' shuffled mini-batches.
         lr, weight_decay, max_grad_norm, adam_betas: AdamW and gradient clipping.
+        lr_lm_head, lr_final_norm: learning rates of the LM head and of the final norm's scale
+            (``None`` = ``lr``); every other parameter (the body) trains at ``lr``.
         temperature: rollout sampling temperature (trainer log-probs use the same).
         max_response_len: generation cap in tokens.
         eval_every: evaluate every N steps (and at the end); 0 = only at the end.
         eval_k: samples per eval prompt (avg@k and pass@k); eval_temperature: their temperature.
+        eval_greedy: also decode each eval prompt greedily (``eval/<ds>/greedy``). Evaluations are
+            paired: every evaluation of a run samples with the same seed.
         checkpoint_every, samples_every: cadence of checkpoints and decoded samples (0 = off).
         max_bad_steps: consecutive skipped (non-finite) steps after which the run FAILS.
         output_dir: the runs root; run_dir: the run directory (``None`` = derived from identity).
@@ -303,7 +343,10 @@ class RunConfig:
     steps: int = 50
     prompts_per_step: int = 16
     num_mini_batches: int = 4
+    logprob_micro_batch: int = 16
     lr: float = 1e-4
+    lr_lm_head: float | None = None
+    lr_final_norm: float | None = None
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -312,6 +355,7 @@ class RunConfig:
     eval_every: int = 10
     eval_k: int = 4
     eval_temperature: float = 1.0
+    eval_greedy: bool = True
     checkpoint_every: int = 10
     samples_every: int = 10
     max_bad_steps: int = 5
@@ -333,6 +377,10 @@ class RunConfig:
                  f"the rollout batch ({self.prompts_per_step} prompts x {a.n_samples_per_prompt} "
                  f"samples = {n_seq}) must split evenly into num_mini_batches={self.num_mini_batches}")
         _require(self.lr > 0 and math.isfinite(self.lr), f"lr must be a positive number, got {self.lr}")
+        for f in ("lr_lm_head", "lr_final_norm"):
+            v = getattr(self, f)
+            _require(v is None or (v > 0 and math.isfinite(v)), f"{f} must be a positive number or null (= lr), got {v}")
+        _require(self.logprob_micro_batch >= 1, f"logprob_micro_batch must be >= 1, got {self.logprob_micro_batch}")
         _require(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
         _require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}")
         _require(len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas),

@@ -124,7 +124,9 @@ SPARSE_METRICS: tuple[str, ...] = (
 EVAL_PREFIX = "eval/"
 EVAL_AVG = "avg@k"
 EVAL_PASS = "pass@k"
-EVAL_STATS: tuple[str, ...] = (EVAL_AVG, EVAL_PASS)
+#: Accuracy of one greedy decode per problem (the mini backend's paired evaluation).
+EVAL_GREEDY = "greedy"
+EVAL_STATS: tuple[str, ...] = (EVAL_AVG, EVAL_PASS, EVAL_GREEDY)
 #: Fields of an ``eval.jsonl`` row besides the metric keys.
 EVAL_DATASET = "dataset"
 EVAL_K = "k"
@@ -149,7 +151,8 @@ def eval_key(dataset: str, stat: str) -> str:
 
     Args:
         dataset: the evaluation set's name, a plain token (``aime24``, ``math500``).
-        stat: ``"avg@k"`` (mean accuracy over the k samples per problem) or ``"pass@k"``.
+        stat: ``"avg@k"`` (mean accuracy over the k samples per problem), ``"pass@k"`` or
+            ``"greedy"`` (accuracy of one greedy decode per problem).
 
     Returns:
         ``"eval/<dataset>/<stat>"``.

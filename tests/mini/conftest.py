@@ -9,9 +9,11 @@ from fp8rl.config import AlgorithmConfig, ClipConfig, Fp8Config
 
 #: precision arms of the issue: name -> (rollout recipe, trainer recipe)
 ARMS = {
+    "fp32": ("bf16", "bf16"),
     "bf16": ("bf16", "bf16"),
     "rollout_only": ("tensorwise", "bf16"),
     "tensorwise": ("tensorwise", "tensorwise"),
+    "rowwise": ("rowwise", "rowwise"),
     "blockwise": ("blockwise", "blockwise"),
 }
 
@@ -35,7 +37,8 @@ def tiny(sft_cache, tmp_path):
         base.update(kw)
         return MiniRunConfig(
             algorithm=AlgorithmConfig(**{"n_samples_per_prompt": 4, **(algorithm or {})}),
-            fp8=Fp8Config(name=arm, rollout_recipe=rollout, trainer_recipe=trainer, emulate=True),
+            fp8=Fp8Config(name=arm, rollout_recipe=rollout, trainer_recipe=trainer, emulate=True,
+                          compute_dtype="fp32" if arm == "fp32" else "bf16"),
             clip=ClipConfig(**{"arm": clip, "period": 2, **(clip_opts or {})}),
             mini=MiniSettings(**{"n_train": 200, "n_eval": 4, "sft_steps": 150, "sft_batch_size": 32,
                                  "min_terms": 2, "max_terms": 3, "max_operand": 9,

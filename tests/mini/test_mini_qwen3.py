@@ -119,3 +119,71 @@ def test_kv_cache_refuses_to_overflow():
     c.advance(3)
     with pytest.raises(ValueError, match="KV cache full"):
         c.append(0, k, k)
+
+
+def _scaled(base):
+    """A copy with larger weights (logits of a few units), so BF16 rounding is visible."""
+    m = copy.deepcopy(base)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    return m
+
+
+def test_bf16_forward_follows_transformers_bf16_and_trains_fp32_masters(base):
+    """In BF16 the lean forward computes what transformers' model cast to BF16 computes, up to
+    the GEMMs' fp32 accumulation order (ours: exact products, fp32 sums; PyTorch's native BF16
+    GEMM on CPU: its own order): it stays much closer to that than to the fp32 forward."""
+    m = _scaled(base).train()
+    ids, mask = _batch()
+    pos = position_ids(mask)
+    with torch.no_grad():
+        hf_bf16 = copy.deepcopy(m).to(torch.bfloat16)(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        fp32 = LeanQwen3(m, 128)(ids, causal_bias(mask), pos)
+    lean = LeanQwen3(m, 128, dtype=torch.bfloat16)(ids, causal_bias(mask, torch.bfloat16), pos)
+    assert lean.dtype == torch.bfloat16
+    v = mask.bool()
+    to_hf = (lean.float() - hf_bf16.float())[v].abs().mean()
+    hf_to_fp32 = (hf_bf16.float() - fp32)[v].abs().mean()
+    assert 0 < to_hf < 0.8 * hf_to_fp32
+    lean.float().logsumexp(-1).mean().backward()
+    grads = [p.grad for p in m.parameters()]
+    assert all(g is not None and g.dtype == torch.float32 for g in grads)
+    assert all(torch.equal(g, g.to(torch.bfloat16).float()) for g in grads)  # BF16 gradients, upcast
+
+
+def test_bf16_decode_equals_the_full_forward_and_fused_attention_differs(base):
+    """The KV-cache path alone rounds like the full forward in BF16 (the same eager maths);
+    the engine's fused attention keeps scores in fp32 and so differs a little: the BF16
+    engine/trainer mismatch of the mini backend."""
+    from fp8rl.backends.mini.batch import response_logits, token_logprobs
+
+    m = _scaled(base).eval()
+    prompts = ["Q:12+7-5\n", "Q:1+2\n", "Q:3-4+5-6\n"] * 4
+    ids, mask = left_pad([TOK.encode(p, bos=True) for p in prompts], TOK.pad_id)
+    kw = dict(max_new_tokens=20, temperature=1.0, eos_id=TOK.eos_id, pad_id=TOK.pad_id, greedy=False,
+              dtype=torch.bfloat16)
+    out = {}
+    for attention in ("eager", "fused"):
+        toks, logps, valid, _ = _decode(m, ids, mask, generator=torch.Generator().manual_seed(3),
+                                        attention=attention, **kw)
+        out[attention] = (torch.stack(toks, 1), torch.stack(logps, 1), torch.stack(valid, 1))
+    toks, logps, valid = out["eager"]
+    with torch.no_grad():
+        full = token_logprobs(response_logits(m, ids, mask, toks, valid.long(), torch.bfloat16), toks, 1.0)
+    assert torch.equal(torch.where(valid, full, 0.0), logps)
+    f_toks, f_logps, f_valid = out["fused"]
+    with torch.no_grad():
+        f_full = token_logprobs(response_logits(m, ids, mask, f_toks, f_valid.long(), torch.bfloat16), f_toks, 1.0)
+    diff = (torch.where(f_valid, f_full, 0.0) - f_logps).abs()
+    assert 0 < float(diff.max()) < 0.1
+
+
+def test_fused_attention_equals_eager_in_fp32_up_to_round_off(base):
+    ids, mask = _batch()
+    pos = position_ids(mask)
+    with torch.no_grad():
+        eager = LeanQwen3(base, 128)(ids, causal_bias(mask), pos)
+        fused = LeanQwen3(base, 128, attention="fused")(ids, causal_bias(mask), pos)
+    assert float((eager - fused)[mask.bool()].abs().max()) < 1e-5

@@ -52,6 +52,7 @@ def response_logits(
     prompt_mask: torch.Tensor,
     response_ids: torch.Tensor,
     response_mask: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Logits ``[B, T, V]`` that predict each response token (full forward, no cache).
 
@@ -61,6 +62,7 @@ def response_logits(
     Args:
         prompt_ids, prompt_mask: ``[B, P]`` left-padded prompts.
         response_ids, response_mask: ``[B, T]`` right-padded responses.
+        dtype: the compute dtype (``qwen3.LeanQwen3``); the logits come out in it.
     """
     from fp8rl.backends.mini.qwen3 import LeanQwen3, causal_bias
 
@@ -68,7 +70,8 @@ def response_logits(
     # padding after <eos> is attended by no real token that matters (causal), but keep it
     # masked so the layout equals the rollout engine's
     mask = torch.cat([prompt_mask, torch.ones_like(response_mask)], dim=1)
-    logits = LeanQwen3(model, model.config.max_position_embeddings)(ids, causal_bias(mask), position_ids(mask))
+    lean = LeanQwen3(model, model.config.max_position_embeddings, dtype=dtype)
+    logits = lean(ids, causal_bias(mask, dtype), position_ids(mask))
     p = prompt_ids.shape[1]
     return logits[:, p - 1 : -1, :]
 

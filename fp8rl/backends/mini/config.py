@@ -31,7 +31,7 @@ class MiniSettings:
     max_operand: int = 20
     data_seed: int = 1234
     n_train: int = 20000
-    n_eval: int = 64
+    n_eval: int = 512
     sft_steps: int = 600
     sft_batch_size: int = 64
     sft_lr: float = 3e-3

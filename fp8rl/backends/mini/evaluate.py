@@ -2,12 +2,14 @@
 
 Each eval problem is sampled ``k`` times by the **rollout engine** (so an FP8 rollout arm is
 evaluated with its FP8 engine, as the paper evaluates with its vLLM engine) at
-``eval_temperature``, with a generator seeded from ``(seed, step)`` only, so evaluation never
-perturbs the training random stream and a resumed run evaluates identically.
+``eval_temperature``, with a generator the trainer seeds from the run's seed alone (the same
+at every evaluation: evaluations of one run are paired), so evaluation never perturbs the
+training random stream and a resumed run evaluates identically.
 
 - avg@k: mean accuracy over the ``n * k`` samples;
 - pass@k: fraction of problems with at least one correct sample among its ``k``;
-- garbled: fraction of garbled samples (logged beside the two, ``eval/<ds>/garbled_frac``).
+- garbled: fraction of garbled samples (logged beside the two, ``eval/<ds>/garbled_frac``);
+- greedy: accuracy of one greedy decode per problem (``eval/<ds>/greedy``), when asked.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ def evaluate(
     max_new_tokens: int,
     generator: torch.Generator,
     device: torch.device,
+    greedy: bool = False,
 ) -> dict[str, float]:
-    """``{"avg@k", "pass@k", "garbled_frac", "n", "k"}`` over ``problems``."""
+    """``{"avg@k", "pass@k", "garbled_frac", "n", "k"}`` over ``problems``, and ``"greedy"``
+    (accuracy of one greedy decode per problem) when ``greedy``."""
     if k < 1 or not problems:
         raise ValueError(f"need k >= 1 and at least one problem, got k={k}, {len(problems)} problems")
     rows = [p for p in problems for _ in range(k)]
@@ -47,10 +51,17 @@ def evaluate(
               for r, p in zip(out.response_ids.cpu(), rows, strict=True)]
     correct = torch.tensor([g.correct for g in grades], dtype=torch.float32).view(len(problems), k)
     garbled = torch.tensor([g.garbled for g in grades], dtype=torch.float32)
-    return {
+    out = {
         "avg@k": float(correct.mean()),
         "pass@k": float((correct.max(dim=1).values > 0).float().mean()),
         "garbled_frac": float(garbled.mean()),
         "n": len(problems),
         "k": k,
     }
+    if greedy:
+        ids, mask = left_pad([tok.encode(p.prompt, bos=True) for p in problems], tok.pad_id)
+        g = engine.generate(ids.to(device), mask.to(device), max_new_tokens=max_new_tokens, temperature=1.0,
+                            eos_id=tok.eos_id, pad_id=tok.pad_id, generator=None, greedy=True)
+        out["greedy"] = sum(grade_exact(tok.decode(r.tolist()), str(p.answer)).correct
+                            for r, p in zip(g.response_ids.cpu(), problems, strict=True)) / len(problems)
+    return out

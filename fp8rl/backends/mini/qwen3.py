@@ -25,7 +25,12 @@ layouts** (transformers 5.x ``modeling_qwen3``):
   the whole cache per token); the attention reads the filled prefix, which ``repeat_kv``
   copies into the same contiguous layout transformers' cache produces.
 
-Equality is bit-for-bit, not approximate: ``tests/mini/test_mini_qwen3.py`` compares logits,
+In BF16 (``dtype=torch.bfloat16``) it is the forward of the model cast to BF16, as BF16 mixed
+precision runs it: fp32 master weights cast to BF16 where they are used (differentiably),
+BF16 activations, and every GEMM with BF16 inputs and fp32 accumulation
+(``fp8rl.quant.lowp``: native on GPUs, emulated exactly on CPUs, which lack fast BF16 GEMMs).
+
+In fp32, equality is bit-for-bit, not approximate: ``tests/mini/test_mini_qwen3.py`` compares logits,
 gradients, sampled tokens and log-probs against ``Qwen3ForCausalLM.__call__`` for every
 rollout and trainer recipe, with and without left padding, prefill and decode; a transformers
 release that changes its eager maths fails that test. What is not supported raises at
@@ -39,7 +44,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-_NEG = torch.finfo(torch.float32).min
+from fp8rl.quant.lowp import linear as lowp_linear
+from fp8rl.quant.lowp import matmul as lowp_matmul
 
 
 class KVCache:
@@ -69,28 +75,29 @@ class KVCache:
         self.length += n
 
 
-def causal_bias(attention_mask: torch.Tensor) -> torch.Tensor:
-    """transformers' eager mask for a full forward: ``[B, L] -> [B, 1, L, L]`` (0 / float32 min).
+def causal_bias(attention_mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """transformers' eager mask for a full forward: ``[B, L] -> [B, 1, L, L]`` (0 / ``dtype`` min).
 
     Query ``i`` may attend key ``j`` when ``j <= i`` (column index, as transformers does) and
-    key ``j`` is not padding.
+    key ``j`` is not padding. ``dtype`` is the compute dtype (transformers builds the mask in
+    the model's dtype; a float32 minimum would overflow to -inf in BF16).
     """
     n = attention_mask.shape[1]
     idx = torch.arange(n, device=attention_mask.device)
     allowed = (idx[None, :] <= idx[:, None])[None] & attention_mask.bool()[:, None, :]
-    return torch.where(allowed, 0.0, _NEG)[:, None]
+    return torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]
 
 
-def decode_bias(prompt_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """``[B, 1, 1, P + max_new_tokens]``: the mask row of a decoded token (0 / float32 min).
+def decode_bias(prompt_mask: torch.Tensor, max_new_tokens: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[B, 1, 1, P + max_new_tokens]``: the mask row of a decoded token (0 / ``dtype`` min).
 
     The prefix ``[..., :P + i + 1]`` is the eager mask of the ``i``-th decoded token: the
     prompt's padding is masked, every generated position is visible (as transformers' mask
     from the 2-D mask extended by ones).
     """
     b, p = prompt_mask.shape
-    out = torch.zeros((b, 1, 1, p + max_new_tokens), dtype=torch.float32, device=prompt_mask.device)
-    out[:, 0, 0, :p] = torch.where(prompt_mask.bool(), 0.0, _NEG)
+    out = torch.zeros((b, 1, 1, p + max_new_tokens), dtype=dtype, device=prompt_mask.device)
+    out[:, 0, 0, :p] = torch.where(prompt_mask.bool(), 0.0, torch.finfo(dtype).min).to(dtype)
     return out
 
 
@@ -99,11 +106,27 @@ class LeanQwen3:
 
     Args:
         model: a ``transformers`` ``Qwen3ForCausalLM`` with eager attention (its linears may
-            be FP8 modules; they are called as modules).
+            be FP8 modules; they are called as modules) and fp32 (master) weights.
         max_positions: size of the rotary table (positions ``0 .. max_positions - 1``).
+        dtype: the compute dtype: ``torch.float32`` (transformers' fp32 forward, bit for bit)
+            or ``torch.bfloat16`` (transformers' forward of the model cast to BF16: activations,
+            norms' and embeddings' weights and the mask in BF16, GEMMs with BF16 inputs and fp32
+            accumulation, ``fp8rl.quant.lowp``; the casts of the fp32 weights are
+            differentiable, so gradients reach the fp32 masters as under FSDP mixed precision).
+        weights_rounded: the model's weights already hold ``dtype`` values (a rollout engine's
+            copy, rounded once per weight sync): high-precision GEMMs skip the weight cast.
+        attention: ``eager`` (transformers' eager attention, op for op) or ``fused``: one
+            ``scaled_dot_product_attention`` call on the fp32 values of q, k, v with the output
+            rounded to ``dtype``, as an inference engine's fused attention kernel keeps scores
+            and probabilities in fp32 (the rollout engine's choice; in BF16 it is what makes
+            the engine's numbers differ from the trainer's, see ``rollout.py``).
+
+    The modules' forward functions are looked up at construction: build the object inside
+    ``fp8_disabled(model)`` for a pass without FP8.
     """
 
-    def __init__(self, model: torch.nn.Module, max_positions: int) -> None:
+    def __init__(self, model: torch.nn.Module, max_positions: int, *, dtype: torch.dtype = torch.float32,
+                 weights_rounded: bool = False, attention: str = "eager") -> None:
         cfg = model.config
         problems = []
         if type(model).__name__ != "Qwen3ForCausalLM":
@@ -117,19 +140,24 @@ class LeanQwen3:
             problems.append(f"rope type {rope.get('rope_type')!r} (needs 'default')")
         if model.training and cfg.attention_dropout:
             problems.append(f"attention dropout {cfg.attention_dropout} in training mode")
+        if attention not in ("eager", "fused"):
+            problems.append(f"attention={attention!r} (eager or fused)")
         if problems:
             raise ValueError("LeanQwen3 reproduces transformers' eager Qwen3 forward only: "
                              + "; ".join(problems) + ". Call the model itself instead")
-        self.model = model
+        self.model, self.dtype, self.fused = model, dtype, attention == "fused"
         attn = model.model.layers[0].self_attn
         self.head_dim, self.groups, self.scaling = attn.head_dim, attn.num_key_value_groups, attn.scaling
         self.kv_heads = cfg.num_key_value_heads
         # the modules' forward functions and norm weights, looked up once per instance (an
         # instance lives for one forward or one rollout; FP8 conversion happens before)
-        self.layers = [_Layer(layer) for layer in model.model.layers]
-        self.embed = _fwd(model.model.embed_tokens)
+        self.layers = [_Layer(layer, weights_rounded) for layer in model.model.layers]
+        emb = model.model.embed_tokens
+        if type(emb) is not torch.nn.Embedding or emb.max_norm is not None or emb.sparse or emb.scale_grad_by_freq:
+            raise ValueError("LeanQwen3 needs a plain nn.Embedding (no max_norm, sparse or scale_grad_by_freq)")
+        self.embed_weight, self.padding_idx = emb.weight, emb.padding_idx
         self.final_norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
-        self.lm_head = _fwd(model.lm_head)
+        self.lm_head = _fwd(model.lm_head, weights_rounded)
         rot = model.model.rotary_emb
         inv_freq = rot.inv_freq
         pos = torch.arange(max_positions, device=inv_freq.device)
@@ -141,7 +169,7 @@ class LeanQwen3:
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         w = self.model.lm_head.weight
-        return KVCache(len(self.layers), batch, self.kv_heads, capacity, self.head_dim, dtype=w.dtype,
+        return KVCache(len(self.layers), batch, self.kv_heads, capacity, self.head_dim, dtype=self.dtype,
                        device=w.device)
 
     @staticmethod
@@ -152,7 +180,7 @@ class LeanQwen3:
         h = x.to(torch.float32)
         variance = h.pow(2).mean(-1, keepdim=True)
         h = h * torch.rsqrt(variance + eps)
-        return weight * h.to(dtype)
+        return weight.to(dtype) * h.to(dtype)
 
     @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -171,7 +199,10 @@ class LeanQwen3:
             position_ids: ``[B, L]`` rotary positions.
             cache: optional :class:`KVCache`; the new keys/values are appended.
         """
-        x = self.embed(input_ids)
+        # the table cast to the compute dtype, as a BF16 model holds it (the gradient of a row
+        # that appears several times then sums in that dtype, as there)
+        x = F.embedding(input_ids, self.embed_weight.to(self.dtype), self.padding_idx)
+        bias = bias.to(self.dtype)
         cos = self.cos_table[position_ids].to(dtype=x.dtype)[:, None]  # [B, 1, L, d]
         sin = self.sin_table[position_ids].to(dtype=x.dtype)[:, None]
         b, n = input_ids.shape
@@ -185,14 +216,19 @@ class LeanQwen3:
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             if cache is not None:
                 k, v = cache.append(i, k, v)
-            kh, s = k.shape[1], k.shape[2]
-            if g > 1:  # repeat_kv
-                k = k[:, :, None, :, :].expand(b, kh, g, s, hd).reshape(b, kh * g, s, hd)
-                v = v[:, :, None, :, :].expand(b, kh, g, s, hd).reshape(b, kh * g, s, hd)
-            w = torch.matmul(q, k.transpose(2, 3)) * self.scaling
-            w = w + bias
-            w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
-            o = torch.matmul(w, v).transpose(1, 2).contiguous()
+            if self.fused:
+                o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias.float(),
+                                                   scale=self.scaling, enable_gqa=g > 1).to(q.dtype)
+            else:
+                kh, s = k.shape[1], k.shape[2]
+                if g > 1:  # repeat_kv
+                    k = k[:, :, None, :, :].expand(b, kh, g, s, hd).reshape(b, kh * g, s, hd)
+                    v = v[:, :, None, :, :].expand(b, kh, g, s, hd).reshape(b, kh * g, s, hd)
+                w = lowp_matmul(q, k.transpose(2, 3)) * self.scaling
+                w = w + bias
+                w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+                o = lowp_matmul(w, v)
+            o = o.transpose(1, 2).contiguous()
             x = residual + ly.o_proj(o.reshape(b, n, -1).contiguous())
             residual = x
             h = self._rms(ly.post_norm, x)
@@ -202,17 +238,27 @@ class LeanQwen3:
         return self.lm_head(self._rms(self.final_norm, x))
 
 
-def _fwd(module: torch.nn.Module):
-    """``module.forward`` when calling the module would add nothing (no hooks of any kind),
-    else the module itself: the same computation without ``nn.Module.__call__``'s bookkeeping.
-    An instance-level ``forward`` (``fp8_disabled``'s switch) is what ``module.forward`` finds."""
+def _fwd(module: torch.nn.Module, weights_rounded: bool = False):
+    """The function a forward calls for ``module``.
+
+    A plain ``nn.Linear`` becomes :func:`fp8rl.quant.lowp.linear` on its weight (``F.linear``
+    itself for fp32 activations); other modules (FP8 linears, the embedding) are called through
+    ``module.forward`` when calling the module would add nothing (no hooks of any kind), else
+    through the module: the same computation without ``nn.Module.__call__``'s bookkeeping. An
+    instance-level ``forward`` (``fp8_disabled``'s switch) is what ``module.forward`` finds.
+    """
     from torch.nn.modules import module as torch_module
 
     hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
              module._backward_pre_hooks, torch_module._global_forward_hooks,
              torch_module._global_forward_pre_hooks, torch_module._global_backward_hooks,
              torch_module._global_backward_pre_hooks)
-    return module if any(hooks) else module.forward
+    if any(hooks):
+        return module
+    if type(module) is torch.nn.Linear:
+        weight, bias = module.weight, module.bias
+        return lambda x: lowp_linear(x, weight, bias, weight_rounded=weights_rounded)
+    return module.forward
 
 
 class _Layer:
@@ -221,7 +267,7 @@ class _Layer:
     __slots__ = ("act", "down_proj", "gate_proj", "input_norm", "k_norm", "k_proj", "o_proj", "post_norm",
                  "q_norm", "q_proj", "up_proj", "v_proj")
 
-    def __init__(self, layer: torch.nn.Module) -> None:
+    def __init__(self, layer: torch.nn.Module, weights_rounded: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
 
         def norm(m: torch.nn.Module) -> tuple[torch.Tensor, float]:
@@ -229,7 +275,9 @@ class _Layer:
 
         self.input_norm, self.post_norm = norm(layer.input_layernorm), norm(layer.post_attention_layernorm)
         self.q_norm, self.k_norm = norm(attn.q_norm), norm(attn.k_norm)
-        self.q_proj, self.k_proj = _fwd(attn.q_proj), _fwd(attn.k_proj)
-        self.v_proj, self.o_proj = _fwd(attn.v_proj), _fwd(attn.o_proj)
-        self.gate_proj, self.up_proj, self.down_proj = _fwd(mlp.gate_proj), _fwd(mlp.up_proj), _fwd(mlp.down_proj)
+        def f(m: torch.nn.Module):
+            return _fwd(m, weights_rounded)
+
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = f(attn.q_proj), f(attn.k_proj), f(attn.v_proj), f(attn.o_proj)
+        self.gate_proj, self.up_proj, self.down_proj = f(mlp.gate_proj), f(mlp.up_proj), f(mlp.down_proj)
         self.act = _fwd(mlp.act_fn)

@@ -65,6 +65,9 @@ def generate(
     pad_id: int,
     generator: torch.Generator | None,
     greedy: bool = False,
+    dtype: torch.dtype = torch.float32,
+    weights_rounded: bool = False,
+    attention: str = "eager",
 ) -> RolloutBatch:
     """Sample responses for left-padded prompts with a KV cache.
 
@@ -72,6 +75,8 @@ def generate(
         prompt_ids, prompt_mask: ``[B, P]``.
         temperature: sampling temperature (> 0); ignored for sampling when ``greedy``.
         generator: the ``torch.Generator`` that drives sampling (on the model's device).
+        dtype, weights_rounded, attention: the compute dtype, whether the weights already hold
+            its values, and the attention path (``qwen3.LeanQwen3``).
     Returns: ``RolloutBatch`` with ``T <= max_new_tokens`` columns.
     """
     if temperature <= 0:
@@ -80,7 +85,8 @@ def generate(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     toks, logps, valid, done = _decode(model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens,
                                        temperature=temperature, eos_id=eos_id, pad_id=pad_id,
-                                       generator=generator, greedy=greedy)
+                                       generator=generator, greedy=greedy, dtype=dtype,
+                                       weights_rounded=weights_rounded, attention=attention)
     # stacked outside inference mode: the trainer gets ordinary tensors
     response_ids = torch.stack(toks, 1)
     response_mask = torch.stack(valid, 1).long()
@@ -94,7 +100,8 @@ def generate(
 @torch.inference_mode()
 def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
             max_new_tokens: int, temperature: float, eos_id: int, pad_id: int,
-            generator: torch.Generator | None, greedy: bool
+            generator: torch.Generator | None, greedy: bool, dtype: torch.dtype = torch.float32,
+            weights_rounded: bool = False, attention: str = "eager",
             ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     """The decode loop of ``generate`` under ``torch.inference_mode`` (no autograd bookkeeping):
     per-step ``[B]`` tokens, log-probs and validity, and the final ``[B]`` done flags.
@@ -105,10 +112,11 @@ def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
     from fp8rl.backends.mini.qwen3 import LeanQwen3, causal_bias, decode_bias
 
     b, p = prompt_ids.shape
-    lean = LeanQwen3(model, model.config.max_position_embeddings)
+    lean = LeanQwen3(model, model.config.max_position_embeddings, dtype=dtype, weights_rounded=weights_rounded,
+                     attention=attention)
     cache = lean.new_cache(b, p + max_new_tokens)
-    bias = decode_bias(prompt_mask, max_new_tokens)  # [B, 1, 1, P + max_new]
-    logits = lean(prompt_ids, causal_bias(prompt_mask), position_ids(prompt_mask), cache)
+    bias = decode_bias(prompt_mask, max_new_tokens, dtype)  # [B, 1, 1, P + max_new]
+    logits = lean(prompt_ids, causal_bias(prompt_mask, dtype), position_ids(prompt_mask), cache)
     next_pos = prompt_mask.sum(-1, keepdim=True)  # [B, 1] position of the first response token
     done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
     pad = torch.full_like(done, pad_id, dtype=torch.long)
@@ -140,13 +148,24 @@ class RolloutEngine:
 
     Args:
         template: a model of the trainer's architecture (deep-copied; never aliased).
-        recipe: rollout recipe name (a key of ``fp8rl.quant.RECIPES``; ``bf16`` = exact copy).
+        recipe: rollout recipe name (a key of ``fp8rl.quant.RECIPES``; ``bf16`` = no FP8).
         emulate: emulate FP8 compute (CPU).
+        dtype: the compute dtype. With ``torch.bfloat16`` the engine is a BF16 engine as vLLM
+            runs one: every sync rounds the trainer's fp32 master weights to BF16 once (FP8
+            layers quantize from those BF16 values, as vLLM quantizes a BF16 checkpoint) and
+            decoding computes in BF16 (``qwen3.LeanQwen3``). Its computation differs from the
+            trainer's forward the way an inference engine's does: a KV cache with one query
+            per step instead of full sequences, and a fused attention (fp32 scores and
+            probabilities, ``attention="fused"``) instead of the trainer's eager attention,
+            which rounds scores and probabilities to BF16; so the two policies have a small
+            natural mismatch (``rollout/mismatch_kl``) that TIS corrects.
     """
 
-    def __init__(self, template: torch.nn.Module, recipe: str, *, emulate: bool) -> None:
+    def __init__(self, template: torch.nn.Module, recipe: str, *, emulate: bool,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.recipe = recipe
         self.emulate = emulate
+        self.dtype = dtype
         self.model = copy.deepcopy(template).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -166,12 +185,18 @@ class RolloutEngine:
         """Copy the trainer's master weights into the engine, re-quantizing the FP8 layers."""
         from fp8rl.quant.rollout import sync_rollout_weights
 
-        sync_rollout_weights(self.model, _master_state_dict(trainer_model), self.recipe)
+        sync_rollout_weights(self.model, _master_state_dict(trainer_model, self.dtype), self.recipe)
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, **kw) -> RolloutBatch:
-        return generate(self.model, prompt_ids, prompt_mask, **kw)
+        return generate(self.model, prompt_ids, prompt_mask, dtype=self.dtype,
+                        weights_rounded=self.dtype != torch.float32, attention="fused", **kw)
 
 
-def _master_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The trainer's high-precision parameters by name (FP8 training keeps them in fp32)."""
-    return {k: v.detach() for k, v in model.state_dict().items()}
+def _master_state_dict(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The trainer's fp32 master parameters by name, rounded to the engine's compute dtype
+    (kept in fp32 storage: fp32 GEMMs on them are the emulated low-precision GEMMs)."""
+    out = {}
+    for k, v in model.state_dict().items():
+        v = v.detach()
+        out[k] = v.to(dtype).to(v.dtype) if v.is_floating_point() and dtype != v.dtype else v
+    return out

@@ -90,6 +90,7 @@ from fp8rl.backends.mini.rollout import RolloutBatch, RolloutEngine
 from fp8rl.backends.mini.sft import warm_start
 from fp8rl.backends.mini.task import Problem, make_splits
 from fp8rl.backends.mini.tokenizer import CharTokenizer
+from fp8rl.config import torch_dtype
 from fp8rl.rewards.exact import grade_exact
 from fp8rl.runs import metrics as M
 
@@ -209,12 +210,13 @@ class MiniTrainer:
             mini.data_seed, mini.n_train, mini.n_eval, min_terms=mini.min_terms,
             max_terms=mini.max_terms, max_operand=mini.max_operand)
         base, self.sft_meta = warm_start(cfg.model.slot, self.train_set, self.tok, mini, sft_cache)
-        self.engine = RolloutEngine(base, cfg.fp8.rollout_recipe, emulate=cfg.fp8.emulate)
+        self.dtype = torch_dtype(cfg.fp8.compute_dtype)
+        self.engine = RolloutEngine(base, cfg.fp8.rollout_recipe, emulate=cfg.fp8.emulate, dtype=self.dtype)
         self.policy = convert_to_fp8(copy.deepcopy(base).train(), cfg.fp8.trainer_recipe,
                                      emulate=cfg.fp8.emulate, impl=cfg.fp8.impl)
         self.engine.sync(self.policy)
         # foreach: the same arithmetic as the per-parameter loop (bit for bit), fewer calls
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
+        self.optimizer = torch.optim.AdamW(param_groups(self.policy, cfg), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                                            weight_decay=cfg.weight_decay, foreach=True)
         a = cfg.algorithm
         self.clipper = make_clipper(cfg.clip.method, a.eps_low, a.eps_high, **cfg.clip.clipper_options())
@@ -304,45 +306,44 @@ class MiniTrainer:
     def forward_logits(self, rb: RolloutBatch, idx: torch.Tensor) -> torch.Tensor:
         """Trainer logits ``[n, T, V]`` for rows ``idx`` (grad enabled if the caller allows)."""
         return response_logits(self.policy, rb.prompt_ids[idx], rb.prompt_mask[idx],
-                               rb.response_ids[idx], rb.response_mask[idx])
+                               rb.response_ids[idx], rb.response_mask[idx], self.dtype)
 
-    def old_log_probs(self, rb: RolloutBatch, parts: list[torch.Tensor], shadow_part: int | None
-                      ) -> tuple[torch.Tensor, torch.Tensor | None, dict, float, torch.Tensor]:
-        """Old log-probs ``[N, T]`` per mini-batch, the BF16 old log-probs of ``shadow_part``,
-        the entropy metric, the shadow time, and the first mini-batch's logits.
+    def micro_batches(self, n: int) -> list[torch.Tensor]:
+        """Rows ``0..n-1`` in rollout order, in chunks of ``logprob_micro_batch`` (the batches
+        old log-probs are recomputed in, as OpenRLHF's ``--rollout.micro_batch_size``)."""
+        size = self.cfg.logprob_micro_batch
+        return [torch.arange(i, min(i + size, n), device=self.device) for i in range(0, n, size)]
 
-        The first mini-batch's forward runs with autograd on: its first update sees the same
-        weights and the same rows, so it reuses these logits instead of a second, identical
-        forward (the same numbers, one forward less per step).
+    @torch.no_grad()
+    def old_log_probs(self, rb: RolloutBatch, *, shadow: bool = False) -> tuple[torch.Tensor, dict]:
+        """Old log-probs ``[N, T]`` of the trainer (its own precision) and the entropy metric.
+
+        Recomputed in rollout order in micro-batches of ``logprob_micro_batch`` rows, not with
+        the updates' (shuffled) mini-batches, as OpenRLHF and verl do: with per-tensor scales
+        the FP8 numbers of a row depend on the batch its GEMMs see, so this puts the
+        batch-composition noise of ``tensorwise`` into the ratio, as at scale. ``shadow``: the
+        same with FP8 off (the BF16 old log-probs of Calibrated Clipping's shadow pass).
         """
         from fp8rl.quant.convert import fp8_disabled
         from fp8rl.rl.diagnostics import masked_mean, token_entropy
 
         tau = self.cfg.temperature
         old = torch.zeros_like(rb.rollout_log_probs)
-        ent = torch.zeros_like(rb.rollout_log_probs)
-        shadow_old, shadow_s, first = None, 0.0, None
-        for j, idx in enumerate(parts):
-            with torch.set_grad_enabled(j == 0):
+        ent = None if shadow else torch.zeros_like(rb.rollout_log_probs)
+        with fp8_disabled(self.policy) if shadow else contextlib.nullcontext():
+            for idx in self.micro_batches(len(rb.response_ids)):
                 logits = self.forward_logits(rb, idx)
-            if j == 0:
-                first = logits
-            with torch.no_grad():
-                logits = logits.detach()
                 old[idx] = token_logprobs(logits, rb.response_ids[idx], tau)
-                ent[idx] = token_entropy(logits, temperature=tau)
-                if j == shadow_part:
-                    t0 = time.perf_counter()
-                    with fp8_disabled(self.policy):
-                        shadow_old = token_logprobs(self.forward_logits(rb, idx), rb.response_ids[idx], tau)
-                    shadow_s += time.perf_counter() - t0
-        assert first is not None
-        return old, shadow_old, {M.ACTOR_ENTROPY: _f(masked_mean(ent, rb.response_mask))}, shadow_s, first
+                if ent is not None:
+                    ent[idx] = token_entropy(logits, temperature=tau)
+        return old, ({} if ent is None else {M.ACTOR_ENTROPY: _f(masked_mean(ent, rb.response_mask))})
 
     # ----- the update -------------------------------------------------------------------------
 
     def update(self, step: int, batch: ScoredBatch, gen: torch.Generator) -> dict:
-        """Advantages, old log-probs, IS weights, shadow, and the mini-batch updates of one step."""
+        """Advantages, old log-probs, IS weights, the mini-batch updates and, on a calibration
+        step, the BF16 shadow measurement and the controller's update (bounds for the next step)."""
+        from fp8rl.quant.convert import fp8_layers
         from fp8rl.rl.correction import is_weights
 
         cfg, rb = self.cfg, batch.rollout
@@ -350,65 +351,80 @@ class MiniTrainer:
         perm = torch.randperm(len(batch), generator=gen, device=gen.device).to(self.device)
         parts = [p for p in torch.tensor_split(perm, cfg.num_mini_batches) if p.numel() > 0]
         calibrate = self.clipper.is_calibration_step(ctl_step)
-        measure = min(1, len(parts) - 1) if calibrate else None
+        # the BF16 shadow: two extra forwards with FP8 off; a trainer without FP8 layers
+        # computes BF16 already, so its own numbers are the shadow's
         shadow = calibrate and self.clipper.needs_shadow(ctl_step)
+        extra_shadow = shadow and bool(fp8_layers(self.policy))
         adv = self.advantages(batch)
         self.policy.train()
-        old, shadow_old, out, shadow_s, first_logits = self.old_log_probs(rb, parts, measure if shadow else None)
+        old, out = self.old_log_probs(rb)
+        shadow_s = 0.0
+        shadow_old = None
+        if extra_shadow:
+            t0 = time.perf_counter()
+            shadow_old, _ = self.old_log_probs(rb, shadow=True)
+            shadow_s += time.perf_counter() - t0
         weights, is_metrics = is_weights(old, rb.rollout_log_probs, rb.response_mask,
                                          cfg.clip.is_correction, **cfg.clip.correction_params())
         out.update({k: _f(v) for k, v in is_metrics.items()})
-        acc = _UpdateStats()
+        low, high = self.clipper.bounds(ctl_step).as_tuple()  # in force for the whole step
+        acc, measured = _UpdateStats(), []
         for j, idx in enumerate(parts):
-            if j == measure:
-                shadow_s += self.calibrate(ctl_step, rb, idx, old[idx], shadow_old, adv[idx])
-            acc.add(self.minibatch_update(ctl_step, rb, idx, old[idx], adv[idx], weights[idx],
-                                          logits=first_logits if j == 0 else None))
-            first_logits = None  # free its graph
+            is_measured = calibrate and (j > 0 or len(parts) == 1)  # every mini-batch after the first
+            res = self.minibatch_update(rb, idx, old[idx], adv[idx], weights[idx], low=low, high=high,
+                                        shadow=is_measured and extra_shadow)
+            if is_measured:
+                t0 = time.perf_counter()
+                measured.append(self.measure(rb, idx, res, shadow_old, extra_shadow))
+                shadow_s += time.perf_counter() - t0
+            acc.add(res)
         out.update(acc.result())
-        out.update({k: v for k, v in self.clipper.metrics(ctl_step).items()})
+        out.update({M.CLIP_LOW: low, M.CLIP_HIGH: high})
+        if calibrate:
+            new = self.clipper.update(ctl_step, **_pooled(measured, shadow))
+            cal = {k: v for k, v in self.clipper.metrics(ctl_step).items() if k not in (M.CLIP_LOW, M.CLIP_HIGH)}
+            out.update(cal)
+            out.update({"clip/low_next": new.low, "clip/high_next": new.high})
+        else:
+            out.update({k: v for k, v in self.clipper.metrics().items()
+                        if k in ("clip/calibrations", "clip/degenerate_updates", M.CLIP_ALPHA)})
         if shadow:
             out[M.PERF_SHADOW_S] = shadow_s
         self.skipped_updates += acc.skipped
         out["train/skipped_updates"] = acc.skipped
         return out
 
-    def calibrate(self, ctl_step: int, rb: RolloutBatch, idx: torch.Tensor, old: torch.Tensor,
-                  shadow_old: torch.Tensor | None, adv: torch.Tensor) -> float:
-        """Feed the controller FP8 and BF16-shadow ratios of mini-batch ``idx``; returns shadow time."""
+    @torch.no_grad()
+    def measure(self, rb: RolloutBatch, idx: torch.Tensor, res: dict, shadow_old: torch.Tensor | None,
+                extra_shadow: bool) -> dict:
+        """The calibration data of one mini-batch: its FP8 ratios (the loss's, on the weights
+        before this mini-batch's update) and, with ``extra_shadow``, the BF16 shadow ratios from
+        one forward with FP8 off on those same weights (computed before the update: see
+        :meth:`minibatch_update`)."""
+        shadow_ratio = res["ratio"]
+        if extra_shadow:
+            assert shadow_old is not None and res["shadow_logp"] is not None
+            shadow_ratio = torch.exp((res["shadow_logp"] - shadow_old[idx]).clamp(-20, 20))
+        return {"ratio": res["ratio"], "shadow_ratio": shadow_ratio, "advantages": res["adv"], "mask": res["mask"]}
+
+    def minibatch_update(self, rb: RolloutBatch, idx: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
+                         weights: torch.Tensor, *, low: float, high: float, shadow: bool = False) -> dict:
+        """One AdamW step on mini-batch ``idx`` with the clip bounds ``(low, high)``; returns its
+        counts and metrics. ``shadow``: also run the BF16 shadow forward of this mini-batch on
+        the weights before the step (``res["shadow_logp"]``; Calibrated Clipping)."""
         from fp8rl.quant.convert import fp8_disabled
-
-        tau, mask = self.cfg.temperature, rb.response_mask[idx]
-        with torch.no_grad():
-            cur = token_logprobs(self.forward_logits(rb, idx), rb.response_ids[idx], tau)
-            ratio = torch.exp((cur - old).clamp(-20, 20))
-            shadow_ratio, t = None, 0.0
-            if shadow_old is not None:
-                t0 = time.perf_counter()
-                with fp8_disabled(self.policy):
-                    s_cur = token_logprobs(self.forward_logits(rb, idx), rb.response_ids[idx], tau)
-                t = time.perf_counter() - t0
-                shadow_ratio = torch.exp((s_cur - shadow_old).clamp(-20, 20))
-        self.clipper.update(ctl_step, ratio=ratio, shadow_ratio=shadow_ratio, advantages=adv, mask=mask)
-        return t
-
-    def minibatch_update(self, ctl_step: int, rb: RolloutBatch, idx: torch.Tensor, old: torch.Tensor,
-                         adv: torch.Tensor, weights: torch.Tensor, *, logits: torch.Tensor | None = None) -> dict:
-        """One AdamW step on mini-batch ``idx``; returns its counts and metrics.
-
-        ``logits``: this mini-batch's trainer logits with their graph, when already computed on
-        the current weights (the first mini-batch's, from :meth:`old_log_probs`).
-        """
         from fp8rl.rl.aggregation import aggregate
         from fp8rl.rl.diagnostics import clip_counts, masked_mean
         from fp8rl.rl.policy_loss import LOG_RATIO_CLAMP, ppo_token_loss
 
         cfg, a = self.cfg, self.cfg.algorithm
         mask = rb.response_mask[idx]
-        low, high = self.clipper.bounds(ctl_step).as_tuple()
-        if logits is None:
-            logits = self.forward_logits(rb, idx)
+        logits = self.forward_logits(rb, idx)
         logp = token_logprobs(logits, rb.response_ids[idx], cfg.temperature)
+        shadow_logp = None
+        if shadow:
+            with torch.no_grad(), fp8_disabled(self.policy):
+                shadow_logp = token_logprobs(self.forward_logits(rb, idx), rb.response_ids[idx], cfg.temperature)
         # the step's diagnostics come from counts and ratios summed over mini-batches
         # (_UpdateStats), so the loss computes none of its own
         loss_mat, _ = ppo_token_loss(logp, old, adv, mask, low=low, high=high, dual_clip=a.dual_clip,
@@ -419,7 +435,7 @@ class MiniTrainer:
         m = mask.bool()
         res = {"counts": clip_counts(ratio, adv, m, low=low, high=high), "ratio": ratio,
                "adv": adv, "mask": mask, "pg_loss": _f(loss), "ppo_kl": _f(masked_mean(-log_ratio, m)),
-               "skipped": 0, "grad_norm": float("nan")}
+               "skipped": 0, "grad_norm": float("nan"), "shadow_logp": shadow_logp}
         self.optimizer.zero_grad(set_to_none=True)
         if not torch.isfinite(loss) or not bool((torch.isfinite(logp.detach()) | ~m).all()):
             res["skipped"] = 1
@@ -471,13 +487,18 @@ class MiniTrainer:
                 raise RunFailed(f"parameter {name} became non-finite; the run diverged")
 
     def evaluate(self, step: int) -> dict:
+        """Held-out accuracy of the current policy (its rollout engine). Paired: every evaluation
+        of the run samples with the same seed, so differences between steps are the policy's."""
         cfg = self.cfg
-        gen = torch.Generator(device=self.device).manual_seed(seed_for(cfg.seed, "eval", step))
+        gen = torch.Generator(device=self.device).manual_seed(seed_for(cfg.seed, "eval"))
         res = evaluate(self.engine, self.eval_set, self.tok, k=cfg.eval_k, temperature=cfg.eval_temperature,
-                       max_new_tokens=cfg.max_response_len, generator=gen, device=self.device)
+                       max_new_tokens=cfg.max_response_len, generator=gen, device=self.device,
+                       greedy=cfg.eval_greedy)
         row = M.eval_row(step, DATASET, avg_at_k=res["avg@k"], pass_at_k=res["pass@k"],
                          k=res["k"], n=res["n"])
         row[f"eval/{DATASET}/garbled_frac"] = res["garbled_frac"]
+        if "greedy" in res:
+            row[M.eval_key(DATASET, "greedy")] = res["greedy"]
         return row
 
     def write_samples(self, step: int, batch: ScoredBatch, n: int = 8) -> None:
@@ -631,6 +652,17 @@ class MiniTrainer:
         return out
 
 
+def _pooled(measured: list[dict], shadow: bool) -> dict:
+    """The measured mini-batches' tokens as one calibration input (flat, masked tokens only)."""
+    def cat(key: str) -> torch.Tensor:
+        return torch.cat([m[key][m["mask"].bool()] for m in measured])
+
+    out = {"ratio": cat("ratio"), "advantages": cat("advantages")}
+    out["mask"] = torch.ones_like(out["ratio"], dtype=torch.bool)
+    out["shadow_ratio"] = cat("shadow_ratio") if shadow else None
+    return out
+
+
 class _UpdateStats:
     """Accumulates mini-batch results into the step's actor/ metrics (exact clip fractions from
     summed counts; ratio quantiles over all mini-batches' tokens)."""
@@ -665,6 +697,18 @@ class _UpdateStats:
         out.update({M.ACTOR_PG_LOSS: mean("pg_loss"), M.ACTOR_GRAD_NORM: mean("grad_norm"),
                     M.ACTOR_PPO_KL: mean("ppo_kl")})
         return out
+
+
+def param_groups(model: torch.nn.Module, cfg: MiniRunConfig) -> list[dict]:
+    """AdamW groups: the body at ``lr``, the LM head at ``lr_lm_head`` and the final norm's scale
+    at ``lr_final_norm`` (each ``None`` = ``lr``); groups named for the metrics."""
+    special = {"lm_head.weight": ("lm_head", cfg.lr_lm_head), "model.norm.weight": ("final_norm", cfg.lr_final_norm)}
+    groups: dict[str, dict] = {}
+    for name, p in model.named_parameters():
+        group, lr = special.get(name, ("body", None))
+        g = groups.setdefault(group, {"name": group, "params": [], "lr": cfg.lr if lr is None else lr})
+        g["params"].append(p)
+    return list(groups.values())
 
 
 def _brief(row: dict) -> dict:
