@@ -322,7 +322,8 @@ class RunConfig:
             ``log_prob_micro_batch_size``): not the updates' shuffled mini-batches.
         lr, weight_decay, max_grad_norm, adam_betas: AdamW and gradient clipping.
         lr_lm_head, lr_final_norm: learning rates of the LM head and of the final norm's scale
-            (``None`` = ``lr``); every other parameter (the body) trains at ``lr``.
+            (``None`` = ``lr``); every other parameter (the body) trains at ``lr``. A learning
+            rate of 0 freezes that group (for ablations).
         temperature: rollout sampling temperature (trainer log-probs use the same).
         max_response_len: generation cap in tokens.
         eval_every: evaluate every N steps (and at the end); 0 = only at the end.
@@ -376,10 +377,11 @@ class RunConfig:
         _require(n_seq % self.num_mini_batches == 0,
                  f"the rollout batch ({self.prompts_per_step} prompts x {a.n_samples_per_prompt} "
                  f"samples = {n_seq}) must split evenly into num_mini_batches={self.num_mini_batches}")
-        _require(self.lr > 0 and math.isfinite(self.lr), f"lr must be a positive number, got {self.lr}")
+        _require(self.lr >= 0 and math.isfinite(self.lr), f"lr must be a number >= 0 (0 = body frozen), got {self.lr}")
         for f in ("lr_lm_head", "lr_final_norm"):
             v = getattr(self, f)
-            _require(v is None or (v > 0 and math.isfinite(v)), f"{f} must be a positive number or null (= lr), got {v}")
+            _require(v is None or (v >= 0 and math.isfinite(v)),
+                     f"{f} must be a number >= 0 (0 = frozen) or null (= lr), got {v}")
         _require(self.logprob_micro_batch >= 1, f"logprob_micro_batch must be >= 1, got {self.logprob_micro_batch}")
         _require(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
         _require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}")

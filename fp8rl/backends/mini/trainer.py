@@ -95,6 +95,9 @@ from fp8rl.rewards.exact import grade_exact
 from fp8rl.runs import metrics as M
 
 CHECKPOINT_FILE = "state.pt"
+#: Part of the step-0 evaluation cache key: bump when the engine or the evaluation computes
+#: different numbers for the same settings.
+EVAL0_VERSION = 1
 
 
 class RunFailed(RuntimeError):
@@ -486,6 +489,31 @@ class MiniTrainer:
             if not bool(torch.isfinite(p).all()):
                 raise RunFailed(f"parameter {name} became non-finite; the run diverged")
 
+    def evaluate_start(self) -> dict:
+        """The step-0 evaluation: the warm start seen through this run's rollout engine.
+
+        Every cell of a sweep with the same warm start, engine (rollout recipe, emulation,
+        compute dtype), evaluation settings and seed computes the same numbers here, so the
+        first computes them and stores them beside the warm start (``eval0-<hash>.json``, under
+        a lock); the others read them. Exact: the evaluation is deterministic given that key.
+        """
+        from fp8rl.runs.jsonl import atomic_write_json
+        from fp8rl.runs.lock import exclusive
+
+        cfg = self.cfg
+        spec = {"version": EVAL0_VERSION, "rollout_recipe": cfg.fp8.rollout_recipe, "emulate": cfg.fp8.emulate,
+                "compute_dtype": cfg.fp8.compute_dtype, "eval_k": cfg.eval_k,
+                "eval_temperature": cfg.eval_temperature, "eval_greedy": cfg.eval_greedy,
+                "max_response_len": cfg.max_response_len, "seed": cfg.seed, "device": self.device.type}
+        key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+        path = Path(self.sft_meta["path"]) / f"eval0-{key}.json"
+        with exclusive(path.with_suffix(".lock")):
+            if path.exists():
+                return json.loads(path.read_text(encoding="utf-8"))["row"]
+            row = self.evaluate(0)
+            atomic_write_json(path, {"spec": spec, "row": row})
+        return row
+
     def evaluate(self, step: int) -> dict:
         """Held-out accuracy of the current policy (its rollout engine). Paired: every evaluation
         of the run samples with the same seed, so differences between steps are the policy's."""
@@ -572,7 +600,7 @@ class MiniTrainer:
         bar = _progress(range(self.step + 1, cfg.steps + 1), progress, initial=self.step, total=cfg.steps)
         try:
             if self.step == 0:
-                self._log_eval(ew, self.evaluate(0))
+                self._log_eval(ew, self.evaluate_start())
             for step in bar:
                 row = self.train_step(step)
                 self.step = step
