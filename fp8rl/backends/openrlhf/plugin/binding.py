@@ -113,6 +113,7 @@ def bind_module(name: str, module, spec_json: str) -> None:
         raise ValueError(f"fp8rl binds into {sorted(binders)}, not {name!r}")
     binders[name](module, spec)
     module._fp8rl_spec_json = spec_json
+    module._fp8rl_bound_at = {"pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 def install(spec: PluginSpec, modules: dict | None = None) -> None:
