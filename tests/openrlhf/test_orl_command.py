@@ -1,13 +1,9 @@
 """Every flag the builder emits, for every main-table cell, exists in 0.11.2's parser (read with ast)."""
 
 import ast
-import itertools
-from pathlib import Path
 
 import pytest
-import yaml
-from omegaconf import OmegaConf
-from orl_helpers import REPO, openrlhf_dir
+from orl_helpers import main_table_configs, openrlhf_dir
 
 from fp8rl.backends.openrlhf.command import (
     ResourceError,
@@ -45,27 +41,6 @@ def parser_spec() -> dict[str, dict]:
         for n in names:
             out[n[2:]] = info
     return out
-
-
-def _yaml(group: str, name: str) -> dict:
-    return yaml.safe_load((REPO / "sweeps" / group / f"{name}.yaml").read_text())
-
-
-def main_table_configs(tmp_path: Path):
-    grid = yaml.safe_load((REPO / "sweeps" / "sweep" / "main_table.yaml").read_text())["hydra"]["sweeper"]["params"]
-    scale = {k: v for k, v in _yaml("scale", "paper").items() if k not in ("defaults", "scale", "launcher")}
-    backend = _yaml("backend", "openrlhf")["openrlhf"]
-    data = _yaml("data", "paper")["openrlhf"]
-    axes = [grid[k].split(",") for k in ("algorithm", "model", "fp8", "clip")]
-    for algo, model, fp8, clip in itertools.product(*axes):
-        cfg = {
-            "algorithm": _yaml("algorithm", algo), "model": {"slot": model},
-            "fp8": {**_yaml("fp8", fp8), **scale["fp8"]}, "clip": _yaml("clip", clip),
-            **{k: v for k, v in scale.items() if k != "fp8"},
-            "openrlhf": {**backend, **data}, "output_dir": str(tmp_path / "main_table"),
-        }
-        cfg = OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)  # scale/paper.yaml interpolates
-        yield (algo, model, fp8, clip), build_dataclass(OpenRLHFRunConfig, cfg)
 
 
 def args_for(cfg, tmp_path, profile):

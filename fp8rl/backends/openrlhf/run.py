@@ -179,9 +179,11 @@ def check_train_set(cfg: OpenRLHFRunConfig, train_file: Path) -> str | None:
 
     plan = data_plan(cfg)
     n = sum(1 for ln in train_file.read_text(encoding="utf-8").splitlines() if ln.strip())
-    if n < plan.size:
+    needed = plan.max_samples if plan.episodes == 1 else plan.size  # several episodes: every planned prompt
+    if n < needed:
         return (f"{train_file} has {n} prompts but openrlhf.train_set_sizes.{plan.train_set}={plan.size} planned "
-                f"the episodes for {cfg.steps} steps; set it to {n} (the cell's command changes) and resubmit")
+                f"{plan.episodes} episode(s) over {needed} for {cfg.steps} steps; set it to {n} (the cell's "
+                "command changes) and resubmit")
     return None
 
 

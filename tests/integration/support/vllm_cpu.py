@@ -209,7 +209,7 @@ def main() -> int:
     params_ = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
     out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from scenarios import tiny_checkpoint
+    from scenario_kit import tiny_checkpoint
 
     ckpt = tiny_checkpoint(out / "ckpt", hidden=128)
     result = {"sync": sync, "configs": configs}[name](out, str(ckpt), **params_)

@@ -5,8 +5,9 @@ Modules, by concern (the import of this package is free: names below load their 
 - ``spec``: the :class:`PluginSpec` the driver hands to every worker, the version pins.
 - ``hook``: the Ray worker setup hook; binds lazily, only in processes that import the
   OpenRLHF modules the plugin changes (standard library only).
-- ``binding``: **the one module that touches OpenRLHF internals**; its docstring lists every
-  upstream object the plugin wraps, in which process, and why it is reached there.
+- ``binding`` (a package: ``actor``, ``trainer``, ``driver``, ``vllm_worker``): **the one place
+  that touches OpenRLHF internals**; its docstring lists every upstream object the plugin wraps,
+  in which process, and why it is reached there.
 - ``loss``: our ``PolicyLoss`` subclass and the calibration all-gather over DP ranks.
 - ``fp8_training``: converting the actor's Linears and the guard that refuses BF16-as-FP8.
 - ``fp8_rollout``: rollout recipe -> vLLM online FP8 quantization, engine kwargs.
