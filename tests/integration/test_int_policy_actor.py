@@ -207,3 +207,12 @@ def test_ppo_trainer_stops_at_the_cells_steps(scenario):
     assert got["ok"], got.get("error", {}).get("text")
     assert got["bound"] == {"openrlhf.trainer.ppo_trainer": True, "openrlhf.trainer.ppo_utils.samples_generator": True,
                             "openrlhf.trainer.ray.ppo_actor": False}  # bound lazily: only what it imports
+
+
+def test_driver_attests_every_policy_actor_before_training(trained):
+    """The first pair was built by the real ``RayActorGroup`` after ``install_driver``: its start-up
+    check passed for the cell's spec; for another cell's spec the same actors are refused."""
+    for name in ("bf16_trainer", "other_clip"):
+        got = trained["refusals"][name]
+        assert got is not None and got["type"] == "PluginNotActiveError", name
+        assert "is not bound into" in got["message"] and "with this cell's spec" in got["message"]

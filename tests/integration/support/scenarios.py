@@ -114,10 +114,14 @@ def make_experiences(args, world: int, *, seed: int, tokens_per_rank: int = 8):
 
 def ppo_train(out: Path, recipe: str = "tensorwise", world: int = 2) -> dict:
     """Two gloo ranks: the real ``ppo_train`` with calibrated clipping, a checkpoint through the
-    real save path, and a fresh pair of actors resuming from it."""
+    real save path, and a fresh pair of actors resuming from it. The first pair is created as
+    ``train_ppo_ray`` creates it (``RayActorGroup``), after the fp8rl driver's ``install_driver``:
+    its start-up attestation runs for real; a driver with another spec must refuse the actors."""
     import ray
     import torch
 
+    from fp8rl.backends.openrlhf.plugin.binding import install_driver
+    from fp8rl.backends.openrlhf.plugin.binding.driver import attest, check_attestations
     from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
 
     ckpt = tiny_checkpoint(out / "ckpt")
@@ -129,11 +133,26 @@ def ppo_train(out: Path, recipe: str = "tensorwise", world: int = 2) -> dict:
                       clip_options={"period": 1, "ema": 0.5, "init_bounds": [0.9, 1.1], "upper_rule": "proportional"},
                       eps_low=float(args.actor.eps_clip_low_high[0]), eps_high=float(args.actor.eps_clip_low_high[1]),
                       trainer_recipe=recipe, max_steps=2)
-    start_ray(world, actor_env(spec))
+    start_ray(2 * world, actor_env(spec))  # the group's placement group keeps its GPUs after the kill
+    install_driver(spec)
+    from openrlhf.trainer.ray.launcher import RayActorGroup
+    from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
+
     t0 = time.perf_counter()
-    actors = policy_group(world)
-    ray.get([a.init_model_from_pretrained.remote(get_strategy(args), str(ckpt), 4, None) for a in actors])
+    group = RayActorGroup(1, world, PolicyModelActor, pg=None, num_gpus_per_actor=1)
+    ray.get(group.async_init_model_from_pretrained(get_strategy(args), str(ckpt), 4, None))  # attests inside
+    actors = group._actor_handlers
     t_init = time.perf_counter() - t0
+    reports = ray.get([a.__ray_call__.remote(attest) for a in actors])
+    refusals = {}
+    for name, other in {"bf16_trainer": PluginSpec(**{**json.loads(spec.to_json()), "trainer_recipe": "bf16"}),
+                        "other_clip": PluginSpec(eps_low=spec.eps_low, eps_high=spec.eps_high,
+                                                 trainer_recipe=recipe)}.items():
+        try:
+            check_attestations(other, reports)
+            refusals[name] = None
+        except Exception as e:
+            refusals[name] = {"type": type(e).__name__, "message": str(e)}
     ray.get([a.__ray_call__.remote(instrument) for a in actors])
     statuses = []
     t0 = time.perf_counter()
@@ -161,7 +180,7 @@ def ppo_train(out: Path, recipe: str = "tensorwise", world: int = 2) -> dict:
     states = ray.get([a.get_checkpoint_states.remote() for a in resumed_actors])
     t_resume = time.perf_counter() - t0
     report = ray.get(resumed_actors[0].__ray_call__.remote(model_report))
-    return {"spec": spec.to_json(), "statuses": statuses, "records": recs, "saved": saved, "resumed": resumed,
+    return {"spec": spec.to_json(), "statuses": statuses, "refusals": refusals, "records": recs, "saved": saved, "resumed": resumed,
             "checkpoint_states": states, "report": report, "flags": flags,
             "seconds": {"init": t_init, "fit_2_steps": t_fit, "resume": t_resume}}
 
