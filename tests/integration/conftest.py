@@ -21,7 +21,15 @@ from int_paths import REPO, SUPPORT, VLLM_DIR
 
 
 def _missing() -> list[str]:
-    missing = [m for m in ("deepspeed", "openrlhf", "peft", "torchdata", "ray") if importlib.util.find_spec(m) is None]
+    from importlib.metadata import PackageNotFoundError, version
+
+    missing = [m for m in ("deepspeed", "openrlhf", "peft", "torchdata", "ray", "datasets")
+               if importlib.util.find_spec(m) is None]
+    try:  # OpenRLHF 0.11.2's pin; its ZeRO-3 loading patch breaks on later transformers
+        if version("transformers") != "5.15.0":
+            missing.append(f"transformers==5.15.0 (found {version('transformers')})")
+    except PackageNotFoundError:
+        missing.append("transformers==5.15.0")
     if not (VLLM_DIR / "vllm" / "__init__.py").exists():
         missing.append(f"vllm 0.29.0 in {VLLM_DIR}")
     return missing
@@ -31,7 +39,8 @@ def _missing() -> list[str]:
 def integration_ready():
     missing = _missing()
     if missing:
-        msg = f"integration tier needs {missing}: run `make install-integration`"
+        msg = (f"integration tier needs {missing}: run `make test-integration` (its own venv, "
+               ".venv-integration)")
         if os.environ.get("FP8RL_REQUIRE_INTEGRATION"):
             pytest.fail(msg)
         pytest.skip(msg)

@@ -46,18 +46,32 @@ def policy_recipes(out: Path, recipes: list, world: int = 1, concurrent: int = 4
     """For each ``[recipe, impl, emulate]``: the real PolicyModelActor builds its model (or fails).
 
     One job with the driver's runtime env; each recipe's actors carry their own spec (actor-level
-    ``env_vars``), ``concurrent`` recipes at a time. A ``Probe`` actor of the same job, which never
-    imports OpenRLHF (as a vLLM engine actor), reports what the setup hook left in it."""
+    ``env_vars``: same setup hook, another spec), ``concurrent`` recipes at a time. In the same job,
+    alongside: a ``Probe`` actor, which never imports OpenRLHF (as a vLLM engine actor), reports
+    what the setup hook left in it; and the real ``PPOTrainer`` (a ``@ray.remote`` class Ray ships
+    by value) is fitted over a real prompt file with no vLLM engine and the plugin's ``max_steps``
+    already reached: ``fit`` must end without generating (the step limit in
+    ``SamplesGenerator.generate_samples`` is reached through the by-value class; without it,
+    ``fit`` goes on to generate through vLLM's stand-in, which raises)."""
     import ray
 
-    from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
+    from fp8rl.backends.openrlhf.plugin.spec import SPEC_ENV, PluginSpec
 
     ckpt = tiny_checkpoint(out / "ckpt")
     args = openrlhf_args(cell_flags(ckpt, out, world=world))
+    prompts = out / "train.jsonl"
+    prompts.write_text("".join(json.dumps({"input": f"{i}+{i}=", "label": str(2 * i)}) + "\n" for i in range(16)))
+    cap_args = openrlhf_args([f for f in cell_flags(ckpt, out, world=1) if f != "--data.apply_chat_template"])
+    cap_args.data.prompt_dataset, cap_args.logger.tensorboard_dir = str(prompts), None
+    from openrlhf.trainer.ppo_trainer import PPOTrainer
     from openrlhf.utils import get_strategy
 
     start_ray(concurrent * world + 1, actor_env(PluginSpec()))
     probe = ray.remote(num_gpus=1)(Probe).remote()
+    cap = PPOTrainer.options(runtime_env={"env_vars": {SPEC_ENV: PluginSpec(max_steps=0).to_json()}}).remote(
+        str(ckpt), get_strategy(cap_args), None, None, None, None, None, do_sample=True, max_len=64,
+        max_new_tokens=16, temperature=1.0, top_p=1.0)
+    cap_fit = cap.fit.remote()
     res = {"probe": ray.get(probe.loaded.remote())}
     ray.kill(probe)
     specs = {}
@@ -82,6 +96,12 @@ def policy_recipes(out: Path, recipes: list, world: int = 1, concurrent: int = 4
             res[k]["batch_seconds"] = time.perf_counter() - t0
             for a in actors:
                 ray.kill(a)
+    try:
+        ray.get(cap_fit)
+        res["cap"] = {"ok": True}
+    except Exception as e:
+        res["cap"] = {"ok": False, "error": error_record(e)}
+    res["cap"]["bound"] = ray.get(cap.__ray_call__.remote(bound_modules))
     return res
 
 
@@ -185,38 +205,6 @@ def ppo_train(out: Path, recipe: str = "tensorwise", world: int = 2) -> dict:
             "seconds": {"init": t_init, "fit_2_steps": t_fit, "resume": t_resume}}
 
 
-def ppo_trainer_cap(out: Path, max_steps_values: list) -> dict:
-    """The real ``PPOTrainer`` (a ``@ray.remote`` class Ray ships by value) in a worker of a job
-    with our runtime env, fitted over a real prompt file with no vLLM engine: with the plugin's
-    ``max_steps`` reached, ``fit`` must end without generating (the step cap in
-    ``SamplesGenerator.generate_samples`` is reached through the by-value class); ``None`` is the
-    control (it goes on to generate and fails without engines)."""
-    import ray
-
-    from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
-
-    ckpt = tiny_checkpoint(out / "ckpt")
-    prompts = out / "train.jsonl"
-    prompts.write_text("".join(json.dumps({"input": f"{i}+{i}=", "label": str(2 * i)}) + "\n" for i in range(16)))
-    args = openrlhf_args([f for f in cell_flags(ckpt, out, world=1) if f != "--data.apply_chat_template"])
-    args.data.prompt_dataset, args.logger.tensorboard_dir = str(prompts), None
-    from openrlhf.trainer.ppo_trainer import PPOTrainer
-    from openrlhf.utils import get_strategy
-
-    res = {}
-    for max_steps in max_steps_values:
-        start_ray(1, actor_env(PluginSpec(max_steps=max_steps)))
-        trainer = PPOTrainer.remote(str(ckpt), get_strategy(args), None, None, None, None, None, do_sample=True,
-                                    max_len=64, max_new_tokens=16, temperature=1.0, top_p=1.0)
-        try:
-            ray.get(trainer.fit.remote())
-            res[str(max_steps)] = {"ok": True}
-        except Exception as e:
-            res[str(max_steps)] = {"ok": False, "error": error_record(e)}
-        res[str(max_steps)]["bound"] = ray.get(trainer.__ray_call__.remote(bound_modules))
-    return res
-
-
 def cli_parse(out: Path, lines: list) -> dict:
     """Each dry-run command line through OpenRLHF 0.11.2's own parser and validation block."""
     import shlex
@@ -239,7 +227,7 @@ def cli_parse(out: Path, lines: list) -> dict:
 
 
 SCENARIOS = {"policy_recipes": policy_recipes, "ppo_train": ppo_train,
-             "ppo_trainer_cap": ppo_trainer_cap, "cli_parse": cli_parse}
+             "cli_parse": cli_parse}
 
 
 def main() -> int:
