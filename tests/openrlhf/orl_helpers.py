@@ -1,4 +1,5 @@
-"""Helpers for the OpenRLHF backend tests (imported as ``orl_helpers``): upstream 0.11.2 source loaded by path.
+"""Helpers for the OpenRLHF backend tests (imported as ``orl_helpers``): upstream 0.11.2 source
+loaded by path, and the 90 main-table cells at paper scale built from the YAML config tree.
 
 Nothing here imports the ``openrlhf`` package (it needs deepspeed, flash-attn, vLLM): files are
 executed from the installed wheel's source with heavy imports stubbed through ``sys.modules``.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import itertools
 import os
 import sys
 import types
@@ -17,6 +19,11 @@ from typing import Optional
 
 import pytest
 import torch
+import yaml
+from omegaconf import OmegaConf
+
+from fp8rl.backends.openrlhf.config import OpenRLHFRunConfig
+from fp8rl.launch.grid import build_dataclass
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -66,3 +73,24 @@ def random_batch(seed: int, B: int = 12, T: int = 30):
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
     return lp, old, rollout, adv, mask
+
+
+def _yaml(group: str, name: str) -> dict:
+    return yaml.safe_load((REPO / "sweeps" / group / f"{name}.yaml").read_text())
+
+
+def main_table_configs(tmp_path: Path):
+    grid = yaml.safe_load((REPO / "sweeps" / "sweep" / "main_table.yaml").read_text())["hydra"]["sweeper"]["params"]
+    scale = {k: v for k, v in _yaml("scale", "paper").items() if k not in ("defaults", "scale", "launcher")}
+    backend = _yaml("backend", "openrlhf")["openrlhf"]
+    data = _yaml("data", "paper")["openrlhf"]
+    axes = [grid[k].split(",") for k in ("algorithm", "model", "fp8", "clip")]
+    for algo, model, fp8, clip in itertools.product(*axes):
+        cfg = {
+            "algorithm": _yaml("algorithm", algo), "model": {"slot": model},
+            "fp8": {**_yaml("fp8", fp8), **scale["fp8"]}, "clip": _yaml("clip", clip),
+            **{k: v for k, v in scale.items() if k != "fp8"},
+            "openrlhf": {**backend, **data}, "output_dir": str(tmp_path / "main_table"),
+        }
+        cfg = OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)  # scale/paper.yaml interpolates
+        yield (algo, model, fp8, clip), build_dataclass(OpenRLHFRunConfig, cfg)

@@ -7,7 +7,7 @@ import socket
 import pytest
 import torch
 
-from fp8rl.backends.openrlhf.plugin import _varlen_all_gather, calibration_tokens, global_update
+from fp8rl.backends.openrlhf.plugin.loss import calibration_tokens, global_update, varlen_all_gather
 from fp8rl.rl.clipping import make_clipper
 
 OPTS = {"period": 1, "ema": 0.0, "init_bounds": (0.8, 1.28), "upper_rule": "contribution"}
@@ -69,7 +69,7 @@ def _worker(rank, world, port, seed, out):
         r, s, a, m = batch(seed)
         local = calibration_tokens(*(x[rank::world] for x in (r, s, a, m)))
         ctl = make_clipper("calibrated", 0.2, 0.28, **OPTS)
-        global_update(ctl, 0, local, lambda t: _varlen_all_gather(t))
+        global_update(ctl, 0, local, lambda t: varlen_all_gather(t))
         out.put((rank, ctl.bounds(0).as_tuple()))
     finally:
         dist.destroy_process_group()

@@ -1,12 +1,9 @@
 """Every flag the builder emits, for every main-table cell, exists in 0.11.2's parser (read with ast)."""
 
 import ast
-import itertools
-from pathlib import Path
 
 import pytest
-import yaml
-from orl_helpers import REPO, openrlhf_dir
+from orl_helpers import main_table_configs, openrlhf_dir
 
 from fp8rl.backends.openrlhf.command import (
     ResourceError,
@@ -44,26 +41,6 @@ def parser_spec() -> dict[str, dict]:
         for n in names:
             out[n[2:]] = info
     return out
-
-
-def _yaml(group: str, name: str) -> dict:
-    return yaml.safe_load((REPO / "sweeps" / group / f"{name}.yaml").read_text())
-
-
-def main_table_configs(tmp_path: Path):
-    grid = yaml.safe_load((REPO / "sweeps" / "sweep" / "main_table.yaml").read_text())["hydra"]["sweeper"]["params"]
-    scale = {k: v for k, v in _yaml("scale", "paper").items() if k not in ("defaults", "scale", "launcher")}
-    backend = _yaml("backend", "openrlhf")["openrlhf"]
-    data = _yaml("data", "paper")["openrlhf"]
-    axes = [grid[k].split(",") for k in ("algorithm", "model", "fp8", "clip")]
-    for algo, model, fp8, clip in itertools.product(*axes):
-        cfg = {
-            "algorithm": _yaml("algorithm", algo), "model": {"slot": model},
-            "fp8": {**_yaml("fp8", fp8), **scale["fp8"]}, "clip": _yaml("clip", clip),
-            **{k: v for k, v in scale.items() if k != "fp8"},
-            "openrlhf": {**backend, **data}, "output_dir": str(tmp_path / "main_table"),
-        }
-        yield (algo, model, fp8, clip), build_dataclass(OpenRLHFRunConfig, cfg)
 
 
 def args_for(cfg, tmp_path, profile):
@@ -110,11 +87,13 @@ def test_axes_map_to_the_expected_flags(tmp_path):
     assert dapo["actor.eps_clip_low_high"] == ["0.2", "0.28"]
     assert dapo["algo.dynamic_filtering_range"] == ["0", "1"]
     assert dapo["reward.overlong_buffer_len"] == ["4096"]
+    assert dapo["rollout.max_new_tokens"] == ["20480"]  # DAPO's L_max; penalty from 20480 - 4096 = 16384
     assert dapo["algo.advantage.is_correction_mode"] == ["clip"]
     assert dapo["algo.advantage.is_correction_threshold"] == ["0", "2"]
     assert dapo["actor.num_nodes"] == ["2"] and dapo["vllm.tensor_parallel_size"] == ["2"]
     assert dapo["vllm.num_engines"] == ["8"]  # 2 nodes x 8 GPUs / TP 2
     grpo = parse_flags(args_for(by_cell[("grpo", "8b", "bf16", "vanilla")], tmp_path, profile))
+    assert grpo["rollout.max_new_tokens"] == ["16384"]
     assert grpo["algo.advantage.estimator"] == ["group_norm"]
     assert "algo.advantage.is_correction_level" not in grpo and "algo.dynamic_filtering_enable" not in grpo
     assert grpo["algo.kl.init_coef"] == ["0"]
@@ -167,4 +146,42 @@ def test_paper_config_rejects_emulation_and_unmapped_values(tmp_path):
     d["fp8"]["emulate"] = False
     d["algorithm"]["loss_agg_mode"] = "seq-mean-token-sum-norm"
     with pytest.raises(ValueError, match=r"no OpenRLHF 0\.11\.2 equivalent"):
+        build_dataclass(OpenRLHFRunConfig, d)
+
+
+def test_dapo_cells_plan_enough_episodes_for_their_steps(tmp_path):
+    """Defect 6: one episode over ~17k DAPO prompts cannot supply 200 steps of 128 prompts when
+    dynamic filtering may draw up to 3 batches per step; the plan derives the episodes."""
+    from fp8rl.backends.openrlhf.config import data_plan
+
+    profile = load_profile("example")
+    by_cell = dict(main_table_configs(tmp_path))
+    dapo_cfg = by_cell[("dapo", "14b", "blockwise", "calibrated")]
+    plan = data_plan(dapo_cfg)
+    assert (plan.size, plan.rounds, plan.steps_per_episode) == (17000, 3, 17000 // 384)
+    assert plan.episodes * plan.steps_per_episode >= dapo_cfg.steps > (plan.episodes - 1) * plan.steps_per_episode
+    dapo = parse_flags(args_for(dapo_cfg, tmp_path, profile))
+    assert dapo["train.num_episodes"] == [str(plan.episodes)] == ["5"]
+    assert dapo["data.max_samples"] == ["17000"]
+    grpo = parse_flags(args_for(by_cell[("grpo", "8b", "bf16", "vanilla")], tmp_path, profile))
+    assert grpo["train.num_episodes"] == ["1"] and grpo["data.max_samples"] == [str(200 * 128)]
+    import dataclasses
+
+    d = dataclasses.asdict(dapo_cfg)
+    d["openrlhf"]["train_set_sizes"]["dapo_math_17k"] = 300  # not even one step of 128 x 3 prompts
+    with pytest.raises(ValueError, match="fewer than one step needs"):
+        build_dataclass(OpenRLHFRunConfig, d)
+    d["openrlhf"]["train_set_sizes"] = {"deepscaler": 40315}
+    with pytest.raises(ValueError, match="no size for train set 'dapo_math_17k'"):
+        build_dataclass(OpenRLHFRunConfig, d)
+
+
+def test_rowwise_rollout_is_supported_and_other_recipes_rejected_at_validation(tmp_path):
+    import dataclasses
+
+    cfg = dict(main_table_configs(tmp_path))[("grpo", "8b", "rowwise", "tis")]
+    assert cfg.fp8.rollout_recipe == "rowwise"  # validates: vLLM's fp8_per_channel
+    d = dataclasses.asdict(cfg)
+    d["fp8"]["rollout_recipe"] = "mxfp8"
+    with pytest.raises(ValueError, match=r"no vLLM 0\.29 online quantization"):
         build_dataclass(OpenRLHFRunConfig, d)

@@ -1,12 +1,9 @@
 """Final-evaluation bookkeeping with a fake generator; the FP8 rollout checkpoint layout; dry run."""
 
-import json
-import os
 import subprocess
 import sys
 
 import pytest
-import torch
 from orl_helpers import FIXTURES, REPO
 
 from fp8rl.backends.openrlhf.data import prepare
@@ -66,40 +63,27 @@ def test_score_dataset_rejects_wrong_shapes(pool):
         score_dataset(["1"], [""], [["\\boxed{1}"]], k=2, pool=pool)
 
 
-def test_rollout_checkpoint_matches_vllm_fp8_layout(tmp_path):
-    from safetensors.torch import load_file
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
+def test_rollout_recipes_map_to_vllm_online_fp8_or_are_rejected():
+    """Defect 4: rowwise rollout is vLLM's per-channel online FP8 (per-token activations); a recipe
+    vLLM 0.29 has no online method for is rejected naming the supported ones."""
     from fp8rl.backends.openrlhf.plugin import (
         PluginSpec,
-        prepare_rollout_checkpoint,
+        check_rollout_recipe,
         rollout_engine_kwargs,
     )
 
-    cfg = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, tie_word_embeddings=False)
-    src = tmp_path / "hf"
-    Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(src)
-    for recipe, scale, shape in (("tensorwise", "weight_scale", ()), ("blockwise", "weight_scale_inv", (1, 1))):
-        out = prepare_rollout_checkpoint(str(src), str(tmp_path / recipe), recipe)
-        sd = load_file(os.path.join(out, "model.safetensors"))
-        q = "model.layers.0.self_attn.q_proj"
-        assert sd[f"{q}.weight"].dtype == torch.float8_e4m3fn
-        assert sd[f"{q}.{scale}"].dtype == torch.float32 and tuple(sd[f"{q}.{scale}"].shape) == shape
-        assert sd["lm_head.weight"].dtype == torch.bfloat16  # LM head and embeddings stay high precision
-        assert sd["model.embed_tokens.weight"].dtype == torch.bfloat16
-        qc = json.loads((tmp_path / recipe / "config.json").read_text())["quantization_config"]
-        assert qc["quant_method"] == "fp8" and ("weight_block_size" in qc) == (recipe == "blockwise")
-        kw = rollout_engine_kwargs(PluginSpec(rollout_recipe=recipe, rollout_model=out))
-        assert kw["quantization"] == "fp8" and kw["model"] == out
-        assert kw["worker_extension_cls"] == "fp8rl.backends.openrlhf.plugin.Fp8WorkerWrap"
+    want = {"tensorwise": "fp8_per_tensor", "rowwise": "fp8_per_channel", "blockwise": "fp8_per_block"}
+    for recipe, quant in want.items():
+        kw = rollout_engine_kwargs(PluginSpec(rollout_recipe=recipe))
+        assert kw == {"quantization": quant,
+                      "worker_extension_cls": "fp8rl.backends.openrlhf.plugin.binding.Fp8WorkerWrap"}
     assert rollout_engine_kwargs(PluginSpec()) == {}
-    with pytest.raises(ValueError, match="pre-quantized"):
-        rollout_engine_kwargs(PluginSpec(rollout_recipe="tensorwise"))
+    with pytest.raises(ValueError, match=r"supported FP8 rollout recipes: \['blockwise', 'rowwise', 'tensorwise'\]"):
+        check_rollout_recipe("mxfp8")
 
 
 def test_driver_injects_fp8_engine_kwargs():
-    from fp8rl.backends.openrlhf import plugin
+    from fp8rl.backends.openrlhf.plugin import PluginSpec, install_driver
 
     got = {}
 
@@ -112,12 +96,21 @@ def test_driver_injects_fp8_engine_kwargs():
                     got.update(opts=opts, kw=kw)
             return H
 
+    class Group:
+        def async_init_model_from_pretrained(self, *a, **k):
+            return []
+
     mod = type(sys)("vllm_engine")
     mod.RolloutRayActor = FakeActor
-    plugin.install_driver(plugin.PluginSpec(rollout_recipe="blockwise", rollout_model="/ckpt"), vllm_engine=mod)
+    launcher, ppo_actor = type(sys)("launcher"), type(sys)("ppo_actor")
+    launcher.RayActorGroup, ppo_actor.PolicyModelActor = Group, object
+    install_driver(PluginSpec(rollout_recipe="blockwise"),
+                   modules={"vllm_engine": mod, "launcher": launcher, "ppo_actor": ppo_actor})
     mod.RolloutRayActor.options(num_gpus=1).remote(model="hf/id", dtype="bfloat16", worker_extension_cls="x")
     assert got["opts"] == {"num_gpus": 1}
-    assert got["kw"]["model"] == "/ckpt" and got["kw"]["quantization"] == "fp8" and got["kw"]["dtype"] == "bfloat16"
+    assert got["kw"]["model"] == "hf/id" and got["kw"]["quantization"] == "fp8_per_block"
+    assert got["kw"]["dtype"] == "bfloat16" and got["kw"]["worker_extension_cls"].endswith("binding.Fp8WorkerWrap")
+    assert Group._fp8rl_originals  # the attestation wrapper is in place (exercised in tests/integration)
 
 
 def test_dry_run_prints_resources_and_openrlhf_command(tmp_path):

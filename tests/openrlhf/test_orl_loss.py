@@ -45,8 +45,6 @@ def test_subclass_equals_upstream_when_calibration_off(upstream_loss, corr, dual
         else:
             torch.testing.assert_close(a.float(), b.float(), rtol=1e-6, atol=1e-7)
     assert float(t[1]) > 0.02  # the batch really clips
-    assert set(ours.last_metrics) >= {"actor/clipfrac_neg_low", "clip/low", "clip/high"}
-    assert float(ours.last_metrics["clip/low"]) == pytest.approx(0.8)
 
 
 def test_signature_matches_upstream(upstream_loss):
@@ -57,15 +55,88 @@ def test_signature_matches_upstream(upstream_loss):
     assert spec(cls.forward) == spec(upstream_loss.PolicyLoss.forward)
 
 
-def test_metrics_reach_the_sink(upstream_loss):
+def _counts(batches, low, high):
+    """Independent reference: the clip table of the concatenated micro-batches (loops, no fp8rl)."""
+    num = dict.fromkeys(("neg", "pos", "neg_low", "neg_high", "pos_low", "pos_high"), 0)
+    negs = []
+    for lp, old, adv, mask in batches:
+        r = torch.exp((lp.detach() - old).clamp(-20, 20))
+        for b in range(r.shape[0]):
+            for t in range(r.shape[1]):
+                if not mask[b, t]:
+                    continue
+                a, x = float(adv[b, t]), float(r[b, t])
+                side = "neg" if a < 0 else "pos" if a > 0 else None
+                if side is None:
+                    continue
+                num[side] += 1
+                num[f"{side}_low"] += x < low
+                num[f"{side}_high"] += x > high
+                if side == "neg":
+                    negs.append(x)
+    return num, sorted(negs)
+
+
+def test_step_metrics_are_global_counts_not_means_of_micro_batches(upstream_loss):
+    """Issue 13, defect 5: one micro-batch without A<0 tokens must not make the step NaN, and the
+    step's fraction is the global count over micro-batches and ranks, not a mean of fractions."""
+    from fp8rl.backends.openrlhf.plugin.metrics import StepMetrics
+
+    cls = make_policy_loss_class(upstream_loss.PolicyLoss, PluginSpec(eps_low=0.2, eps_high=0.28))
+    batches = []
+    for seed, (B, T) in enumerate([(4, 30), (2, 11), (6, 25), (3, 40)]):
+        lp, old, _, adv, mask = random_batch(seed, B, T)
+        if seed == 1:
+            adv = adv.abs() + 0.1  # this micro-batch has no A<0 token at all
+        batches.append((lp, old, adv, mask))
+    ranks = [batches[:2], batches[2:]]
+    metrics = []
+    for part in ranks:  # two simulated DP ranks, each with its own loss and accumulator
+        loss = cls(clip_eps_low=0.2, clip_eps_high=0.28)
+        loss.step_metrics = StepMetrics()
+        for lp, old, adv, mask in part:
+            loss(lp, old, adv, mask)
+        metrics.append(loss.step_metrics)
+    # the collectives of two ranks, in process: sum the count vectors, concatenate the ratios
+    vecs, negs = [], []
+    for m in metrics:
+        m.finalize(lambda v: vecs.append(v.clone()) or v, lambda t: negs.append(t.clone()) or [t])
+    total = vecs[0] + vecs[1]
+    got = metrics[0].finalize(lambda v: total.clone(), lambda t: negs)
+    num, neg_ratios = _counts(batches, 0.8, 1.28)
+    for side in ("neg", "pos"):
+        for b in ("low", "high"):
+            assert got[f"actor/clipfrac_{side}_{b}"] == pytest.approx(num[f"{side}_{b}"] / num[side], rel=1e-6)
+    assert got["actor/clipfrac_neg_low"] > 0 and all(v == v for v in got.values())  # no NaN
+    import numpy as np
+
+    assert got["actor/ratio_neg_q01"] == pytest.approx(float(np.quantile(neg_ratios, 0.01)), rel=1e-6)
+    # the mean of per-micro-batch fractions (what upstream's merge of info would log) differs
+    per_mb = []
+    for b in batches:
+        n, _ = _counts([b], 0.8, 1.28)
+        per_mb.append(n["neg_low"] / n["neg"] if n["neg"] else float("nan"))
+    assert per_mb[1] != per_mb[1]  # NaN in the micro-batch without A<0 tokens
+
+
+def test_mismatch_kl_is_a_token_weighted_sum(upstream_loss):
+    from fp8rl.backends.openrlhf.plugin.metrics import StepMetrics
+    from fp8rl.rl.correction import is_weights
+
     cls = make_policy_loss_class(upstream_loss.PolicyLoss, PluginSpec())
-    loss = cls(clip_eps_low=0.2, clip_eps_high=0.2)
-    info: dict = {}
-    loss.sink = info
-    lp, old, _, adv, mask = random_batch(0)
-    loss(lp, old, adv, mask)
-    assert all(v.dim() == 0 for v in info.values())  # upstream merges 0-d tensors of info
-    assert "actor/clipfrac_neg_low" in info and "clip/low" in info
+    loss = cls(clip_eps_low=0.2, clip_eps_high=0.2, is_correction_level="token", is_correction_mode="clip",
+               is_correction_threshold=(0.0, 2.0))
+    loss.step_metrics = StepMetrics()
+    parts = [random_batch(s, 3, 20 + 7 * s) for s in range(3)]
+    for lp, old, rollout, adv, mask in parts:
+        loss(lp, old, adv, mask, rollout_log_probs=rollout)
+    got = loss.step_metrics.finalize()
+    k3 = [(o.double() - r.double()).clamp(-20, 20) for _, o, r, _, _ in parts]
+    num = sum(float(((torch.expm1(c) - c) * m.double()).sum()) for c, (*_, m) in zip(k3, parts, strict=True))
+    den = sum(float(m.sum()) for *_, m in parts)
+    assert got["rollout/mismatch_kl"] == pytest.approx(num / den, rel=1e-5)
+    _, one = is_weights(parts[0][1], parts[0][2], parts[0][4], "tis", cap=2.0)
+    assert float(one["rollout/mismatch_kl"]) != pytest.approx(got["rollout/mismatch_kl"])
 
 
 def test_calibrated_bounds_move_the_loss(upstream_loss):
@@ -79,7 +150,7 @@ def test_calibrated_bounds_move_the_loss(upstream_loss):
     loss(lp, old, adv, mask)
     low, _high = loss.clipper.bounds(0).as_tuple()
     assert low < 0.8  # FP8 ratios are noisier: the lower bound widens
-    assert "clip/alpha" in loss.last_metrics
+    assert "clip/alpha" in loss.clipper.metrics(0)
 
 
 def test_correction_mapping_and_bad_input():

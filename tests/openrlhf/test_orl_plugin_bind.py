@@ -93,19 +93,30 @@ def _args(eps=(0.2, 0.28)):
     )
 
 
+class _Strategy:  # DeepspeedStrategy's attributes the trainer reads (a plain object: weak-referenceable)
+    def __init__(self):
+        self.args, self.accumulated_gradient = _args(), 1
+
+
+def _trainer(ppo_actor, strategy=None):
+    strategy = strategy or _Strategy()
+    return ppo_actor.ActorPPOTrainer(strategy, actor=torch.nn.Linear(2, 2), ema_model=None, actor_optim=None,
+                                     actor_scheduler=None)
+
+
 def test_install_binds_where_actor_ppo_trainer_looks(monkeypatch):
+    """Unit level (imports stubbed, ``ray.remote`` the identity): the binding's logic. That it is
+    *reached* in real Ray workers is shown by tests/integration (real Ray, real openrlhf)."""
     ppo_actor, loss = load_ppo_actor(monkeypatch)
-    monkeypatch.setattr(plugin, "_INSTALLED", {})
     spec = PluginSpec(clip_method="calibrated", clip_options={"period": 20, "init_bounds": [0.6, 1.8]},
                       eps_low=0.2, eps_high=0.28)
     orig_step = ppo_actor.ActorPPOTrainer.training_step
     plugin.install(spec, modules={"ppo_actor": ppo_actor})
     assert issubclass(ppo_actor.PolicyLoss, loss.PolicyLoss) and ppo_actor.PolicyLoss is not loss.PolicyLoss
     assert ppo_actor.ActorPPOTrainer.training_step is not orig_step
-    assert ppo_actor.Actor is not object  # the FP8-converting factory
+    assert ppo_actor._fp8rl_spec_json == spec.to_json()
     # upstream's own constructor builds our loss from its args
-    strategy = types.SimpleNamespace(args=_args())
-    trainer = ppo_actor.ActorPPOTrainer(strategy, actor=None, ema_model=None, actor_optim=None, actor_scheduler=None)
+    trainer = _trainer(ppo_actor)
     fn = trainer.actor_loss_fn
     assert type(fn).__name__ == "Fp8rlPolicyLoss"
     assert fn.correction == "tis" and fn.correction_params == {"cap": 2.0}
@@ -113,41 +124,84 @@ def test_install_binds_where_actor_ppo_trainer_looks(monkeypatch):
     lp, old, rollout, adv, mask = random_batch(0)
     out = fn(lp, old, adv, mask, rollout_log_probs=rollout)
     assert len(out) == 5
-    # a second install with the same spec is a no-op; the class is not wrapped twice
-    plugin.install(spec, modules={"ppo_actor": ppo_actor})
+    # a second install (another spec) starts from upstream's functions: nothing stacks
+    plugin.install(PluginSpec(eps_low=0.2, eps_high=0.28), modules={"ppo_actor": ppo_actor})
     assert ppo_actor.PolicyLoss._fp8rl_upstream is loss.PolicyLoss
+    assert ppo_actor.ActorPPOTrainer._fp8rl_originals["training_step"] is orig_step
+    assert type(_trainer(ppo_actor).actor_loss_fn.clipper).__name__ == "VanillaClip"
 
 
-def test_training_step_wrapper_feeds_info_and_calibrates(monkeypatch):
+def test_trainer_refuses_a_cell_whose_fp8_conversion_did_not_happen(monkeypatch):
+    """Defect 1's guard: an FP8 trainer recipe with a BF16 actor raises before any training."""
     ppo_actor, _ = load_ppo_actor(monkeypatch)
-    monkeypatch.setattr(plugin, "_INSTALLED", {})
+    plugin.install(PluginSpec(eps_low=0.2, eps_high=0.28, trainer_recipe="tensorwise"), modules={"ppo_actor": ppo_actor})
+    with pytest.raises(plugin.Fp8ConversionError, match="no FP8 linear layer"):
+        _trainer(ppo_actor)
+
+
+def test_binding_fails_loudly_when_upstream_moves(monkeypatch):
+    ppo_actor, _ = load_ppo_actor(monkeypatch)
+
+    def training_step(self, experience, kl_ctl):  # a changed upstream signature
+        return None
+
+    monkeypatch.setattr(ppo_actor.ActorPPOTrainer, "training_step", training_step)
+    with pytest.raises(plugin.UpstreamChangedError, match=r"ActorPPOTrainer\.training_step"):
+        plugin.install(PluginSpec(eps_low=0.2, eps_high=0.28), modules={"ppo_actor": ppo_actor})
+
+
+def test_training_step_wrapper_calibrates_on_the_measured_micro_batch(monkeypatch):
+    ppo_actor, _ = load_ppo_actor(monkeypatch)
     spec = PluginSpec(clip_method="calibrated", clip_options={"period": 1, "ema": 0.0, "init_bounds": [0.8, 1.28],
                                                              "reference": "static", "alpha": 0.01,
                                                              "upper_rule": "proportional"},
                       eps_low=0.2, eps_high=0.28)
-    calls = []
+    bounds = []
 
     def fake_step(self, experience, kl_ctl, step, loss_batch_info=None):  # upstream's order of events
         out = self.actor_loss_fn(experience.lp, experience.old, experience.adv, experience.mask)
-        calls.append(dict(experience.info))
+        bounds.append(self.actor_loss_fn.clipper.bounds(0).as_tuple())
         return out
 
-    monkeypatch.setattr(ppo_actor.ActorPPOTrainer, "training_step", fake_step)
-    monkeypatch.setattr(ppo_actor.ActorPPOTrainer, "ppo_train", lambda self, kl: None)
-    plugin.install(spec, modules={"ppo_actor": ppo_actor})
-    trainer = ppo_actor.ActorPPOTrainer(types.SimpleNamespace(args=_args(), accumulated_gradient=1),
-                                        actor=None, ema_model=None, actor_optim=None, actor_scheduler=None)
-    trainer.replay_buffer.items = [types.SimpleNamespace(info={}) for _ in range(4)]
-    trainer.ppo_train(0.0)  # sets the controller step and the micro-batch counter
     lp, old, _, adv, mask = random_batch(2)
-    exp = types.SimpleNamespace(lp=lp, old=old, adv=adv, mask=mask, info={},
-                                action_log_probs=old, action_mask=mask)
-    trainer._fp8rl_step, trainer._fp8rl_micro = 0, 0
-    trainer.actor_loss_fn.step = 0
-    trainer.training_step(exp, 0.0, 0)  # micro-batch 0: not the measured one (2nd optimizer step)
-    trainer.training_step(exp, 0.0, 1)  # micro-batch 1 = first of the 2nd optimizer step: calibrates
-    assert "clip/low" in calls[0] and "actor/clipfrac_neg_low" in calls[0]
-    assert calls[0]["clip/low"] == pytest.approx(0.8)
-    assert calls[1]["clip/low"] != pytest.approx(0.8)  # static alpha=0.01 moved the bound
-    assert trainer.actor_loss_fn.sink is None  # released after the step
-    assert torch.isfinite(torch.tensor(float(calls[1]["clip/high"])))
+    exp = types.SimpleNamespace(lp=lp, old=old, adv=adv, mask=mask, info={}, action_log_probs=old,
+                                action_mask=mask)
+
+    def fake_ppo_train(self, kl_ctl):  # two micro-batches, one per optimizer step (accumulation 1)
+        self.training_step(exp, kl_ctl, 0)
+        self.training_step(exp, kl_ctl, 1)
+        return {"policy_loss": 0.0}
+
+    monkeypatch.setattr(ppo_actor.ActorPPOTrainer, "training_step", fake_step)
+    monkeypatch.setattr(ppo_actor.ActorPPOTrainer, "ppo_train", fake_ppo_train)
+    plugin.install(spec, modules={"ppo_actor": ppo_actor})
+    trainer = _trainer(ppo_actor)
+    trainer.replay_buffer.items = [types.SimpleNamespace(info={}) for _ in range(2)]
+    status = trainer.ppo_train(0.0)
+    assert bounds[0] == pytest.approx((0.8, 1.28))  # micro-batch 0: not the measured one (2nd optimizer step)
+    assert bounds[1][0] != pytest.approx(0.8)  # micro-batch 1 calibrated: static alpha=0.01 moved the bound
+    assert status["clip/low"] == pytest.approx(bounds[1][0])  # logged once, the bound in force after the step
+    assert status["policy_loss"] == 0.0 and "actor/clipfrac_neg_low" in status
+    assert trainer._fp8rl_step == 1 and trainer.actor_loss_fn.step_metrics is None
+
+
+def test_lazy_hook_binds_only_when_the_target_is_imported(monkeypatch, tmp_path):
+    """The setup hook imports nothing heavy; a target module is bound right after it executes."""
+    from fp8rl.backends.openrlhf.plugin import hook
+
+    pkg = tmp_path / "fp8rl_fake_target"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(hook, "TARGETS", ("fp8rl_fake_target.mod",))
+    seen = []
+    monkeypatch.setattr(hook, "_bind", lambda name, module, spec_json: seen.append((name, module.VALUE, spec_json)))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    hook.install_lazy("{}")
+    assert seen == [] and "fp8rl_fake_target.mod" not in sys.modules
+    import fp8rl_fake_target.mod  # noqa: F401
+
+    assert seen == [("fp8rl_fake_target.mod", 1, "{}")]
+    monkeypatch.delitem(sys.modules, "fp8rl_fake_target.mod")
+    monkeypatch.delitem(sys.modules, "fp8rl_fake_target")

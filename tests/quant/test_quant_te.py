@@ -529,14 +529,15 @@ def test_openrlhf_plugin_converts_with_the_configured_impl(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cfg = types.SimpleNamespace(
-        clip=types.SimpleNamespace(method="vanilla", clipper_options=dict),
+        steps=10, clip=types.SimpleNamespace(method="vanilla", clipper_options=dict),
         algorithm=types.SimpleNamespace(eps_low=0.2, eps_high=0.28),
         fp8=Fp8Config(name="t", rollout_recipe="tensorwise", trainer_recipe="tensorwise",
                       impl="transformer_engine"))
     spec = PluginSpec.from_json(PluginSpec.from_config(cfg).to_json())
     assert spec.trainer_impl == "transformer_engine"
-    model = convert_trainer_model(Toy(), spec.trainer_recipe, spec.trainer_impl)
+    model = convert_trainer_model(Toy(), spec)
     assert type(model.up).__name__ == "TeFp8Linear"  # tensorwise's default would be torchao
     model(torch.randn(16, 32))
     assert [e for e, _ in te.events] == ["enter", "exit"] * 3
-    assert type(convert_trainer_model(Toy(), "tensorwise").up).__name__ == "Float8Linear"  # auto: torchao
+    auto = PluginSpec(trainer_recipe="tensorwise")
+    assert type(convert_trainer_model(Toy(), auto).up).__name__ == "Float8Linear"  # auto: torchao

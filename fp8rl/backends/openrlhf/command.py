@@ -22,6 +22,8 @@ TIS (cap C)                   ``--algo.advantage.is_correction_level token --...
 ICEPOP (low, high)            level token, mode mask, threshold low high
 entropy                       ``--actor.entropy_coef 0`` (logged only, as ``entropy_loss``)
 num_mini_batches M            ``--train.batch_size = prompts x n / M`` (M optimizer steps per rollout)
+steps                         ``--train.num_episodes`` and ``--data.max_samples`` from
+                              ``config.data_plan`` (the plugin stops after ``steps``)
 ============================  ====================================================================
 
 The clip method (vanilla / calibrated) and the FP8 recipes have no OpenRLHF flag: they reach
@@ -172,14 +174,16 @@ def build_args(cfg, layout: Layout, paths: RunPaths) -> list[str]:
     if o.entropy_logging:
         args += ["--actor.entropy_coef", "0"]
     # batch shapes: prompts_per_step prompts x n samples per rollout, num_mini_batches updates
-    rounds = 1 + (a.max_extra_rounds if a.dynamic_sampling else 0)
+    from fp8rl.backends.openrlhf.config import data_plan
+
+    plan = data_plan(cfg)
     args += [
         "--rollout.batch_size", str(cfg.prompts_per_step),
         "--train.batch_size", str(train_batch_size(cfg)),
         "--train.micro_batch_size", str(o.micro_train_batch_size),
         "--rollout.micro_batch_size", str(o.micro_rollout_batch_size),
-        "--train.max_epochs", "1", "--train.num_episodes", "1",
-        "--data.max_samples", str(cfg.steps * cfg.prompts_per_step * rounds),
+        "--train.max_epochs", "1", "--train.num_episodes", str(plan.episodes),
+        "--data.max_samples", str(plan.max_samples),
         "--data.max_len", str(o.max_prompt_len + cfg.max_response_len),
         "--rollout.max_new_tokens", str(cfg.max_response_len),
         "--rollout.temperature", _num(cfg.temperature), "--rollout.top_p", "1",

@@ -8,11 +8,21 @@ fields map onto OpenRLHF 0.11.2 flags is the command builder's business
 Where the shared fields mean something slightly different at paper scale (each documented
 in ``docs/cluster.md``):
 
-- ``steps``: number of RL steps; OpenRLHF runs over the prompt set, so the data preparation
-  writes ``steps x prompts_per_step`` prompts (``data.max_samples``) and one episode.
+- ``steps``: number of RL steps. OpenRLHF runs over the prompt set in episodes and has no step
+  limit, so :func:`data_plan` derives ``--train.num_episodes`` and ``--data.max_samples`` from
+  the train set's size (``openrlhf.train_set_sizes``), ``steps``, ``prompts_per_step`` and, with
+  DAPO's dynamic filtering, the planned refill rounds (``1 + algorithm.max_extra_rounds``: each
+  step may draw that many batches of prompts, i.e. at least that fraction of groups is
+  assumed kept); the plugin stops training after exactly ``steps`` steps
+  (``PluginSpec.max_steps``). A plan that cannot reach ``steps`` raises at expand time.
+- ``max_response_len`` at paper scale is ``openrlhf.response_len[algorithm]``
+  (``sweeps/scale/paper.yaml`` interpolates it): 16,384 for GRPO (the paper's 16K), 20,480 for
+  DAPO (the DAPO paper's L_max, with its 4,096-token soft overlong buffer).
 - ``algorithm.overlong_buffer > 0`` only *switches on* DAPO's soft overlong penalty; its length
   at paper scale is ``openrlhf.overlong_buffer_len`` (L_cache = 4096 at 20K responses, DAPO).
   The algorithm files hold mini-scale lengths.
+- ``fp8.rollout_recipe`` must have a vLLM online FP8 quantization
+  (``plugin.fp8_rollout.VLLM_QUANTIZATION``: tensorwise, rowwise, blockwise).
 - ``eval_k`` is OpenRLHF's ``eval.n_samples_per_prompt`` (avg@k = its ``pass1`` on 0/1 rewards).
 - ``fp8.emulate`` must be false: paper scale runs real FP8 GEMMs (H100-class GPUs).
 
@@ -23,6 +33,7 @@ vLLM engines is derived: ``engines = nodes x gpus_per_node / vllm_tp`` (colocate
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from fp8rl.config import MODEL_SLOTS, RunConfig, _require
@@ -46,8 +57,10 @@ class OpenRLHFSettings:
         datasets: dataset name -> Hugging Face dataset id (``sweeps/data/paper.yaml``).
         data_dir: where ``python -m fp8rl.backends.openrlhf.data`` writes the JSONL files;
             ``None`` = ``<output_dir>/../.cache/openrlhf_data`` (shared by all sweeps of a root).
-        cache_dir: pre-quantized FP8 rollout checkpoints (one per model and rollout recipe);
-            ``None`` = ``<runs root>/.cache/fp8_rollout``.
+        train_set_sizes: prompts per train set after preparation (``data.py``; DAPO-Math-17k
+            deduplicated), lower bounds used to plan episodes (:func:`data_plan`); the run
+            checks the prepared file before training.
+        response_len: the response cap (``max_response_len``) per algorithm at paper scale.
         vllm_tp: vLLM tensor-parallel size per model slot.
         colocate_all: actor and vLLM engines share the GPUs (``--train.colocate_all``, sleep mode).
         gpu_memory_utilization: vLLM's share of GPU memory.
@@ -72,7 +85,8 @@ class OpenRLHFSettings:
     eval_sets: list[str] = field(default_factory=lambda: ["aime24", "aime25", "amc23", "math500"])
     datasets: dict[str, str] = field(default_factory=dict)
     data_dir: str | None = None
-    cache_dir: str | None = None
+    train_set_sizes: dict[str, int] = field(default_factory=lambda: {"deepscaler": 40315, "dapo_math_17k": 17000})
+    response_len: dict[str, int] = field(default_factory=lambda: {"grpo": 16384, "dr_grpo": 16384, "dapo": 20480})
     vllm_tp: dict[str, int] = field(default_factory=lambda: {"8b": 1, "14b": 2, "32b": 4})
     colocate_all: bool = True
     gpu_memory_utilization: float = 0.6
@@ -114,6 +128,9 @@ class OpenRLHFSettings:
         _require(0 <= self.lr_warmup_ratio < 1, "openrlhf.lr_warmup_ratio must be in [0, 1)")
         _require(self.ray_deadline_s > 0, "openrlhf.ray_deadline_s must be > 0")
         _require(all(isinstance(a, str) for a in self.extra_args), "openrlhf.extra_args must be strings")
+        for k, n in {**self.train_set_sizes, **self.response_len}.items():
+            _require(isinstance(n, int) and n >= 1, f"openrlhf.train_set_sizes / response_len: {k} must be an "
+                     f"integer >= 1, got {n!r}")
 
 
 @dataclass
@@ -141,7 +158,59 @@ class OpenRLHFRunConfig(RunConfig):
             _require(o.overlong_buffer_len < self.max_response_len,
                      f"openrlhf.overlong_buffer_len ({o.overlong_buffer_len}) must be smaller than "
                      f"max_response_len ({self.max_response_len})")
+        from fp8rl.backends.openrlhf.plugin.fp8_rollout import check_rollout_recipe
+
+        check_rollout_recipe(self.fp8.rollout_recipe)
+        data_plan(self)  # raises when the train set cannot supply `steps`
         n_seq = self.prompts_per_step * a.n_samples_per_prompt
         _require((n_seq // self.num_mini_batches) % o.micro_train_batch_size == 0,
                  f"the train batch ({n_seq} // {self.num_mini_batches} mini-batches) must be a "
                  f"multiple of openrlhf.micro_train_batch_size={o.micro_train_batch_size}")
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """How many prompts OpenRLHF reads, and how often, so that a cell reaches its ``steps``.
+
+    Attributes:
+        train_set: the train set's name; ``size`` its planned prompt count.
+        rounds: prompt batches one step may draw (``1 + max_extra_rounds`` with dynamic filtering).
+        steps_per_episode: steps one pass over the data supplies at that draw rate.
+        episodes: ``--train.num_episodes``; ``max_samples``: ``--data.max_samples``.
+    """
+
+    train_set: str
+    size: int
+    rounds: int
+    steps_per_episode: int
+    episodes: int
+    max_samples: int
+
+
+def data_plan(cfg: OpenRLHFRunConfig) -> DataPlan:
+    """The episodes and ``data.max_samples`` of ``cfg`` (raises if ``steps`` cannot be reached).
+
+    One step trains ``prompts_per_step`` prompts; with dynamic filtering OpenRLHF replaces every
+    dropped group with a fresh prompt, so a step consumes ``prompts_per_step / kept fraction``
+    prompts. We plan for a kept fraction of at least ``1 / rounds`` (``rounds = 1 +
+    max_extra_rounds``): ``steps_per_episode = size // (prompts_per_step x rounds)`` and enough
+    episodes for ``steps``; the plugin stops after ``steps`` (a faster keep rate does not overrun),
+    and a slower one ends the run early, which the run reports as a failure naming the rates.
+    """
+    o, a = cfg.openrlhf, cfg.algorithm
+    name = o.train_sets.get(a.name)
+    _require(name is not None, f"openrlhf.train_sets has no dataset for algorithm {a.name!r}")
+    _require(name in o.train_set_sizes,
+             f"openrlhf.train_set_sizes has no size for train set {name!r}; add its prompt count "
+             "(after `python -m fp8rl.backends.openrlhf.data`) so the episodes can be planned")
+    size = int(o.train_set_sizes[name])
+    rounds = 1 + a.max_extra_rounds if a.dynamic_sampling else 1
+    per_step = cfg.prompts_per_step * rounds
+    steps_per_episode = size // per_step
+    _require(steps_per_episode >= 1,
+             f"train set {name!r} has {size} prompts, fewer than one step needs ({cfg.prompts_per_step} "
+             f"prompts x {rounds} planned draw round(s)); lower prompts_per_step or algorithm.max_extra_rounds")
+    episodes = math.ceil(cfg.steps / steps_per_episode)
+    max_samples = size if episodes > 1 else min(size, cfg.steps * per_step)
+    return DataPlan(train_set=name, size=size, rounds=rounds, steps_per_episode=steps_per_episode,
+                    episodes=episodes, max_samples=max_samples)

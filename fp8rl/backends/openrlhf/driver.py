@@ -4,11 +4,15 @@ Runs on the head node of a cell's Ray cluster (``RAY_ADDRESS`` set by the bootst
 
 1. checks the installed OpenRLHF is 0.11.2 (loud failure otherwise);
 2. ``ray.init`` with a runtime environment whose ``worker_process_setup_hook`` is
-   ``fp8rl.backends.openrlhf.plugin.install_from_env`` and whose env vars carry the plugin spec
-   (so every Ray worker -- actors, the PPO trainer, vLLM workers under the Ray executor --
-   installs the plugin before it runs OpenRLHF code), plus the env vars OpenRLHF's own
-   ``ray.init`` would set;
-3. in this process, makes the vLLM engines FP8 (``plugin.install_driver``);
+   ``fp8rl.backends.openrlhf.plugin.hook.install_from_env`` and whose env vars carry the plugin
+   spec, plus the env vars OpenRLHF's own ``ray.init`` would set. The hook runs in every Ray
+   worker of the job but only installs an import hook; the plugin binds in the processes that
+   import OpenRLHF's trainer modules (the PPO actors), after Ray set their devices
+   (``plugin.hook``);
+3. in this process (``plugin.binding.install_driver``): makes the vLLM engines FP8, and makes
+   the start-up wait for the policy actors and check, in each of them, that the plugin is bound
+   with this spec and the FP8 conversion happened -- a cell whose plugin is not active fails
+   here, before the first rollout;
 4. runs ``openrlhf.cli.train_ppo_ray`` in-process with ``runpy`` (its ``train()`` skips
    ``ray.init`` because Ray is up).
 
@@ -23,13 +27,16 @@ import os
 import runpy
 import sys
 
+#: The Ray worker setup hook (``module.function``) that installs the plugin's import hook.
+HOOK = "fp8rl.backends.openrlhf.plugin.hook.install_from_env"
+
 
 def runtime_env(spec_json: str) -> dict:
     """The Ray runtime environment of the job (plugin hook + env vars)."""
-    from fp8rl.backends.openrlhf.plugin import SPEC_ENV
+    from fp8rl.backends.openrlhf.plugin.spec import SPEC_ENV
 
     return {
-        "worker_process_setup_hook": "fp8rl.backends.openrlhf.plugin.install_from_env",
+        "worker_process_setup_hook": HOOK,
         "env_vars": {
             SPEC_ENV: spec_json,
             "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
@@ -56,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Ray,
         os.dup2(fd, 2)
     import ray
 
-    from fp8rl.backends.openrlhf.plugin import PluginSpec, check_version, install_driver
+    from fp8rl.backends.openrlhf.plugin.binding import install_driver
+    from fp8rl.backends.openrlhf.plugin.spec import PluginSpec, check_version
 
     check_version()
     spec_json = open(args.spec, encoding="utf-8").read()

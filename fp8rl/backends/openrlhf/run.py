@@ -6,12 +6,17 @@ allocation (submitit runs one task per node):
 - tasks on nodes other than the first return at once (their node joins Ray through the
   bootstrap's ``srun --overlap ... ray start``);
 - the first node: resolve the run directory (skip if DONE), write ``config.yaml`` and
-  provenance, prepare the data (``<data_dir>/<name>.jsonl``) and, for FP8 rollout, the
-  pre-quantized rollout checkpoint (cached per model and recipe), build the OpenRLHF command for
+  provenance, prepare the data (``<data_dir>/<name>.jsonl``) and check that the train set has
+  the prompts the episode plan assumed (``config.data_plan``), build the OpenRLHF command for
   the allocation's GPUs (``command.build_args``; the command is kept in ``openrlhf/command.sh``),
   start Ray across the allocation and run the driver (``fp8rl.launch.ray_cluster.bootstrap``),
   ingest the driver log into ``metrics.jsonl``/``eval.jsonl``, run the final evaluation
   (``experiments.evaluate``) and write ``summary.json`` and ``status.json``.
+
+A run is FAILED (with the reason in ``status.json``) when OpenRLHF exits non-zero -- the reason
+then quotes the plugin's error from the log when there is one (``Fp8ConversionError``,
+``PluginNotActiveError``, ``ResumeError``, ``UpstreamChangedError``, ...) -- or when it ends
+before the cell's ``steps`` (dynamic filtering kept fewer groups than the episode plan assumed).
 
 A requeued job resumes: OpenRLHF reloads its DeepSpeed checkpoint (``--ckpt.load_enable``) and
 the plugin its controller state; each attempt logs to ``openrlhf/driver.<attempt>.log``, and
@@ -28,10 +33,10 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from fp8rl.backends.openrlhf.config import OpenRLHFRunConfig
+from fp8rl.backends.openrlhf.config import OpenRLHFRunConfig, data_plan
 
 #: Keys left out of the run identity (paths and caches do not change what a run computes).
-IDENTITY_EXCLUDE = ("openrlhf.data_dir", "openrlhf.cache_dir", "openrlhf.final_eval",
+IDENTITY_EXCLUDE = ("openrlhf.data_dir", "openrlhf.final_eval",
                     "openrlhf.ray_deadline_s", "openrlhf.save_steps")
 
 
@@ -62,11 +67,6 @@ def data_dir_of(cfg: dict | OpenRLHFRunConfig) -> Path:
     else:
         out, d = cfg.output_dir, cfg.openrlhf.data_dir
     return Path(d) if d else _runs_root(out) / ".cache" / "openrlhf_data"
-
-
-def rollout_cache_dir(cfg: OpenRLHFRunConfig) -> Path:
-    d = cfg.openrlhf.cache_dir
-    return Path(d) if d else _runs_root(cfg.output_dir) / ".cache" / "fp8_rollout"
 
 
 def paths_for(cfg: OpenRLHFRunConfig, run_dir: Path):
@@ -100,9 +100,8 @@ def run_openrlhf(cfg: OpenRLHFRunConfig, overrides: Iterable[str] = (), *, progr
     from fp8rl.backends.openrlhf.command import build_args, command_line, layout_for
     from fp8rl.backends.openrlhf.data import prepare
     from fp8rl.backends.openrlhf.ingest import ingest, log_files
-    from fp8rl.backends.openrlhf.plugin import PluginSpec, check_version, prepare_rollout_checkpoint
+    from fp8rl.backends.openrlhf.plugin.spec import PluginSpec, check_version
     from fp8rl.launch.ray_cluster import bootstrap
-    from fp8rl.quant.recipes import get_recipe
     from fp8rl.runs import DONE, FAILED, RUNNING, RunDir
 
     rd = RunDir(resolve_run_dir(cfg))
@@ -117,18 +116,17 @@ def run_openrlhf(cfg: OpenRLHFRunConfig, overrides: Iterable[str] = (), *, progr
     o = cfg.openrlhf
     paths = paths_for(cfg, rd.path)
     prepare([o.train_sets[cfg.algorithm.name], *o.eval_sets], data_dir_of(cfg), o.datasets)
-    rollout_model = None
-    if get_recipe(cfg.fp8.rollout_recipe).enabled:
-        model = o.models[cfg.model.slot]
-        rollout_model = prepare_rollout_checkpoint(
-            model, str(rollout_cache_dir(cfg) / f"{model.replace('/', '__')}-{cfg.fp8.rollout_recipe}"),
-            cfg.fp8.rollout_recipe)
+    problem = check_train_set(cfg, paths.train_file)
+    if problem:
+        rd.set_status(FAILED, 0, reason=problem)
+        rd.write_summary({"state": FAILED, "reason": problem, "steps": 0})
+        return {"state": FAILED, "reason": problem, "run_dir": str(rd.path)}
     nodes, gpn = allocation()
     args = build_args(cfg, layout_for(cfg, nodes, gpn), paths)
     work = rd.path / "openrlhf"
     work.mkdir(exist_ok=True)
     spec_file = work / "plugin_spec.json"
-    spec_file.write_text(PluginSpec.from_config(cfg, rollout_model).to_json())
+    spec_file.write_text(PluginSpec.from_config(cfg).to_json())
     attempt = len(log_files(rd.path)) + 1
     log = work / f"driver.{attempt}.log"
     (work / "command.sh").write_text(command_line(args, python=sys.executable) + "\n")
@@ -136,8 +134,15 @@ def run_openrlhf(cfg: OpenRLHFRunConfig, overrides: Iterable[str] = (), *, progr
               "--log", str(log), "--", *args]
     rc = bootstrap(driver, gpus_per_node=gpn, deadline_s=o.ray_deadline_s)
     stats = ingest(rd.path, eval_sizes=_eval_sizes(cfg))
+    reason = None
     if rc != 0:
-        reason = f"OpenRLHF exited with status {rc}; see {log}"
+        cause = plugin_error(log)
+        reason = f"OpenRLHF exited with status {rc}" + (f": {cause}" if cause else "") + f"; see {log}"
+    elif stats["last_step"] < cfg.steps:
+        reason = (f"training ended after {stats['last_step']} of {cfg.steps} steps: the prompts ran out "
+                  f"(dynamic filtering kept fewer groups than the plan's 1/{data_plan(cfg).rounds}); raise "
+                  "algorithm.max_extra_rounds (more episodes) and resubmit: the run resumes")
+    if reason is not None:
         rd.set_status(FAILED, stats["last_step"], reason=reason)
         summary = {"state": FAILED, "reason": reason, "steps": stats["last_step"]}
         rd.write_summary(summary)
@@ -148,6 +153,38 @@ def run_openrlhf(cfg: OpenRLHFRunConfig, overrides: Iterable[str] = (), *, progr
         subprocess.run([sys.executable, "-m", "experiments.evaluate", str(rd.path)], check=True)
     rd.set_status(DONE, stats["last_step"])
     return {**(rd.summary() or summary), "run_dir": str(rd.path)}
+
+
+#: Errors the plugin raises in the workers (quoted into a FAILED run's reason).
+PLUGIN_ERRORS = ("Fp8ConversionError", "PluginNotActiveError", "ResumeError", "UpstreamChangedError",
+                 "PluginVersionError", "Fp8UnsupportedError")
+
+
+def plugin_error(log: Path) -> str | None:
+    """The last line of ``log`` naming one of :data:`PLUGIN_ERRORS` (None if there is none)."""
+    if not log.exists():
+        return None
+    found = None
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        for name in PLUGIN_ERRORS:
+            i = line.find(name + ":")
+            if i >= 0:
+                found = line[i:].strip()[:500]
+    return found
+
+
+def check_train_set(cfg: OpenRLHFRunConfig, train_file: Path) -> str | None:
+    """A reason to fail before training if the prepared train set is smaller than planned."""
+    from fp8rl.backends.openrlhf.config import data_plan
+
+    plan = data_plan(cfg)
+    n = sum(1 for ln in train_file.read_text(encoding="utf-8").splitlines() if ln.strip())
+    needed = plan.max_samples if plan.episodes == 1 else plan.size  # several episodes: every planned prompt
+    if n < needed:
+        return (f"{train_file} has {n} prompts but openrlhf.train_set_sizes.{plan.train_set}={plan.size} planned "
+                f"{plan.episodes} episode(s) over {needed} for {cfg.steps} steps; set it to {n} (the cell's "
+                "command changes) and resubmit")
+    return None
 
 
 def _eval_sizes(cfg: OpenRLHFRunConfig) -> dict[str, int]:

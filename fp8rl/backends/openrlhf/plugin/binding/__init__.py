@@ -1,0 +1,151 @@
+"""The binding: the one place of the project that touches OpenRLHF 0.11.2 internals.
+
+A package by concern: ``actor`` (the PPO actors: strategy, loss, ``ActorPPOTrainer``),
+``trainer`` (the PPO trainer actor: the step limit), ``driver`` (engine kwargs, the attestation
+before training), ``vllm_worker`` (the weight-sync extension of the vLLM workers); this module
+holds the entry points and the checks shared by them.
+
+Every upstream object the plugin changes, where it is reached, and why that place:
+
+=============================================  ======================  ===========================================
+upstream object (0.11.2)                       process                 what the plugin does there
+=============================================  ======================  ===========================================
+``openrlhf.trainer.ray.ppo_actor.PolicyLoss``  PPO actors              rebound to ``loss.make_policy_loss_class``'s
+(module attribute)                                                     subclass; ``ActorPPOTrainer.__init__`` reads
+                                                                       it from this module's dict at call time
+``ActorPPOTrainer.__init__``                   PPO actors              after upstream: FP8 guard, controller state
+                                                                       restored from the loaded checkpoint
+``ActorPPOTrainer.ppo_train``                  PPO actors              controller step, BF16 shadow of the old
+                                                                       policy, step metrics from global counts
+``ActorPPOTrainer.training_step``              PPO actors              BF16 shadow of the current policy on the
+                                                                       measured micro-batch (calibration steps)
+``DeepspeedStrategy._ds_init_train_model``     PPO actors              the policy's Linears -> FP8 right before
+                                                                       ``deepspeed.initialize`` (+ FP8 guard)
+``DeepspeedStrategy.save_ckpt`` / ``load_ckpt`` PPO actors             controller state + step in DeepSpeed's
+                                                                       client state, and back
+``BasePPOTrainer.init_checkpoint_states`` /    PPO trainer actor       count the steps done (from the checkpoint on
+``train_step``                                                         resume, then per step)
+``SamplesGenerator.generate_samples``          PPO trainer actor       reports the prompts exhausted once the cell's
+                                                                       ``steps`` are done (OpenRLHF has no step limit)
+``vllm_engine.RolloutRayActor`` (attribute)    driver                  engine kwargs: vLLM online FP8 quantization,
+                                                                       our worker extension
+``RayActorGroup.async_init_model_from_pretrained``  driver             waits for the policy actors, then asks each
+                                                                       one (``attest``) whether the plugin is bound
+                                                                       and FP8 is in place; raises before training
+``vllm_worker_wrap.WorkerWrap`` (subclassed)   vLLM workers            ``Fp8WorkerWrap``: weight sync through
+                                                                       vLLM's layer-wise reload (``vllm_sync``)
+=============================================  ======================  ===========================================
+
+Why these and not ``PolicyModelActor``'s methods or ``ppo_actor.Actor``: Ray ships
+``@ray.remote`` classes by value; cloudpickle gives each method of ``PolicyModelActor`` a globals
+dict of its own, so rebinding a module attribute in the worker, or replacing methods of the
+remote class, never reaches ``init_model_from_pretrained`` or ``save_checkpoint`` (measured with
+real Ray 2.55 workers; ``tests/integration``). What those methods reach is resolved by
+reference: the classes ``ActorPPOTrainer`` and ``DeepspeedStrategy`` (the strategy object is
+shipped from the driver, its class by reference) and ``ppo_actor``'s module dict read by
+``ActorPPOTrainer.__init__``; likewise the by-value ``PPOTrainer`` reaches ``BasePPOTrainer``
+(its base class) and ``SamplesGenerator`` by reference. The worker setup hook (``hook``) binds
+lazily: only processes that import one of ``hook.TARGETS`` are touched.
+
+Every wrapped signature is checked against what this module was written for when it binds
+(:class:`UpstreamChangedError` names what moved); ``check_version`` refuses any other OpenRLHF.
+A binding never applies twice: rebinding with another spec (tests) starts from the originals.
+
+Calibration schedule (unchanged): the controller step is the number of ``ppo_train`` calls so
+far (saved with checkpoints); on a calibration step the BF16 log-probs of every replay-buffer
+sample are computed under ``fp8_disabled`` before the first update (stored in the sample's
+``info`` under :data:`SHADOW_OLD_KEY`, popped before upstream sees it), and the measured
+micro-batch is the first one of the *second* optimizer step (the first where the ratio carries
+the noise an update exposes, as in the mini backend; with one optimizer step per rollout, the
+first micro-batch). The loss calibrates there (``loss``), on the tokens of all DP ranks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from collections.abc import Callable
+
+from fp8rl.backends.openrlhf.plugin.fp8_training import Fp8ConversionError
+from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
+
+#: Key of the BF16 old log-probs in a replay-buffer sample's ``info`` (popped before upstream sees it).
+SHADOW_OLD_KEY = "_fp8rl_shadow_old"
+_ORIG = "_fp8rl_originals"
+#: The OpenRLHF module -> ``(submodule, binder)`` that binds into it when it is imported.
+BINDERS = {
+    "openrlhf.utils.deepspeed.deepspeed": ("actor", "bind_strategy"),
+    "openrlhf.trainer.ray.ppo_actor": ("actor", "bind_ppo_actor"),
+    "openrlhf.trainer.ppo_trainer": ("trainer", "bind_ppo_trainer"),
+    "openrlhf.trainer.ppo_utils.samples_generator": ("trainer", "bind_samples_generator"),
+}
+
+
+class UpstreamChangedError(RuntimeError):
+    """An OpenRLHF object the plugin wraps no longer has the shape it was written for."""
+
+
+class PluginNotActiveError(RuntimeError):
+    """A policy actor runs without the plugin bound as the cell asks (found by the driver)."""
+
+
+class ResumeError(RuntimeError):
+    """A checkpoint cannot resume the clip controller exactly."""
+
+
+def bind_module(name: str, module, spec_json: str) -> None:
+    """Bind the plugin into OpenRLHF module ``name`` (called by the import hook and by :func:`install`)."""
+    spec = PluginSpec.from_json(spec_json)
+    if name not in BINDERS:
+        raise ValueError(f"fp8rl binds into {sorted(BINDERS)}, not {name!r}")
+    sub, binder = BINDERS[name]
+    getattr(importlib.import_module(f"{__name__}.{sub}"), binder)(module, spec)
+    module._fp8rl_spec_json = spec_json
+    module._fp8rl_bound_at = {"pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def install(spec: PluginSpec, modules: dict | None = None) -> None:
+    """Bind now into the given modules (``{"deepspeed": ..., "ppo_actor": ...}``), else import all targets."""
+    from fp8rl.backends.openrlhf.plugin.hook import TARGETS
+
+    modules = modules or {n: importlib.import_module(n) for n in TARGETS}
+    short = {"deepspeed": TARGETS[0], "ppo_actor": TARGETS[1], "ppo_trainer": TARGETS[2],
+             "samples_generator": TARGETS[3]}
+    for key, module in modules.items():
+        bind_module(short.get(key, key), module, spec.to_json())
+
+
+def _check_params(obj, expected: tuple[str, ...], what: str) -> None:
+    params = tuple(inspect.signature(obj).parameters)[: len(expected)]
+    if params != expected:
+        raise UpstreamChangedError(
+            f"OpenRLHF {what} has parameters {params}, fp8rl's binding was written for {expected}; "
+            "the installed OpenRLHF is not the 0.11.2 the plugin binds into")
+
+
+def _originals(cls, names: tuple[str, ...]) -> dict[str, Callable]:
+    """The upstream functions of ``cls`` (saved on first binding, so rebinding never stacks)."""
+    saved = cls.__dict__.get(_ORIG)
+    if saved is None:
+        saved = {n: cls.__dict__[n] for n in names}
+        setattr(cls, _ORIG, saved)
+    return saved
+
+
+def __getattr__(name: str):
+    """``Fp8WorkerWrap`` (vLLM resolves ``worker_extension_cls`` by this name) and the driver's
+    entry points, imported on first use (``vllm_worker`` needs vLLM, only where engines run)."""
+    if name == "Fp8WorkerWrap":
+        from fp8rl.backends.openrlhf.plugin.binding.vllm_worker import fp8_worker_wrap
+
+        return fp8_worker_wrap()
+    lazy = {"attest": "driver", "check_attestations": "driver", "install_driver": "driver",
+            "controller_state": "actor"}
+    if name in lazy:
+        return getattr(importlib.import_module(f"{__name__}.{lazy[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["SHADOW_OLD_KEY", "Fp8ConversionError", "PluginNotActiveError", "ResumeError", "UpstreamChangedError",
+           "attest", "bind_module", "check_attestations", "controller_state", "install", "install_driver"]

@@ -1,0 +1,211 @@
+"""The binding in the PPO actors: FP8 conversion and checkpoints (``DeepspeedStrategy``), our
+loss and the calibration schedule (``ActorPPOTrainer``). See the package docstring for why these
+objects are reached in Ray's by-value ``PolicyModelActor``."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+import weakref
+
+import torch
+
+from fp8rl.backends.openrlhf.plugin.binding import (
+    SHADOW_OLD_KEY,
+    PluginNotActiveError,
+    ResumeError,
+    _check_params,
+    _originals,
+)
+from fp8rl.backends.openrlhf.plugin.fp8_training import (
+    convert_trainer_model,
+    count_fp8_layers,
+    require_conversion,
+)
+from fp8rl.backends.openrlhf.plugin.loss import make_policy_loss_class, varlen_all_gather
+from fp8rl.backends.openrlhf.plugin.metrics import StepMetrics
+from fp8rl.backends.openrlhf.plugin.spec import STATE_KEY, PluginSpec, check_version
+
+log = logging.getLogger(__name__)
+#: strategy -> weak reference to the ActorPPOTrainer built on it (whose controller ``save_ckpt`` saves)
+_TRAINERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def bind_strategy(ds_module, spec: PluginSpec) -> None:
+    check_version()
+    cls, actor_cls = ds_module.DeepspeedStrategy, ds_module.Actor
+    orig = _originals(cls, ("_ds_init_train_model", "save_ckpt", "load_ckpt"))
+    _check_params(orig["_ds_init_train_model"], ("self", "model", "cfg"), "DeepspeedStrategy._ds_init_train_model")
+    save_sig = inspect.signature(orig["save_ckpt"])
+    _check_params(orig["save_ckpt"], ("self", "model", "save_dir", "tag", "max_num", "max_mem", "client_state"),
+                  "DeepspeedStrategy.save_ckpt")
+    _check_params(orig["load_ckpt"], ("self", "model", "load_dir"), "DeepspeedStrategy.load_ckpt")
+
+    def _ds_init_train_model(self, model, cfg):
+        if isinstance(model, actor_cls):  # the policy (a critic is no Actor); EMA/ref go to _ds_init_eval_model
+            convert_trainer_model(model.model, spec)
+            require_conversion(spec, count_fp8_layers(model.model), "DeepspeedStrategy._ds_init_train_model")
+        return orig["_ds_init_train_model"](self, model, cfg)
+
+    def save_ckpt(self, *args, **kwargs):
+        bound = save_sig.bind(self, *args, **kwargs)
+        ref = _TRAINERS.get(self)
+        trainer = ref() if ref is not None else None
+        if trainer is not None:
+            state = dict(bound.arguments.get("client_state") or {})
+            state[STATE_KEY] = controller_state(trainer)
+            bound.arguments["client_state"] = state
+        return orig["save_ckpt"](*bound.args, **bound.kwargs)
+
+    def load_ckpt(self, model, load_dir, *args, **kwargs):
+        load_path, states = orig["load_ckpt"](self, model, load_dir, *args, **kwargs)
+        self._fp8rl_checkpoint = {"path": load_path, "state": (states or {}).get(STATE_KEY)}
+        return load_path, states
+
+    cls._ds_init_train_model, cls.save_ckpt, cls.load_ckpt = _ds_init_train_model, save_ckpt, load_ckpt
+
+
+def controller_state(trainer) -> dict:
+    """What a checkpoint keeps of the plugin: the clip controller's state and its step."""
+    return {"clipper": trainer.actor_loss_fn.clipper.state_dict(), "step": int(trainer._fp8rl_step)}
+
+
+def bind_ppo_actor(ppo_actor, spec: PluginSpec) -> None:
+    check_version()
+    upstream_loss = getattr(ppo_actor.PolicyLoss, "_fp8rl_upstream", ppo_actor.PolicyLoss)
+    _check_params(upstream_loss.forward, ("self", "log_probs", "old_log_probs", "advantages", "action_mask",
+                                          "rollout_log_probs", "dp_size", "batch_num_tokens", "global_batch_size"),
+                  "PolicyLoss.forward")
+    loss_cls = make_policy_loss_class(upstream_loss, spec)
+    loss_cls._fp8rl_upstream = upstream_loss
+    ppo_actor.PolicyLoss = loss_cls
+
+    cls = ppo_actor.ActorPPOTrainer
+    orig = _originals(cls, ("__init__", "ppo_train", "training_step"))
+    _check_params(orig["__init__"], ("self", "strategy", "actor", "ema_model", "actor_optim", "actor_scheduler"),
+                  "ActorPPOTrainer.__init__")
+    _check_params(orig["ppo_train"], ("self", "kl_ctl"), "ActorPPOTrainer.ppo_train")
+    _check_params(orig["training_step"], ("self", "experience", "kl_ctl", "step", "loss_batch_info"),
+                  "ActorPPOTrainer.training_step")
+
+    def __init__(self, strategy, actor, *args, **kwargs):
+        orig["__init__"](self, strategy, actor, *args, **kwargs)
+        _init_trainer(self, strategy, spec)
+
+    def ppo_train(self, kl_ctl):
+        return _ppo_train(self, kl_ctl, orig["ppo_train"])
+
+    def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
+        return _training_step(self, experience, kl_ctl, step, loss_batch_info, orig["training_step"])
+
+    cls.__init__, cls.ppo_train, cls.training_step = __init__, ppo_train, training_step
+
+
+def _init_trainer(trainer, strategy, spec: PluginSpec) -> None:
+    loss = trainer.actor_loss_fn
+    if getattr(type(loss), "_fp8rl_upstream", None) is None:
+        raise PluginNotActiveError("ActorPPOTrainer built an upstream PolicyLoss: ppo_actor.PolicyLoss is not ours")
+    require_conversion(spec, count_fp8_layers(trainer.actor), "ActorPPOTrainer.__init__")
+    trainer._fp8rl_step, trainer._fp8rl_micro, trainer._fp8rl_shadow = 0, 0, False
+    ck = getattr(strategy, "_fp8rl_checkpoint", None)
+    if ck is not None and ck["path"] is not None:
+        if ck["state"] is not None:
+            loss.clipper.load_state_dict(ck["state"]["clipper"])
+            trainer._fp8rl_step = int(ck["state"]["step"])
+        elif spec.clip_method != "vanilla":
+            raise ResumeError(
+                f"checkpoint {ck['path']} has no fp8rl controller state ({STATE_KEY!r} in the DeepSpeed "
+                f"client state): it was written without the plugin, so the {spec.clip_method} bounds cannot "
+                "resume; start the run afresh (remove the checkpoint directory)")
+        else:
+            log.warning("checkpoint %s has no fp8rl state; the vanilla clip method has none to restore", ck["path"])
+    _TRAINERS[strategy] = weakref.ref(trainer)
+
+
+def _dp_group(strategy):
+    """``(group, active)``: OpenRLHF's DP process group (device mesh ``dp``) and whether it has >1 rank."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None, False
+    mesh = getattr(strategy, "ds_device_mesh", None)
+    group = mesh["dp"].get_group() if mesh is not None else None
+    return group, dist.get_world_size(group) > 1
+
+
+def _shadow_log_probs(trainer, experience) -> torch.Tensor:
+    """BF16 log-probs ``[B, T]`` of ``experience`` under the current weights (``fp8_disabled``, no grad)."""
+    from fp8rl.quant.convert import fp8_disabled
+
+    with torch.no_grad(), fp8_disabled(trainer.actor.model):
+        return trainer.actor(experience.sequences, experience.action_mask,
+                             attention_mask=experience.attention_mask,
+                             ring_attn_group=trainer.strategy.ring_attn_group)
+
+
+def _ppo_train(self, kl_ctl, orig_ppo_train):
+    import torch.distributed as dist
+
+    loss = self.actor_loss_fn
+    step = self._fp8rl_step
+    group, active = _dp_group(self.strategy)
+    loss.step = step
+    loss.all_gather = (lambda t: varlen_all_gather(t, group)) if active else None
+    metrics = StepMetrics()
+    self._fp8rl_shadow = loss.clipper.needs_shadow(step)
+    self._fp8rl_micro = 0
+    items = self.replay_buffer.items
+    if self._fp8rl_shadow:  # the old policy's BF16 shadow forward, in micro-batches
+        t0 = time.perf_counter()
+        size = max(1, int(self.micro_train_batch_size))
+        for i in range(0, len(items), size):
+            chunk = items[i:i + size]
+            batch = self.replay_buffer.collate_fn(chunk)
+            batch.to_device(torch.cuda.current_device())
+            lp = _shadow_log_probs(self, batch).to("cpu")
+            for j, item in enumerate(chunk):
+                item.info[SHADOW_OLD_KEY] = lp[j, : item.action_mask.shape[0]]
+        metrics.shadow_s += time.perf_counter() - t0
+    loss.step_metrics = metrics
+    self._fp8rl_metrics = metrics
+    try:
+        status = orig_ppo_train(self, kl_ctl)
+    finally:
+        loss.step_metrics = None
+        for item in items:
+            item.info.pop(SHADOW_OLD_KEY, None)
+
+    def reduce_sum(t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+        return t
+
+    status = dict(status)
+    status.update(metrics.finalize(reduce_sum if active else None, loss.all_gather))
+    status.update(loss.clipper.metrics(step))
+    self._fp8rl_step = step + 1
+    return status
+
+
+def _training_step(self, experience, kl_ctl, step, loss_batch_info, orig_training_step):
+    loss = self.actor_loss_fn
+    shadow_old = experience.info.pop(SHADOW_OLD_KEY, None)
+    micro = self._fp8rl_micro
+    self._fp8rl_micro += 1
+    accum = max(1, int(getattr(self.strategy, "accumulated_gradient", 1)))
+    n_micro = len(self.replay_buffer) // max(1, self.replay_buffer.sample_batch_size)
+    measure = accum if n_micro > accum else 0  # first micro-batch of the 2nd optimizer step
+    if loss.clipper.is_calibration_step(loss.step) and micro == measure:
+        shadow_ratio = None
+        if self._fp8rl_shadow and shadow_old is not None:
+            from torch.nn.utils.rnn import pad_sequence
+
+            t0 = time.perf_counter()
+            old_bf16 = pad_sequence(list(shadow_old), batch_first=True).to(experience.action_mask.device)
+            old_bf16 = old_bf16[:, : experience.action_mask.shape[1]]
+            cur_bf16 = _shadow_log_probs(self, experience)
+            shadow_ratio = torch.exp((cur_bf16 - old_bf16).clamp(-20, 20))
+            self._fp8rl_metrics.shadow_s += time.perf_counter() - t0
+        loss.pending_shadow = shadow_ratio if shadow_ratio is not None else torch.ones_like(
+            experience.action_log_probs)
+    return orig_training_step(self, experience, kl_ctl, step, loss_batch_info)

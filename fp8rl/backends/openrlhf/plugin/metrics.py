@@ -1,0 +1,112 @@
+"""The plugin's step metrics: global counts over every micro-batch and data-parallel rank of a step.
+
+What goes wrong otherwise (OpenRLHF 0.11.2, ``ActorPPOTrainer.ppo_train``): every 0-d tensor a
+micro-batch leaves in ``experience.info`` is weighted by that micro-batch's action tokens,
+all-reduced, and averaged over the micro-batches of the step, with a key missing from a
+micro-batch counted as 0. That is exact for a fraction *of all action tokens* (upstream's
+``ppo_clip_ratio``, ``is_filter_ratio``, ``entropy_loss``), but not for ours: a fraction of the
+A<0 tokens is NaN in a micro-batch without A<0 tokens (and the NaN poisons the step), and a value
+present in one micro-batch only (a calibration result) is diluted by the others.
+
+So the plugin keeps its own numbers out of ``experience.info``. The loss adds, per micro-batch,
+numerators and denominators to a :class:`StepMetrics` (0-d tensors on the device, no host sync),
+and after upstream's ``ppo_train`` the binding calls :meth:`StepMetrics.finalize`, which sums
+them over the data-parallel ranks (one all-reduce), gathers the A<0 ratios of all ranks for the
+quantiles (one variable-length all-gather), and returns plain floats that go into the status
+dict ``ppo_train`` returns (rank 0's reaches OpenRLHF's logger: ``Global step N: {...}``).
+
+One logged row = one training step (one ``ppo_train`` call = ``num_mini_batches`` optimizer
+steps); the mini backend defines its step metrics the same way (``fp8rl.backends.mini``: counts
+summed over the step's mini-batches). Metrics (names as in DESIGN.md):
+
+- ``actor/clipfrac_{neg,pos}_{low,high}``: ``fp8rl.rl.diagnostics.fractions_from_counts`` of
+  the summed ``clip_counts``, each micro-batch counted against the bounds in force for it;
+  NaN when the whole step has no token of that advantage sign. ``actor/clipfrac`` is left to
+  upstream's ``ppo_clip_ratio`` (token-weighted, hence exact; ingested as ``actor/clipfrac``).
+- ``actor/ratio_neg_q01|q50|q99``: quantiles over the A<0 ratios of the whole step (all ranks).
+- ``rollout/mismatch_kl``: the k3 estimate summed over tokens / number of tokens (TIS arms).
+- ``perf/shadow_s``: seconds in BF16 shadow forwards (calibration steps).
+
+Calibration values (``clip/*``, ``shadow/*``) come from the controller once per step
+(``clipper.metrics(step)``, identical on every rank), not through this accumulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+#: Count keys of ``fp8rl.rl.diagnostics.clip_counts`` in the order they are all-reduced.
+COUNT_KEYS = ("tokens", "neg", "pos", "neg_low", "neg_high", "pos_low", "pos_high")
+
+
+class StepMetrics:
+    """Accumulates one step's counts on one rank; :meth:`finalize` reduces over ranks."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, torch.Tensor] = {}
+        self.neg_ratios: list[torch.Tensor] = []
+        self.mismatch_sum: torch.Tensor | None = None
+        self.mismatch_tokens: torch.Tensor | None = None
+        self.shadow_s = 0.0
+        self.micro_batches = 0
+
+    def add(self, ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *, low: float,
+            high: float, mismatch_kl: torch.Tensor | None = None) -> None:
+        """One micro-batch: ``ratio``, ``advantages``, ``mask`` ``[B, T]``; ``mismatch_kl`` the 0-d
+        mean k3 estimate of the rollout/trainer mismatch over its response tokens (None without
+        rollout log-probs), weighted here by the micro-batch's token count."""
+        from fp8rl.rl.diagnostics import clip_counts
+
+        with torch.no_grad():
+            m = mask.bool()
+            for k, v in clip_counts(ratio, advantages, m, low=low, high=high).items():
+                v = v.to(torch.float64)
+                self.counts[k] = v if k not in self.counts else self.counts[k] + v
+            self.neg_ratios.append(ratio.detach()[m & (advantages < 0)].float())
+            if mismatch_kl is not None:
+                n = m.sum().double()
+                s = mismatch_kl.detach().double() * n
+                self.mismatch_sum = s if self.mismatch_sum is None else self.mismatch_sum + s
+                self.mismatch_tokens = n if self.mismatch_tokens is None else self.mismatch_tokens + n
+        self.micro_batches += 1
+
+    def finalize(self, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 all_gather: Callable[[torch.Tensor], list[torch.Tensor]] | None = None) -> dict[str, float]:
+        """The step's metrics over all ranks (``None`` collectives: this rank only). Every rank must
+        call it (collectives inside), also a rank that saw no micro-batch."""
+        from fp8rl.rl.diagnostics import fractions_from_counts, ratio_quantiles
+
+        device = self._device()
+        has_mismatch = torch.tensor([0.0 if self.mismatch_sum is None else 1.0], dtype=torch.float64,
+                                    device=device)
+        vec = torch.stack([self.counts.get(k, torch.zeros((), dtype=torch.float64, device=device)).to(device)
+                           for k in COUNT_KEYS]
+                          + [(self.mismatch_sum if self.mismatch_sum is not None
+                              else torch.zeros((), dtype=torch.float64, device=device)).to(device),
+                             (self.mismatch_tokens if self.mismatch_tokens is not None
+                              else torch.zeros((), dtype=torch.float64, device=device)).to(device)])
+        vec = torch.cat([vec, has_mismatch])
+        if all_reduce_sum is not None:
+            vec = all_reduce_sum(vec)
+        counts = {k: vec[i] for i, k in enumerate(COUNT_KEYS)}
+        out = {k: float(v) for k, v in fractions_from_counts(counts).items() if k != "actor/clipfrac"}
+        neg = torch.cat(self.neg_ratios) if self.neg_ratios else torch.zeros(0, device=device)
+        if all_gather is not None:
+            neg = torch.cat(all_gather(neg.to(device).contiguous()))
+        ones = torch.ones_like(neg, dtype=torch.bool)
+        out.update({k: float(v) for k, v in
+                    ratio_quantiles(neg, -torch.ones_like(neg), ones).items()})
+        if float(vec[-1]) > 0 and float(vec[-2]) > 0:
+            out["rollout/mismatch_kl"] = float(vec[-3] / vec[-2])
+        if self.shadow_s:
+            out["perf/shadow_s"] = self.shadow_s
+        return out
+
+    def _device(self) -> torch.device:
+        for v in self.counts.values():
+            return v.device
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")

@@ -1,0 +1,121 @@
+"""What the OpenRLHF workers need that has no OpenRLHF flag: the plugin spec, and the version pins.
+
+The driver writes a :class:`PluginSpec` as JSON into the Ray runtime environment
+(:data:`SPEC_ENV`); every worker reads it back when the plugin binds. This module imports the
+standard library only (it is imported by the Ray worker setup hook, which must stay light).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+#: The only OpenRLHF version the plugin binds into.
+OPENRLHF_VERSION = "0.11.2"
+#: The vLLM version whose weight-reload API the FP8 rollout weight sync uses (``vllm_sync``).
+VLLM_VERSION = "0.29.0"
+#: Key of the plugin spec in the Ray runtime environment's env vars (set by the driver).
+SPEC_ENV = "FP8RL_OPENRLHF_PLUGIN"
+#: DeepSpeed client-state key of the controller state (saved with every actor checkpoint).
+STATE_KEY = "fp8rl_clip"
+
+
+class PluginVersionError(RuntimeError):
+    """An installed upstream package is not the version the plugin was written against."""
+
+
+def _installed(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def check_version(installed: str | None = None) -> str:
+    """Return the installed OpenRLHF version; raise :class:`PluginVersionError` unless 0.11.2."""
+    if installed is None:
+        installed = _installed("openrlhf")
+        if installed is None:
+            raise PluginVersionError(
+                f"openrlhf is not installed; the paper-scale backend needs openrlhf[vllm]=="
+                f"{OPENRLHF_VERSION} (pip install -e '.[cluster]')")
+    if installed != OPENRLHF_VERSION:
+        raise PluginVersionError(
+            f"fp8rl's OpenRLHF plugin binds into OpenRLHF {OPENRLHF_VERSION} internals (PolicyLoss "
+            f"signature and 5-tuple, ActorPPOTrainer, DeepspeedStrategy, WorkerWrap) but openrlhf "
+            f"{installed} is installed; install openrlhf[vllm]=={OPENRLHF_VERSION} (the cluster extra pins it)")
+    return installed
+
+
+def check_vllm_version(installed: str | None = None) -> str:
+    """Return the installed vLLM version; raise :class:`PluginVersionError` unless 0.29.0."""
+    if installed is None:
+        installed = _installed("vllm")
+    if installed != VLLM_VERSION:
+        raise PluginVersionError(
+            f"fp8rl's FP8 rollout weight sync uses vLLM {VLLM_VERSION}'s layer-wise reload "
+            f"(vllm.model_executor.model_loader.reload) but vllm {installed} is installed; install "
+            f"vllm=={VLLM_VERSION} (openrlhf[vllm]=={OPENRLHF_VERSION} pins it)")
+    return installed
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    """Everything the workers need that has no OpenRLHF flag (JSON round-trippable).
+
+    Attributes:
+        clip_method: ``vanilla`` or ``calibrated`` (``fp8rl.rl.clipping``).
+        clip_options: constructor options of the clip method (``ClipConfig.clipper_options``).
+        eps_low, eps_high: the vanilla epsilons (also passed to OpenRLHF as flags).
+        trainer_recipe, rollout_recipe: ``fp8rl.quant.RECIPES`` names.
+        trainer_impl: the trainer's FP8 implementation (``fp8.impl``: ``auto``, ``torchao``,
+            ``fp8rl``, ``transformer_engine``; ``fp8rl.quant.convert_to_fp8``'s ``impl``).
+        trainer_emulate: quantize-dequantize FP8 GEMMs (``fp8.emulate``). Paper-scale configs
+            reject it (``OpenRLHFRunConfig.validate``); the CPU integration tests use it to build
+            block and MX recipes, which have no CPU kernel.
+        max_steps: training stops after this many steps (the cell's ``steps``; None = when
+            OpenRLHF's episodes end). OpenRLHF has no such flag (``binding``: the PPO trainer's
+            prompt source reports exhaustion once the step is reached).
+    """
+
+    clip_method: str = "vanilla"
+    clip_options: dict = field(default_factory=dict)
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    trainer_recipe: str = "bf16"
+    rollout_recipe: str = "bf16"
+    trainer_impl: str = "auto"
+    trainer_emulate: bool = False
+    max_steps: int | None = None
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        if "init_bounds" in d["clip_options"]:
+            d["clip_options"]["init_bounds"] = list(d["clip_options"]["init_bounds"])
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> PluginSpec:
+        data = json.loads(text)
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"plugin spec has unknown field(s) {unknown}: written by another fp8rl version?")
+        return cls(**data)
+
+    @classmethod
+    def from_config(cls, cfg) -> PluginSpec:
+        return cls(clip_method=cfg.clip.method, clip_options=dict(cfg.clip.clipper_options()),
+                   eps_low=cfg.algorithm.eps_low, eps_high=cfg.algorithm.eps_high,
+                   trainer_recipe=cfg.fp8.trainer_recipe, rollout_recipe=cfg.fp8.rollout_recipe,
+                   trainer_impl=cfg.fp8.impl, trainer_emulate=bool(cfg.fp8.emulate), max_steps=cfg.steps)
+
+    def make_clipper(self):
+        from fp8rl.rl.clipping import make_clipper
+
+        opts = dict(self.clip_options)
+        if "init_bounds" in opts:
+            opts["init_bounds"] = tuple(opts["init_bounds"])
+        return make_clipper(self.clip_method, self.eps_low, self.eps_high, **opts)

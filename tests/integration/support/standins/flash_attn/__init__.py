@@ -1,0 +1,1 @@
+"""Import stand-in for flash-attn (see ../README.md)."""

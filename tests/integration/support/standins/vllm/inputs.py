@@ -1,0 +1,3 @@
+"""Import stand-in (see ../README.md)."""
+
+TokensPrompt = dict

@@ -1,0 +1,221 @@
+"""vLLM 0.29.0's own model loading, online FP8 quantization and weight reload, run on CPU.
+
+    PYTHONPATH=<vllm-0.29.0 dir>:support:<repo> python tests/integration/support/vllm_cpu.py NAME OUT_DIR '{...}'
+
+The pinned vLLM wheel (its Python code; ``make install-integration`` unpacks it with the few
+pure-Python packages these paths import) runs on vLLM's CPU platform (``VLLM_TARGET_DEVICE=cpu``):
+``EngineArgs`` -> ``VllmConfig`` with the engine kwargs the plugin injects, vLLM's Qwen3 model
+built by its ``DefaultModelLoader``, the online FP8 linear methods (per-tensor, per-channel) with
+vLLM's CPU FP8 kernels (``torch._scaled_mm``), and the layer-wise reload.
+
+Stand-ins: the PyPI wheel's compiled extension ``vllm._C`` is built for CUDA; the handful of its
+ops these paths reach are registered here as plain torch functions (:func:`register_ops`):
+``silu_and_mul`` (looked up when an MLP is built, never run here) and
+``static_scaled_fp8_quant`` (the per-tensor online quantizer: ``(x / scale)`` clamped to
++-448, cast to float8_e4m3fn). vLLM's CPU block-FP8 kernel needs AMX and its own op, so the
+per-block method cannot be built here: its config is checked, its model build is reported.
+
+Writes ``OUT_DIR/result.pt`` for ``tests/integration/test_int_vllm_sync.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+FP8_MAX = 448.0
+
+
+def register_ops() -> None:
+    """Python stand-ins for the ``torch.ops._C`` ops of the CUDA-built wheel reached on these paths."""
+    import torch
+
+    lib = torch.library.Library("_C", "FRAGMENT")
+
+    def silu_and_mul(out, x):
+        d = x.shape[-1] // 2
+        out.copy_(torch.nn.functional.silu(x[..., :d]) * x[..., d:])
+
+    def static_scaled_fp8_quant(out, inp, scale, group_shape=None):
+        out.copy_((inp.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(out.dtype))
+
+    for schema, fn in (("silu_and_mul(Tensor! out, Tensor input) -> ()", silu_and_mul),
+                       ("static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale, "
+                        "int[]? group_shape=None) -> ()", static_scaled_fp8_quant)):
+        lib.define(schema)
+        lib.impl(schema.split("(")[0], fn, "CompositeExplicitAutograd")
+    register_ops.lib = lib  # keep the registration alive
+
+
+def engine_config(ckpt: Path, rollout_recipe: str):
+    """``EngineArgs`` with the kwargs ``RolloutRayActor`` gets from OpenRLHF plus the plugin's."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from fp8rl.backends.openrlhf.plugin.fp8_rollout import rollout_engine_kwargs
+    from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
+
+    extra = rollout_engine_kwargs(PluginSpec(rollout_recipe=rollout_recipe))
+    args = EngineArgs(model=str(ckpt), dtype="bfloat16", enforce_eager=True, max_model_len=256, seed=0,
+                      trust_remote_code=True, **extra)
+    return args.create_engine_config(), extra
+
+
+_DIST = {"up": False}
+
+
+def load_model(vllm_config):
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor.model_loader import get_model_loader
+
+    with set_current_vllm_config(vllm_config):
+        if not _DIST["up"]:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                         distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
+            initialize_model_parallel(1, 1)
+            _DIST["up"] = True
+        return get_model_loader(vllm_config.load_config).load_model(vllm_config=vllm_config,
+                                                                    model_config=vllm_config.model_config)
+
+
+def perturbed_checkpoint(src: Path, dst: Path, seed: int) -> list[tuple[str, object]]:
+    """A copy of ``src`` with every tensor moved a little; returns its tensors in the order the
+    trainer's ``named_parameters`` yields them (the order OpenRLHF's weight sync sends them)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, dst / f.name)
+    g = torch.Generator().manual_seed(seed)
+    sd = {k: (v.float() + 0.05 * torch.randn(v.shape, generator=g)).to(v.dtype)
+          for k, v in load_file(str(src / "model.safetensors")).items()}
+    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    order = [n for n, _ in AutoModelForCausalLM.from_pretrained(str(dst), dtype=torch.bfloat16).named_parameters()]
+    return [(n, sd[n]) for n in order]
+
+
+def params(model) -> dict:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def describe(model) -> dict:
+    out = {}
+    for name, mod in model.named_modules():
+        qm = getattr(mod, "quant_method", None)
+        if qm is not None and hasattr(mod, "weight"):
+            out[name] = {"method": type(qm).__name__, "weight": str(mod.weight.dtype),
+                         "weight_class": type(mod.weight).__name__,
+                         "weight_loader": hasattr(mod.weight, "weight_loader"),
+                         "scale_shape": list(mod.weight_scale.shape) if hasattr(mod, "weight_scale") else None}
+    return out
+
+
+def sync(out: Path, ckpt: str, recipes: list) -> dict:
+    """Per rollout recipe: vLLM loads the BF16 checkpoint with online FP8; OpenRLHF's own
+    route for new weights (``model.load_weights`` per tensor) fails; the plugin's route
+    (``LayerwiseSync`` through the worker extension's glue) makes the engine's weights equal to a
+    fresh engine loaded from the new checkpoint, twice in a row, in the same storage."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    register_ops()
+    src = Path(ckpt)
+    new1 = perturbed_checkpoint(src, out / "new1", seed=1)
+    new2 = perturbed_checkpoint(out / "new1", out / "new2", seed=2)
+    res = {}
+    for recipe in recipes:
+        r = res[recipe] = {}
+        cfg, extra = engine_config(src, recipe)  # one VllmConfig per model: it registers the layers
+        r["engine_kwargs"] = extra
+        r["quant_config"] = type(cfg.quant_config).__name__
+        model = load_model(cfg)
+        r["layers"] = describe(model)
+        name, weight = next((n, w) for n, w in new1 if n.endswith("q_proj.weight"))
+        try:  # what OpenRLHF's WorkerWrap.update_weight does
+            with set_current_vllm_config(cfg):
+                model.load_weights(weights=[(name, weight)])
+            r["upstream_route"] = {"ok": True}
+        except Exception as e:
+            import traceback
+
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            r["upstream_route"] = {"ok": False, "type": type(e).__name__, "message": str(e)[:300],
+                                   "at": f"{Path(frame.filename).name}:{frame.lineno} {frame.line}"}
+
+        ext = resolve_obj_by_qualname(extra["worker_extension_cls"])  # what vLLM does with the kwarg
+        cfg, _ = engine_config(src, recipe)
+        model = load_model(cfg)
+        ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
+        runner = type("Runner", (), {"get_model": lambda self, m=model: m})()
+        worker = type("Worker", (ext,), {})()
+        worker.model_runner, worker.vllm_config, worker.model_config = runner, cfg, cfg.model_config
+        r["syncs"] = []
+        for i, new in enumerate((new1, new2), start=1):
+            before = params(model)
+            for k, (n, w) in enumerate(new):
+                worker._fp8rl_sync().load(n, w, last=k == len(new) - 1)
+            fresh_cfg, _ = engine_config(out / f"new{i}", recipe)
+            fresh = params(load_model(fresh_cfg))
+            mine = params(model)
+            r["syncs"].append({
+                "sent": len(new), "loaded": worker._fp8rl_sync().loaded, "open": worker._fp8rl_sync().open,
+                "params": len(mine),
+                "differ": sorted(n for n in fresh if not torch.equal(mine[n].float(), fresh[n].float())),
+                "changed": sum(not torch.equal(mine[n].float(), before[n].float()) for n in mine),
+                "same_storage": all(p.data_ptr() == ptrs[n] for n, p in model.named_parameters()),
+                "fp8_params": sorted(n for n, p in mine.items() if p.dtype == torch.float8_e4m3fn)})
+        r["extension_attrs"] = sorted(a for a in dir(ext) if not a.startswith("__"))
+    return res
+
+
+def configs(out: Path, ckpt: str, recipes: list) -> dict:
+    """``EngineArgs`` -> ``VllmConfig`` for each recipe's kwargs, and whether the model builds here."""
+    register_ops()
+    res = {}
+    for recipe in recipes:
+        cfg, extra = engine_config(Path(ckpt), recipe)
+        qc = cfg.quant_config
+        r = res[recipe] = {"quant_config": type(qc).__name__, "kwargs": extra,
+                           "linear_weight_key": str(getattr(getattr(qc, "args", None), "linear", None))}
+        try:
+            r["layers"] = describe(load_model(cfg))
+            r["built"] = True
+        except Exception as e:
+            r["built"], r["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
+    return res
+
+
+def main() -> int:
+    import torch
+
+    name, out = sys.argv[1], Path(sys.argv[2])
+    params_ = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from scenario_kit import tiny_checkpoint
+
+    ckpt = tiny_checkpoint(out / "ckpt", hidden=128)
+    result = {"sync": sync, "configs": configs}[name](out, str(ckpt), **params_)
+    torch.save(result, out / "result.pt")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
