@@ -23,7 +23,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from fp8rl.backends.openrlhf.config import OpenRLHFRunConfig
-from fp8rl.launch.grid import build_dataclass
+from fp8rl.launch.configs import build_dataclass
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

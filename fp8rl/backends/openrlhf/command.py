@@ -43,6 +43,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from fp8rl.runs.live import TENSORBOARD_DIR
+
 #: The driver module that runs the CLI in-process (the CLI itself is ``openrlhf.cli.train_ppo_ray``).
 DRIVER_MODULE = "fp8rl.backends.openrlhf.driver"
 CLI_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -98,7 +100,7 @@ class RunPaths:
 
     @property
     def tensorboard_dir(self) -> Path:
-        return self.run_dir / "openrlhf" / "tensorboard"
+        return self.run_dir / TENSORBOARD_DIR  # the mini backend's layout (fp8rl.runs.live)
 
     @property
     def ckpt_dir(self) -> Path:
@@ -181,7 +183,7 @@ def build_args(cfg, layout: Layout, paths: RunPaths) -> list[str]:
         "--rollout.batch_size", str(cfg.prompts_per_step),
         "--train.batch_size", str(train_batch_size(cfg)),
         "--train.micro_batch_size", str(o.micro_train_batch_size),
-        "--rollout.micro_batch_size", str(o.micro_rollout_batch_size),
+        "--rollout.micro_batch_size", str(cfg.logprob_micro_batch),
         "--train.max_epochs", "1", "--train.num_episodes", str(plan.episodes),
         "--data.max_samples", str(plan.max_samples),
         "--data.max_len", str(o.max_prompt_len + cfg.max_response_len),
@@ -270,7 +272,7 @@ def check_resources(args: list[str]) -> None:
     if n * rollout_bs // micro < nodes * gpn:
         problems.append(f"n x rollout batch / rollout micro batch = {n} x {rollout_bs} / {micro} = "
                         f"{n * rollout_bs // micro} must be >= the {nodes * gpn} actor processes; raise "
-                        "prompts_per_step or lower openrlhf.micro_rollout_batch_size")
+                        "prompts_per_step or lower logprob_micro_batch")
     if (n * rollout_bs) % train_bs:
         problems.append(f"the rollout batch ({n} x {rollout_bs}) must be a multiple of the train batch "
                         f"({train_bs}) so every optimizer step is full")

@@ -65,7 +65,8 @@ class OpenRLHFSettings:
         colocate_all: actor and vLLM engines share the GPUs (``--train.colocate_all``, sleep mode).
         gpu_memory_utilization: vLLM's share of GPU memory.
         zero_stage: DeepSpeed ZeRO stage.
-        micro_train_batch_size, micro_rollout_batch_size: per-GPU micro-batches.
+        micro_train_batch_size: per-GPU training micro-batch (the log-prob recomputation's is the
+            shared ``logprob_micro_batch``, ``--rollout.micro_batch_size``).
         max_prompt_len: prompt tokens (``data.max_len = max_prompt_len + max_response_len``).
         overlong_buffer_len: DAPO L_cache in tokens, used when ``algorithm.overlong_buffer > 0``.
         gradient_checkpointing, packing_samples: memory/speed switches of the actor.
@@ -92,7 +93,6 @@ class OpenRLHFSettings:
     gpu_memory_utilization: float = 0.6
     zero_stage: int = 3
     micro_train_batch_size: int = 4
-    micro_rollout_batch_size: int = 8
     max_prompt_len: int = 1024
     overlong_buffer_len: int = 4096
     gradient_checkpointing: bool = True
@@ -120,7 +120,7 @@ class OpenRLHFSettings:
         _require(0 < self.gpu_memory_utilization < 1,
                  f"openrlhf.gpu_memory_utilization must be in (0, 1), got {self.gpu_memory_utilization}")
         _require(self.zero_stage in (0, 1, 2, 3), f"openrlhf.zero_stage must be 0..3, got {self.zero_stage}")
-        for f in ("micro_train_batch_size", "micro_rollout_batch_size", "max_prompt_len"):
+        for f in ("micro_train_batch_size", "max_prompt_len"):
             _require(getattr(self, f) >= 1, f"openrlhf.{f} must be >= 1, got {getattr(self, f)}")
         _require(self.overlong_buffer_len >= 1, "openrlhf.overlong_buffer_len must be >= 1")
         _require(self.save_steps == -1 or self.save_steps >= 1,
@@ -158,6 +158,20 @@ class OpenRLHFRunConfig(RunConfig):
             _require(o.overlong_buffer_len < self.max_response_len,
                      f"openrlhf.overlong_buffer_len ({o.overlong_buffer_len}) must be smaller than "
                      f"max_response_len ({self.max_response_len})")
+        _require(self.fp8.compute_dtype == "bf16",
+                 f"fp8.compute_dtype={self.fp8.compute_dtype!r}: paper scale computes in BF16 (DeepSpeed "
+                 "bf16, vLLM bfloat16); the fp32 arm exists at mini scale only")
+        _require(self.lr_lm_head is None and self.lr_final_norm is None,
+                 "lr_lm_head / lr_final_norm are mini-scale learning rates; OpenRLHF trains every "
+                 "parameter at one learning rate (lr): leave them null at paper scale")
+        _require(not self.eval_greedy,
+                 "eval_greedy: OpenRLHF evaluates avg@k / pass@k by sampling; set eval_greedy=false "
+                 "(scale=paper does)")
+        _require(self.logging.wandb_project is None,
+                 "logging.wandb_project: OpenRLHF 0.11.2 logs to W&B only with an API key on its "
+                 "command line (--logger.wandb.key), which would put the key into process lists and "
+                 "job logs; watch paper-scale runs in TensorBoard (<run-dir>/tensorboard), or add the "
+                 "--logger.wandb.* flags yourself through openrlhf.extra_args")
         from fp8rl.backends.openrlhf.plugin.fp8_rollout import check_rollout_recipe
 
         check_rollout_recipe(self.fp8.rollout_recipe)

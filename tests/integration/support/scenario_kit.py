@@ -88,7 +88,7 @@ def cell_flags(ckpt: Path, ckpt_dir: Path, *, world: int, algorithm: str = "grpo
 
     from fp8rl.backends.openrlhf.command import Layout, RunPaths, build_args, parse_flags
     from fp8rl.backends.openrlhf.config import OpenRLHFRunConfig
-    from fp8rl.launch.grid import build_dataclass
+    from fp8rl.launch.configs import build_dataclass
 
     def y(group, name):
         return yaml.safe_load((REPO / "sweeps" / group / f"{name}.yaml").read_text())
@@ -96,12 +96,13 @@ def cell_flags(ckpt: Path, ckpt_dir: Path, *, world: int, algorithm: str = "grpo
     scale = {k: v for k, v in y("scale", "paper").items() if k not in ("defaults", "scale", "launcher")}
     o = {**y("backend", "openrlhf")["openrlhf"], **y("data", "paper")["openrlhf"]}
     o["models"] = dict.fromkeys(o["models"], str(ckpt))
-    o.update(micro_train_batch_size=micro_batch, micro_rollout_batch_size=1, gradient_checkpointing=False,
+    o.update(micro_train_batch_size=micro_batch, gradient_checkpointing=False,
              packing_samples=False)
     cfg = {"algorithm": {**y("algorithm", algorithm), "n_samples_per_prompt": n}, "model": {"slot": "8b"},
            "fp8": {**y("fp8", fp8), **scale["fp8"]}, "clip": y("clip", clip),
            **{k: v for k, v in scale.items() if k != "fp8"}, "openrlhf": o, "output_dir": str(ckpt_dir / "runs"),
-           "prompts_per_step": prompts, "num_mini_batches": mini_batches, "steps": 2, "lr": lr}
+           "prompts_per_step": prompts, "num_mini_batches": mini_batches, "steps": 2, "lr": lr,
+           "logprob_micro_batch": 1}
     cfg = build_dataclass(OpenRLHFRunConfig, OmegaConf.to_container(OmegaConf.create(cfg), resolve=True))
     paths = RunPaths(ckpt_dir, ckpt_dir / "train.jsonl", (), ckpt_dir / "reward_func.py")
     args = build_args(cfg, Layout(nodes=1, gpus_per_node=world, vllm_tp=1, vllm_engines=world, colocate_all=True),

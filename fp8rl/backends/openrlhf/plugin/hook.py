@@ -29,11 +29,7 @@ import importlib.abc
 import os
 import sys
 
-from fp8rl.backends.openrlhf.plugin.spec import SPEC_ENV
-
-#: Modules the plugin binds into when they are imported (see ``binding.bind_module``).
-TARGETS = ("openrlhf.utils.deepspeed.deepspeed", "openrlhf.trainer.ray.ppo_actor", "openrlhf.trainer.ppo_trainer",
-           "openrlhf.trainer.ppo_utils.samples_generator")
+from fp8rl.backends.openrlhf.plugin.spec import SPEC_ENV, TARGETS
 
 
 def install_from_env() -> None:

@@ -11,6 +11,10 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+#: Modules the plugin binds into when they are imported (``hook``, ``binding.bind_module``).
+TARGETS = ("openrlhf.utils.deepspeed.deepspeed", "openrlhf.trainer.ray.ppo_actor", "openrlhf.trainer.ppo_trainer",
+           "openrlhf.trainer.ppo_utils.samples_generator")
+
 #: The only OpenRLHF version the plugin binds into.
 OPENRLHF_VERSION = "0.11.2"
 #: The vLLM version whose weight-reload API the FP8 rollout weight sync uses (``vllm_sync``).

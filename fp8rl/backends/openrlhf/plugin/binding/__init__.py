@@ -63,16 +63,17 @@ first micro-batch). The loss calibrates there (``loss``), on the tokens of all D
 from __future__ import annotations
 
 import importlib
-import inspect
 import os
-from collections.abc import Callable
 
+from fp8rl.backends.openrlhf.plugin.binding.common import (
+    SHADOW_OLD_KEY,
+    PluginNotActiveError,
+    ResumeError,
+    UpstreamChangedError,
+)
 from fp8rl.backends.openrlhf.plugin.fp8_training import Fp8ConversionError
-from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
+from fp8rl.backends.openrlhf.plugin.spec import TARGETS, PluginSpec
 
-#: Key of the BF16 old log-probs in a replay-buffer sample's ``info`` (popped before upstream sees it).
-SHADOW_OLD_KEY = "_fp8rl_shadow_old"
-_ORIG = "_fp8rl_originals"
 #: The OpenRLHF module -> ``(submodule, binder)`` that binds into it when it is imported.
 BINDERS = {
     "openrlhf.utils.deepspeed.deepspeed": ("actor", "bind_strategy"),
@@ -80,18 +81,6 @@ BINDERS = {
     "openrlhf.trainer.ppo_trainer": ("trainer", "bind_ppo_trainer"),
     "openrlhf.trainer.ppo_utils.samples_generator": ("trainer", "bind_samples_generator"),
 }
-
-
-class UpstreamChangedError(RuntimeError):
-    """An OpenRLHF object the plugin wraps no longer has the shape it was written for."""
-
-
-class PluginNotActiveError(RuntimeError):
-    """A policy actor runs without the plugin bound as the cell asks (found by the driver)."""
-
-
-class ResumeError(RuntimeError):
-    """A checkpoint cannot resume the clip controller exactly."""
 
 
 def bind_module(name: str, module, spec_json: str) -> None:
@@ -107,30 +96,11 @@ def bind_module(name: str, module, spec_json: str) -> None:
 
 def install(spec: PluginSpec, modules: dict | None = None) -> None:
     """Bind now into the given modules (``{"deepspeed": ..., "ppo_actor": ...}``), else import all targets."""
-    from fp8rl.backends.openrlhf.plugin.hook import TARGETS
-
     modules = modules or {n: importlib.import_module(n) for n in TARGETS}
     short = {"deepspeed": TARGETS[0], "ppo_actor": TARGETS[1], "ppo_trainer": TARGETS[2],
              "samples_generator": TARGETS[3]}
     for key, module in modules.items():
         bind_module(short.get(key, key), module, spec.to_json())
-
-
-def _check_params(obj, expected: tuple[str, ...], what: str) -> None:
-    params = tuple(inspect.signature(obj).parameters)[: len(expected)]
-    if params != expected:
-        raise UpstreamChangedError(
-            f"OpenRLHF {what} has parameters {params}, fp8rl's binding was written for {expected}; "
-            "the installed OpenRLHF is not the 0.11.2 the plugin binds into")
-
-
-def _originals(cls, names: tuple[str, ...]) -> dict[str, Callable]:
-    """The upstream functions of ``cls`` (saved on first binding, so rebinding never stacks)."""
-    saved = cls.__dict__.get(_ORIG)
-    if saved is None:
-        saved = {n: cls.__dict__[n] for n in names}
-        setattr(cls, _ORIG, saved)
-    return saved
 
 
 def __getattr__(name: str):

@@ -11,7 +11,7 @@ import weakref
 
 import torch
 
-from fp8rl.backends.openrlhf.plugin.binding import (
+from fp8rl.backends.openrlhf.plugin.binding.common import (
     SHADOW_OLD_KEY,
     PluginNotActiveError,
     ResumeError,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from fp8rl.backends.openrlhf.plugin.binding import PluginNotActiveError, _originals
+from fp8rl.backends.openrlhf.plugin.binding.common import PluginNotActiveError, _originals
 from fp8rl.backends.openrlhf.plugin.fp8_training import count_fp8_layers, require_conversion
 from fp8rl.backends.openrlhf.plugin.spec import PluginSpec, check_version
 

@@ -5,7 +5,7 @@ class ``BasePPOTrainer`` and ``SamplesGenerator`` by reference."""
 
 from __future__ import annotations
 
-from fp8rl.backends.openrlhf.plugin.binding import _check_params, _originals
+from fp8rl.backends.openrlhf.plugin.binding.common import _check_params, _originals
 from fp8rl.backends.openrlhf.plugin.spec import PluginSpec, check_version
 
 _STEPS_DONE = {"n": 0}

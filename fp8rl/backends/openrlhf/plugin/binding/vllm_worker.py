@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from fp8rl.backends.openrlhf.plugin.binding import _check_params
+from fp8rl.backends.openrlhf.plugin.binding.common import _check_params
 
 _CLASS: list[type] = []
 
