@@ -190,7 +190,7 @@ def test_cuda_run(tiny, emulate, monkeypatch):
 
 
 def test_cuda_determinism_needs_cublas_config(monkeypatch):
-    from fp8rl.backends.mini.trainer import torch_settings
+    from fp8rl.backends.mini.runtime import torch_settings
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     with pytest.raises(RuntimeError, match="CUBLAS_WORKSPACE_CONFIG"), torch_settings(True, 0, "cuda"):
@@ -267,3 +267,20 @@ def test_calibration_pools_the_minibatches_after_the_first_and_rules_the_next_st
     # bounds: computed at the end of step 1, in force during step 2
     assert (rows[1][M.CLIP_LOW], rows[1][M.CLIP_HIGH]) == (rows[0]["clip/low_next"], rows[0]["clip/high_next"])
     assert (rows[0][M.CLIP_LOW], rows[0][M.CLIP_HIGH]) == (0.6, 1.8)  # the initial bounds ruled step 1
+
+
+def test_step0_evaluation_is_shared_by_cells_with_the_same_engine(tiny, tmp_path):
+    """Two runs with the same warm start, engine, evaluation settings and seed: the second reads
+    the first's step-0 evaluation from beside the warm start; another engine computes its own."""
+    from pathlib import Path
+
+    a = run_mini(tiny("bf16", "vanilla", steps=1, run_dir=str(tmp_path / "a")))
+    b = run_mini(tiny("bf16", "tis", steps=1, run_dir=str(tmp_path / "b")))
+    c = run_mini(tiny("rollout_only", "tis", steps=1, run_dir=str(tmp_path / "c")))
+    ev = {k: RunDir(s["run_dir"]).read_eval()[0] for k, s in {"a": a, "b": b, "c": c}.items()}
+    assert ev["a"] == ev["b"]
+    sft_dir = Path(tiny("bf16").mini.cache_dir) / a["sft"]["key"]
+    cached = sorted(sft_dir.glob("eval0-*.json"))
+    assert len(cached) == 2  # the bf16 engine's, the tensorwise engine's
+    rows = [json.loads(p.read_text())["row"] for p in cached]
+    assert ev["a"] in rows and ev["c"] in rows

@@ -14,6 +14,11 @@ training random stream and a resumed run evaluates identically.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 
 from fp8rl.backends.mini.batch import left_pad
@@ -65,3 +70,23 @@ def evaluate(
         out["greedy"] = sum(grade_exact(tok.decode(r.tolist()), str(p.answer)).correct
                             for r, p in zip(g.response_ids.cpu(), problems, strict=True)) / len(problems)
     return out
+
+
+def cached_evaluation(directory: Path, spec: dict, compute: Callable[[], dict]) -> dict:
+    """``compute()``'s evaluation row, stored as ``<directory>/eval0-<hash of spec>.json``.
+
+    For the step-0 evaluation, which every cell sharing a warm start, an engine, the evaluation
+    settings and a seed computes identically: the first cell computes it under a lock, the others
+    read it. ``spec`` must hold everything the numbers depend on (the caller's version tag too).
+    """
+    from fp8rl.runs.jsonl import atomic_write_json
+    from fp8rl.runs.lock import exclusive
+
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    path = Path(directory) / f"eval0-{key}.json"
+    with exclusive(path.with_suffix(".lock")):
+        if path.exists():
+            return json.loads(path.read_text(encoding="utf-8"))["row"]
+        row = compute()
+        atomic_write_json(path, {"spec": spec, "row": row})
+    return row

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from fp8rl.backends.mini.config import MiniRunConfig
-from fp8rl.backends.mini.trainer import MiniTrainer, config_dict, torch_settings
+from fp8rl.backends.mini.runtime import torch_settings
+from fp8rl.backends.mini.trainer import MiniTrainer, config_dict
 from fp8rl.config import IDENTITY_EXCLUDE
 
 

@@ -18,44 +18,54 @@ One step (``MiniTrainer.train_step``) reads as the paper's pipeline:
   round (how informative the policy's batches are). A step with no group left makes no update.
 - **Advantages**: ``ADVANTAGE_ESTIMATORS[algorithm.advantage_estimator]`` over the groups,
   broadcast to tokens.
-- **Old log-probs**: recomputed by the trainer model (FP8 for full-FP8 arms) without grad,
-  mini-batch by mini-batch *with the same partition as the updates* (dynamic per-tensor
-  scales depend on the batch a GEMM sees; the same partition makes the first mini-batch's
-  ratio exactly 1, as in verl/OpenRLHF where old log-probs come from the same micro-batches).
+- **Precision**: the trainer and the engine compute in ``fp8.compute_dtype`` outside FP8 GEMMs
+  (``bf16``: BF16 mixed precision on fp32 master weights, ``fp8rl.quant.lowp``; ``fp32`` for
+  the explicit fp32 arm). The BF16 engine rounds the weights once per sync and decodes with
+  a fused attention (``rollout.py``), so even the ``bf16`` arm has a small train/rollout
+  mismatch, as an inference engine has.
+- **Old log-probs**: recomputed by the trainer model (FP8 for full-FP8 arms) without grad, in
+  rollout order in micro-batches of ``logprob_micro_batch`` rows -- not the updates' shuffled
+  mini-batches -- as OpenRLHF (``--rollout.micro_batch_size``) and verl
+  (``log_prob_micro_batch_size``) recompute them. With per-tensor FP8 scales a row's numbers
+  depend on the batch its GEMMs see, so ``tensorwise`` puts that batch-composition noise into
+  the ratio (as at scale); per-row and per-block scales, and BF16, do not.
   ``actor/entropy`` is the entropy of these logits (policy at the rollout temperature).
 - **IS correction**: weights from (trainer old log-prob, engine log-prob), detached
   (``fp8rl.rl.correction.is_weights``); ``rollout/mismatch_kl`` is logged for every arm.
 - **Updates**: the rollout batch is shuffled (per-step generator) and split into
-  ``num_mini_batches`` mini-batches, one AdamW step each, so from the second mini-batch on the
-  ratio pi_theta/pi_old differs from 1 (with ``num_mini_batches=1`` it is exactly 1 and
-  nothing is clipped). The loss is ``ppo_token_loss * w`` aggregated per mini-batch.
+  ``num_mini_batches`` mini-batches, one AdamW step each (optimizer groups: the body at
+  ``lr``, the LM head at ``lr_lm_head``, the final norm at ``lr_final_norm``), so from the
+  second mini-batch on the ratio pi_theta/pi_old moves off 1. The loss is ``ppo_token_loss * w``
+  aggregated per mini-batch, with the clip bounds in force for the whole step.
 
 **Where the BF16 shadow is measured** (the controller needs FP8 and BF16 ratios of the *same*
 tokens; the paper's shadow is two extra BF16 forwards: old policy and current policy). On a
-calibration step the measured mini-batch is the second one (index ``min(1, M-1)``):
+calibration step (every ``clip.period`` steps):
 
-1. while computing old log-probs, that mini-batch is also run under ``fp8_disabled`` (BF16
-   old log-probs, the first shadow forward, on the pre-update weights theta_0);
-2. after the first update (weights theta_1), the training forward of that mini-batch gives the
-   FP8 log-probs, and one more forward under ``fp8_disabled`` gives the BF16 current log-probs
-   (the second shadow forward);
-3. ``controller.update(step, ratio=exp(fp8_cur - fp8_old), shadow_ratio=exp(bf16_cur -
-   bf16_old), ...)`` runs *before* that mini-batch's loss, so the new bounds apply from that
-   mini-batch onward (the first mini-batch of a calibration step uses the previous bounds,
-   whose ratio is 1 anyway).
+1. the old log-probs are also computed under ``fp8_disabled`` (BF16 old log-probs, the first
+   shadow forward, on the weights theta_0 that sampled the batch, in the same micro-batches);
+2. every mini-batch after the first is measured: before its update (weights theta_j), its
+   training forward gives the FP8 log-probs and one more forward under ``fp8_disabled`` the
+   BF16 current log-probs (the second shadow forward) of the same tokens;
+3. after the step's updates the controller gets all those tokens pooled (and, with
+   ``clip.window > 1``, those of earlier calibrations) and its new bounds rule from the next
+   step on.
 
-This is the first point of the mini-batch sequence where the ratio carries the noise that the
-update itself exposes; measuring after one update matches what the remaining mini-batches see.
-The shadow costs two BF16 forwards of one mini-batch every K steps (``perf/shadow_s``).
-With ``num_mini_batches=1`` the measurement sees ratio 1 and the controller's degenerate-input
-guard keeps its bounds.
+Pooling all measured mini-batches (instead of one) is what makes the estimate usable at this
+scale: with alpha ~ 1e-3 the alpha-quantile of a few hundred A<0 tokens is just their minimum
+(``clip/n_neg`` and ``clip/low_data`` say how much data each estimate had). A trainer without
+FP8 layers (``bf16``, ``rollout_only``) computes BF16 already, so its own ratios are the shadow
+and no extra forward runs. The shadow's cost is ``perf/shadow_s``.
 
 Step numbering: logged steps are 1..``steps`` (step k = the k-th update); ``eval.jsonl`` has a
 row at step 0 (the warm-started model) and after every ``eval_every`` steps and the last. The
-controller, whose steps count from 0, gets ``k - 1`` (so step 1 is a calibration step).
+controller, whose steps count from 0, gets ``k - 1`` (so step 1 is a calibration step). The
+step-0 evaluation is shared by the cells of a sweep that have the same warm start, engine,
+evaluation settings and seed (``evaluate.cached_evaluation``).
 
 Determinism: all randomness of step k (prompt choice, sampling, mini-batch shuffle) comes
-from generators seeded by ``(seed, k)``; eval from ``(seed, "eval", k)``. A run resumed from
+from generators seeded by ``(seed, k)``; every evaluation from ``(seed, "eval")`` (paired
+evaluations). A run resumed from
 the checkpoint of step k therefore continues exactly as the uninterrupted run (the checkpoint
 also stores torch/python RNG states for code that would use the global streams).
 
@@ -72,22 +82,31 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
 import math
 import random
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from fp8rl.backends.mini.batch import left_pad, response_logits, token_logprobs
 from fp8rl.backends.mini.config import MiniRunConfig
-from fp8rl.backends.mini.evaluate import DATASET, evaluate
+from fp8rl.backends.mini.evaluate import DATASET, cached_evaluation, evaluate
 from fp8rl.backends.mini.rollout import RolloutBatch, RolloutEngine
+from fp8rl.backends.mini.runtime import RunFailed, seed_for
+from fp8rl.backends.mini.scored import ScoredBatch, concat_batches
 from fp8rl.backends.mini.sft import warm_start
+from fp8rl.backends.mini.stats import (
+    UpdateStats,
+    brief,
+    param_groups,
+    pooled_calibration,
+    progress_bar,
+    run_summary,
+    to_float,
+)
 from fp8rl.backends.mini.task import Problem, make_splits
 from fp8rl.backends.mini.tokenizer import CharTokenizer
 from fp8rl.config import torch_dtype
@@ -98,102 +117,6 @@ CHECKPOINT_FILE = "state.pt"
 #: Part of the step-0 evaluation cache key: bump when the engine or the evaluation computes
 #: different numbers for the same settings.
 EVAL0_VERSION = 1
-
-
-class RunFailed(RuntimeError):
-    """The run diverged (non-finite values); the message is the reason written to status.json."""
-
-
-def seed_for(*parts: object) -> int:
-    """A 63-bit seed from any parts (stable across processes, unlike ``hash``)."""
-    h = hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).digest()
-    return int.from_bytes(h[:8], "little") >> 1
-
-
-@contextlib.contextmanager
-def torch_settings(deterministic: bool, num_threads: int, device: str = "cpu") -> Iterator[None]:
-    """Deterministic algorithms and a thread count for the duration of a run, then restored.
-
-    On CUDA, deterministic cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` set before the process
-    starts; we check it and raise naming the fix rather than set it behind the user's back.
-    """
-    import os
-
-    if deterministic and torch.device(device).type == "cuda" and not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
-        raise RuntimeError(
-            "mini.deterministic=true on CUDA needs CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment "
-            "(export it before starting), or set mini.deterministic=false")
-    prev_det = torch.are_deterministic_algorithms_enabled()
-    prev_threads = torch.get_num_threads()
-    torch.use_deterministic_algorithms(deterministic)
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(prev_det)
-        torch.set_num_threads(prev_threads)
-
-
-@dataclass
-class ScoredBatch:
-    """A rollout batch with rewards: ``N`` responses in groups of ``n_samples_per_prompt``.
-
-    Tensors are ``[N, P]`` (prompts), ``[N, T]`` (responses) or ``[N]``.
-    """
-
-    rollout: RolloutBatch
-    problems: list[Problem]
-    texts: list[str]
-    rewards: torch.Tensor
-    correct: torch.Tensor
-    garbled: torch.Tensor
-    group_ids: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.problems)
-
-    def select(self, idx: torch.Tensor) -> ScoredBatch:
-        r = self.rollout
-        i = idx.tolist()
-        return ScoredBatch(
-            rollout=RolloutBatch(r.prompt_ids[idx], r.prompt_mask[idx], r.response_ids[idx],
-                                 r.response_mask[idx], r.rollout_log_probs[idx], r.truncated[idx]),
-            problems=[self.problems[j] for j in i], texts=[self.texts[j] for j in i],
-            rewards=self.rewards[idx], correct=self.correct[idx], garbled=self.garbled[idx],
-            group_ids=self.group_ids[idx])
-
-
-def concat_batches(batches: list[ScoredBatch], pad_id: int) -> ScoredBatch:
-    """Concatenate scored batches, re-padding prompts (left) and responses (right)."""
-    if len(batches) == 1:
-        return batches[0]
-    p = max(b.rollout.prompt_ids.shape[1] for b in batches)
-    t = max(b.rollout.response_ids.shape[1] for b in batches)
-
-    def lpad(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
-
-    def rpad(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
-
-    rb = RolloutBatch(
-        prompt_ids=torch.cat([lpad(b.rollout.prompt_ids, p, pad_id) for b in batches]),
-        prompt_mask=torch.cat([lpad(b.rollout.prompt_mask, p, 0) for b in batches]),
-        response_ids=torch.cat([rpad(b.rollout.response_ids, t, pad_id) for b in batches]),
-        response_mask=torch.cat([rpad(b.rollout.response_mask, t, 0) for b in batches]),
-        rollout_log_probs=torch.cat([rpad(b.rollout.rollout_log_probs, t, 0.0) for b in batches]),
-        truncated=torch.cat([b.rollout.truncated for b in batches]),
-    )
-    return ScoredBatch(
-        rollout=rb, problems=[q for b in batches for q in b.problems],
-        texts=[s for b in batches for s in b.texts],
-        rewards=torch.cat([b.rewards for b in batches]), correct=torch.cat([b.correct for b in batches]),
-        garbled=torch.cat([b.garbled for b in batches]), group_ids=torch.cat([b.group_ids for b in batches]))
-
-
-def _f(x: object) -> float:
-    return float(x.detach().float()) if isinstance(x, torch.Tensor) else float(x)  # type: ignore[arg-type]
 
 
 class MiniTrainer:
@@ -290,11 +213,11 @@ class MiniTrainer:
     def rollout_metrics(self, gen_batch: ScoredBatch) -> dict:
         lengths = gen_batch.rollout.response_lengths.float().cpu()
         return {
-            M.ROLLOUT_REWARD_MEAN: _f(gen_batch.rewards.mean()),
-            M.ROLLOUT_ACC: _f(gen_batch.correct.mean()),
-            M.ROLLOUT_RESPONSE_LEN: _f(lengths.mean()),
-            M.ROLLOUT_TRUNCATED_FRAC: _f(gen_batch.rollout.truncated.float().mean()),
-            M.ROLLOUT_GARBLED_FRAC: _f(gen_batch.garbled.mean()),
+            M.ROLLOUT_REWARD_MEAN: to_float(gen_batch.rewards.mean()),
+            M.ROLLOUT_ACC: to_float(gen_batch.correct.mean()),
+            M.ROLLOUT_RESPONSE_LEN: to_float(lengths.mean()),
+            M.ROLLOUT_TRUNCATED_FRAC: to_float(gen_batch.rollout.truncated.float().mean()),
+            M.ROLLOUT_GARBLED_FRAC: to_float(gen_batch.garbled.mean()),
         }
 
     # ----- advantages, old log-probs, shadow ------------------------------------------------
@@ -339,7 +262,7 @@ class MiniTrainer:
                 old[idx] = token_logprobs(logits, rb.response_ids[idx], tau)
                 if ent is not None:
                     ent[idx] = token_entropy(logits, temperature=tau)
-        return old, ({} if ent is None else {M.ACTOR_ENTROPY: _f(masked_mean(ent, rb.response_mask))})
+        return old, ({} if ent is None else {M.ACTOR_ENTROPY: to_float(masked_mean(ent, rb.response_mask))})
 
     # ----- the update -------------------------------------------------------------------------
 
@@ -369,9 +292,9 @@ class MiniTrainer:
             shadow_s += time.perf_counter() - t0
         weights, is_metrics = is_weights(old, rb.rollout_log_probs, rb.response_mask,
                                          cfg.clip.is_correction, **cfg.clip.correction_params())
-        out.update({k: _f(v) for k, v in is_metrics.items()})
+        out.update({k: to_float(v) for k, v in is_metrics.items()})
         low, high = self.clipper.bounds(ctl_step).as_tuple()  # in force for the whole step
-        acc, measured = _UpdateStats(), []
+        acc, measured = UpdateStats(), []
         for j, idx in enumerate(parts):
             is_measured = calibrate and (j > 0 or len(parts) == 1)  # every mini-batch after the first
             res = self.minibatch_update(rb, idx, old[idx], adv[idx], weights[idx], low=low, high=high,
@@ -384,7 +307,7 @@ class MiniTrainer:
         out.update(acc.result())
         out.update({M.CLIP_LOW: low, M.CLIP_HIGH: high})
         if calibrate:
-            new = self.clipper.update(ctl_step, **_pooled(measured, shadow))
+            new = self.clipper.update(ctl_step, **pooled_calibration(measured, shadow))
             cal = {k: v for k, v in self.clipper.metrics(ctl_step).items() if k not in (M.CLIP_LOW, M.CLIP_HIGH)}
             out.update(cal)
             out.update({"clip/low_next": new.low, "clip/high_next": new.high})
@@ -437,7 +360,7 @@ class MiniTrainer:
         ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         m = mask.bool()
         res = {"counts": clip_counts(ratio, adv, m, low=low, high=high), "ratio": ratio,
-               "adv": adv, "mask": mask, "pg_loss": _f(loss), "ppo_kl": _f(masked_mean(-log_ratio, m)),
+               "adv": adv, "mask": mask, "pg_loss": to_float(loss), "ppo_kl": to_float(masked_mean(-log_ratio, m)),
                "skipped": 0, "grad_norm": float("nan"), "shadow_logp": shadow_logp}
         self.optimizer.zero_grad(set_to_none=True)
         if not torch.isfinite(loss) or not bool((torch.isfinite(logp.detach()) | ~m).all()):
@@ -445,7 +368,7 @@ class MiniTrainer:
             return res
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm, foreach=True)
-        res["grad_norm"] = _f(grad_norm)
+        res["grad_norm"] = to_float(grad_norm)
         if not math.isfinite(res["grad_norm"]):
             self.optimizer.zero_grad(set_to_none=True)
             res["skipped"] = 1
@@ -494,25 +417,15 @@ class MiniTrainer:
 
         Every cell of a sweep with the same warm start, engine (rollout recipe, emulation,
         compute dtype), evaluation settings and seed computes the same numbers here, so the
-        first computes them and stores them beside the warm start (``eval0-<hash>.json``, under
-        a lock); the others read them. Exact: the evaluation is deterministic given that key.
+        first computes them and stores them beside the warm start; the others read them
+        (``evaluate.cached_evaluation``; exact: the evaluation is deterministic given that key).
         """
-        from fp8rl.runs.jsonl import atomic_write_json
-        from fp8rl.runs.lock import exclusive
-
         cfg = self.cfg
         spec = {"version": EVAL0_VERSION, "rollout_recipe": cfg.fp8.rollout_recipe, "emulate": cfg.fp8.emulate,
                 "compute_dtype": cfg.fp8.compute_dtype, "eval_k": cfg.eval_k,
                 "eval_temperature": cfg.eval_temperature, "eval_greedy": cfg.eval_greedy,
                 "max_response_len": cfg.max_response_len, "seed": cfg.seed, "device": self.device.type}
-        key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-        path = Path(self.sft_meta["path"]) / f"eval0-{key}.json"
-        with exclusive(path.with_suffix(".lock")):
-            if path.exists():
-                return json.loads(path.read_text(encoding="utf-8"))["row"]
-            row = self.evaluate(0)
-            atomic_write_json(path, {"spec": spec, "row": row})
-        return row
+        return cached_evaluation(Path(self.sft_meta["path"]), spec, lambda: self.evaluate(0))
 
     def evaluate(self, step: int) -> dict:
         """Held-out accuracy of the current policy (its rollout engine). Paired: every evaluation
@@ -597,14 +510,14 @@ class MiniTrainer:
             from fp8rl.runs.live import LiveLog
 
             self._live = LiveLog(rd.path, cfg.logging, resume_step=self.step, config=config_dict(cfg))
-        bar = _progress(range(self.step + 1, cfg.steps + 1), progress, initial=self.step, total=cfg.steps)
+        bar = progress_bar(range(self.step + 1, cfg.steps + 1), progress, initial=self.step, total=cfg.steps)
         try:
             if self.step == 0:
                 self._log_eval(ew, self.evaluate_start())
             for step in bar:
                 row = self.train_step(step)
                 self.step = step
-                self.history.append(_brief(row))
+                self.history.append(brief(row))
                 if mw is not None:
                     mw.write(row)
                     self._live.log(row)
@@ -652,105 +565,9 @@ class MiniTrainer:
             self._live.log(row)
 
     def summary(self, wall_s: float, state: str, reason: str | None) -> dict:
-        """The numbers tables read: final/best eval, late-training rollout stats, clip stats."""
-        train = [h for h in self.history if "eval" not in h]
-        evals = [h["eval"] for h in self.history if "eval" in h]
-        avg, pas = M.eval_key(DATASET, "avg@k"), M.eval_key(DATASET, "pass@k")
-
-        def mean_of(key: str, rows: list[dict]) -> float | None:
-            vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-            return sum(vals) / len(vals) if vals else None
-
-        last = train[-10:]
-        out = {
-            "state": state, "reason": reason, "steps": self.step, "wall_s": wall_s,
-            "skipped_updates": self.skipped_updates,
-            avg: evals[-1][avg] if evals else None, pas: evals[-1][pas] if evals else None,
-            f"{avg}/initial": evals[0][avg] if evals else None,
-            f"{avg}/best": max((e[avg] for e in evals), default=None),
-            f"{M.ROLLOUT_ACC}/last10": mean_of(M.ROLLOUT_ACC, last),
-            f"{M.ROLLOUT_GARBLED_FRAC}/last10": mean_of(M.ROLLOUT_GARBLED_FRAC, last),
-            f"{M.ACTOR_ENTROPY}/last10": mean_of(M.ACTOR_ENTROPY, last),
-            f"{M.ACTOR_ENTROPY}/max": max((r[M.ACTOR_ENTROPY] for r in train if M.ACTOR_ENTROPY in r), default=None),
-            f"{M.ACTOR_CLIPFRAC_NEG_LOW}/mean": mean_of(M.ACTOR_CLIPFRAC_NEG_LOW, train),
-            f"{M.ROLLOUT_MISMATCH_KL}/mean": mean_of(M.ROLLOUT_MISMATCH_KL, train),
-            f"{M.PERF_STEP_S}/mean": mean_of(M.PERF_STEP_S, train),
-            "sft": {k: v for k, v in self.sft_meta.items() if k != "path"},
-        }
-        return out
-
-
-def _pooled(measured: list[dict], shadow: bool) -> dict:
-    """The measured mini-batches' tokens as one calibration input (flat, masked tokens only)."""
-    def cat(key: str) -> torch.Tensor:
-        return torch.cat([m[key][m["mask"].bool()] for m in measured])
-
-    out = {"ratio": cat("ratio"), "advantages": cat("advantages")}
-    out["mask"] = torch.ones_like(out["ratio"], dtype=torch.bool)
-    out["shadow_ratio"] = cat("shadow_ratio") if shadow else None
-    return out
-
-
-class _UpdateStats:
-    """Accumulates mini-batch results into the step's actor/ metrics (exact clip fractions from
-    summed counts; ratio quantiles over all mini-batches' tokens)."""
-
-    def __init__(self) -> None:
-        self.items: list[dict] = []
-        self.skipped = 0
-
-    def add(self, res: dict) -> None:
-        self.items.append(res)
-        self.skipped += res["skipped"]
-
-    def result(self) -> dict:
-        from fp8rl.rl.diagnostics import fractions_from_counts, ratio_quantiles
-
-        if not self.items:
-            return {}
-        counts = {k: sum(r["counts"][k] for r in self.items) for k in self.items[0]["counts"]}
-        out = {k: _f(v) for k, v in fractions_from_counts(counts).items()}
-        t = max(r["ratio"].shape[1] for r in self.items)
-
-        def cat(key: str) -> torch.Tensor:
-            return torch.cat([torch.nn.functional.pad(r[key].float(), (0, t - r[key].shape[1])) for r in self.items])
-
-        out.update({k: _f(v) for k, v in ratio_quantiles(cat("ratio"), cat("adv"), cat("mask")).items()})
-        good = [r for r in self.items if not r["skipped"]]
-
-        def mean(key: str) -> float:
-            vals = [r[key] for r in good]
-            return sum(vals) / len(vals) if vals else float("nan")
-
-        out.update({M.ACTOR_PG_LOSS: mean("pg_loss"), M.ACTOR_GRAD_NORM: mean("grad_norm"),
-                    M.ACTOR_PPO_KL: mean("ppo_kl")})
-        return out
-
-
-def param_groups(model: torch.nn.Module, cfg: MiniRunConfig) -> list[dict]:
-    """AdamW groups: the body at ``lr``, the LM head at ``lr_lm_head`` and the final norm's scale
-    at ``lr_final_norm`` (each ``None`` = ``lr``); groups named for the metrics."""
-    special = {"lm_head.weight": ("lm_head", cfg.lr_lm_head), "model.norm.weight": ("final_norm", cfg.lr_final_norm)}
-    groups: dict[str, dict] = {}
-    for name, p in model.named_parameters():
-        group, lr = special.get(name, ("body", None))
-        g = groups.setdefault(group, {"name": group, "params": [], "lr": cfg.lr if lr is None else lr})
-        g["params"].append(p)
-    return list(groups.values())
-
-
-def _brief(row: dict) -> dict:
-    keep = (M.STEP, M.ROLLOUT_ACC, M.ROLLOUT_GARBLED_FRAC, M.ACTOR_ENTROPY, M.ACTOR_CLIPFRAC_NEG_LOW,
-            M.ROLLOUT_MISMATCH_KL, M.PERF_STEP_S)
-    return {k: row[k] for k in keep if k in row}
-
-
-def _progress(it, enabled: bool, **kw):
-    if not enabled:
-        return it
-    from tqdm import tqdm
-
-    return tqdm(it, desc="mini", dynamic_ncols=True, **kw)
+        """The numbers tables read (``stats.run_summary``)."""
+        return run_summary(self.history, steps=self.step, wall_s=wall_s, state=state, reason=reason,
+                           skipped_updates=self.skipped_updates, sft_meta=self.sft_meta)
 
 
 def config_dict(cfg: MiniRunConfig) -> dict:

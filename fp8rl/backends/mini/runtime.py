@@ -1,0 +1,45 @@
+"""Run-time plumbing of the mini backend: seeds, torch settings, the failure type."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterator
+
+import torch
+
+
+class RunFailed(RuntimeError):
+    """The run diverged (non-finite values); the message is the reason written to status.json."""
+
+
+def seed_for(*parts: object) -> int:
+    """A 63-bit seed from any parts (stable across processes, unlike ``hash``)."""
+    h = hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).digest()
+    return int.from_bytes(h[:8], "little") >> 1
+
+
+@contextlib.contextmanager
+def torch_settings(deterministic: bool, num_threads: int, device: str = "cpu") -> Iterator[None]:
+    """Deterministic algorithms and a thread count for the duration of a run, then restored.
+
+    On CUDA, deterministic cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` set before the process
+    starts; we check it and raise naming the fix rather than set it behind the user's back.
+    """
+    import os
+
+    if deterministic and torch.device(device).type == "cuda" and not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
+        raise RuntimeError(
+            "mini.deterministic=true on CUDA needs CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment "
+            "(export it before starting), or set mini.deterministic=false")
+    prev_det = torch.are_deterministic_algorithms_enabled()
+    prev_threads = torch.get_num_threads()
+    torch.use_deterministic_algorithms(deterministic)
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev_det)
+        torch.set_num_threads(prev_threads)

@@ -1,0 +1,120 @@
+"""Per-step bookkeeping of the mini trainer: mini-batch results -> the step's metrics,
+calibration input, optimizer groups, and the brief history rows the summary reads."""
+
+from __future__ import annotations
+
+import torch
+
+from fp8rl.backends.mini.config import MiniRunConfig
+from fp8rl.runs import metrics as M
+
+
+def to_float(x: object) -> float:
+    return float(x.detach().float()) if isinstance(x, torch.Tensor) else float(x)  # type: ignore[arg-type]
+
+
+def pooled_calibration(measured: list[dict], shadow: bool) -> dict:
+    """The measured mini-batches' tokens as one calibration input (flat, masked tokens only)."""
+    def cat(key: str) -> torch.Tensor:
+        return torch.cat([m[key][m["mask"].bool()] for m in measured])
+
+    out = {"ratio": cat("ratio"), "advantages": cat("advantages")}
+    out["mask"] = torch.ones_like(out["ratio"], dtype=torch.bool)
+    out["shadow_ratio"] = cat("shadow_ratio") if shadow else None
+    return out
+
+
+class UpdateStats:
+    """Accumulates mini-batch results into the step's actor/ metrics (exact clip fractions from
+    summed counts; ratio quantiles over all mini-batches' tokens)."""
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+        self.skipped = 0
+
+    def add(self, res: dict) -> None:
+        self.items.append(res)
+        self.skipped += res["skipped"]
+
+    def result(self) -> dict:
+        from fp8rl.rl.diagnostics import fractions_from_counts, ratio_quantiles
+
+        if not self.items:
+            return {}
+        counts = {k: sum(r["counts"][k] for r in self.items) for k in self.items[0]["counts"]}
+        out = {k: to_float(v) for k, v in fractions_from_counts(counts).items()}
+        t = max(r["ratio"].shape[1] for r in self.items)
+
+        def cat(key: str) -> torch.Tensor:
+            return torch.cat([torch.nn.functional.pad(r[key].float(), (0, t - r[key].shape[1])) for r in self.items])
+
+        out.update({k: to_float(v) for k, v in ratio_quantiles(cat("ratio"), cat("adv"), cat("mask")).items()})
+        good = [r for r in self.items if not r["skipped"]]
+
+        def mean(key: str) -> float:
+            vals = [r[key] for r in good]
+            return sum(vals) / len(vals) if vals else float("nan")
+
+        out.update({M.ACTOR_PG_LOSS: mean("pg_loss"), M.ACTOR_GRAD_NORM: mean("grad_norm"),
+                    M.ACTOR_PPO_KL: mean("ppo_kl")})
+        return out
+
+
+def param_groups(model: torch.nn.Module, cfg: MiniRunConfig) -> list[dict]:
+    """AdamW groups: the body at ``lr``, the LM head at ``lr_lm_head`` and the final norm's scale
+    at ``lr_final_norm`` (each ``None`` = ``lr``); groups named for the metrics."""
+    special = {"lm_head.weight": ("lm_head", cfg.lr_lm_head), "model.norm.weight": ("final_norm", cfg.lr_final_norm)}
+    groups: dict[str, dict] = {}
+    for name, p in model.named_parameters():
+        group, lr = special.get(name, ("body", None))
+        g = groups.setdefault(group, {"name": group, "params": [], "lr": cfg.lr if lr is None else lr})
+        g["params"].append(p)
+    return list(groups.values())
+
+
+def brief(row: dict) -> dict:
+    keep = (M.STEP, M.ROLLOUT_ACC, M.ROLLOUT_GARBLED_FRAC, M.ACTOR_ENTROPY, M.ACTOR_CLIPFRAC_NEG_LOW,
+            M.ROLLOUT_MISMATCH_KL, M.PERF_STEP_S)
+    return {k: row[k] for k in keep if k in row}
+
+
+def progress_bar(it, enabled: bool, **kw):
+    if not enabled:
+        return it
+    from tqdm import tqdm
+
+    return tqdm(it, desc="mini", dynamic_ncols=True, **kw)
+
+
+def run_summary(history: list[dict], *, steps: int, wall_s: float, state: str, reason: str | None,
+                skipped_updates: int, sft_meta: dict) -> dict:
+    """The numbers tables read (``summary.json``): final/best eval, late-training rollout stats,
+    clip stats, from the run's brief history (training rows and ``{"eval": row}`` entries)."""
+    import math
+
+    from fp8rl.backends.mini.evaluate import DATASET
+
+    train = [h for h in history if "eval" not in h]
+    evals = [h["eval"] for h in history if "eval" in h]
+    avg, pas = M.eval_key(DATASET, "avg@k"), M.eval_key(DATASET, "pass@k")
+
+    def mean_of(key: str, rows: list[dict]) -> float | None:
+        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+        return sum(vals) / len(vals) if vals else None
+
+    last = train[-10:]
+    return {
+        "state": state, "reason": reason, "steps": steps, "wall_s": wall_s,
+        "skipped_updates": skipped_updates,
+        avg: evals[-1][avg] if evals else None, pas: evals[-1][pas] if evals else None,
+        f"{avg}/initial": evals[0][avg] if evals else None,
+        f"{avg}/best": max((e[avg] for e in evals), default=None),
+        f"{M.ROLLOUT_ACC}/last10": mean_of(M.ROLLOUT_ACC, last),
+        f"{M.ROLLOUT_GARBLED_FRAC}/last10": mean_of(M.ROLLOUT_GARBLED_FRAC, last),
+        f"{M.ACTOR_ENTROPY}/last10": mean_of(M.ACTOR_ENTROPY, last),
+        f"{M.ACTOR_ENTROPY}/max": max((r[M.ACTOR_ENTROPY] for r in train if M.ACTOR_ENTROPY in r), default=None),
+        f"{M.ACTOR_CLIPFRAC_NEG_LOW}/mean": mean_of(M.ACTOR_CLIPFRAC_NEG_LOW, train),
+        f"{M.ROLLOUT_MISMATCH_KL}/mean": mean_of(M.ROLLOUT_MISMATCH_KL, train),
+        f"{M.PERF_STEP_S}/mean": mean_of(M.PERF_STEP_S, train),
+        "sft": {k: v for k, v in sft_meta.items() if k != "path"},
+    }
