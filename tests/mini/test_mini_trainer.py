@@ -274,13 +274,17 @@ def test_step0_evaluation_is_shared_by_cells_with_the_same_engine(tiny, tmp_path
     the first's step-0 evaluation from beside the warm start; another engine computes its own."""
     from pathlib import Path
 
-    a = run_mini(tiny("bf16", "vanilla", steps=1, run_dir=str(tmp_path / "a")))
-    b = run_mini(tiny("bf16", "tis", steps=1, run_dir=str(tmp_path / "b")))
-    c = run_mini(tiny("rollout_only", "tis", steps=1, run_dir=str(tmp_path / "c")))
+    # the warm-start cache is shared by the session's tests: count only what these runs add
+    seed = 4242
+    cache = Path(tiny("bf16").mini.cache_dir)
+    before = set(cache.glob("*/eval0-*.json"))
+    a = run_mini(tiny("bf16", "vanilla", steps=1, seed=seed, run_dir=str(tmp_path / "a")))
+    b = run_mini(tiny("bf16", "tis", steps=1, seed=seed, run_dir=str(tmp_path / "b")))
+    c = run_mini(tiny("rollout_only", "tis", steps=1, seed=seed, run_dir=str(tmp_path / "c")))
     ev = {k: RunDir(s["run_dir"]).read_eval()[0] for k, s in {"a": a, "b": b, "c": c}.items()}
     assert ev["a"] == ev["b"]
-    sft_dir = Path(tiny("bf16").mini.cache_dir) / a["sft"]["key"]
-    cached = sorted(sft_dir.glob("eval0-*.json"))
+    cached = sorted(set(cache.glob("*/eval0-*.json")) - before)
+    assert {p.parent.name for p in cached} == {a["sft"]["key"]}
     assert len(cached) == 2  # the bf16 engine's, the tensorwise engine's
     rows = [json.loads(p.read_text())["row"] for p in cached]
     assert ev["a"] in rows and ev["c"] in rows

@@ -88,8 +88,8 @@ def main_table_configs(tmp_path: Path):
     for algo, model, fp8, clip in itertools.product(*axes):
         cfg = {
             "algorithm": _yaml("algorithm", algo), "model": {"slot": model},
-            "fp8": {**_yaml("fp8", fp8), **scale["fp8"]}, "clip": _yaml("clip", clip),
-            **{k: v for k, v in scale.items() if k != "fp8"},
+            "fp8": {**_yaml("fp8", fp8), **scale["fp8"]}, "clip": {**_yaml("clip", clip), **scale["clip"]},
+            **{k: v for k, v in scale.items() if k not in ("fp8", "clip")},
             "openrlhf": {**backend, **data}, "output_dir": str(tmp_path / "main_table"),
         }
         cfg = OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)  # scale/paper.yaml interpolates

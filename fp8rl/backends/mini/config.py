@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fp8rl.config import Fp8Config, RunConfig, _require
+from fp8rl.config import ClipConfig, Fp8Config, RunConfig, _require
 
 
 @dataclass
@@ -32,7 +32,7 @@ class MiniSettings:
     data_seed: int = 1234
     n_train: int = 20000
     n_eval: int = 512
-    sft_steps: int = 600
+    sft_steps: int = 800
     sft_batch_size: int = 64
     sft_lr: float = 3e-3
     sft_seed: int = 0
@@ -64,17 +64,25 @@ class MiniRunConfig(RunConfig):
     128 x 30-token FP8 rollout of the ``8b`` slot), and emulation computes the same FP8
     quantization (quantize-dequantize, float32 accumulation).
 
-    The other overridden defaults are the mini main-table configuration: 40 steps of 8 prompts
-    x 8 samples, 4 mini-batch updates per rollout batch, lr 2e-5 (small enough that the BF16
-    ratio rarely leaves [0.8, 1.2] while FP8 noise does; see ``docs/mini.md``).
+    The other overridden defaults are the mini regime in which RL learns (``docs/mini.md``,
+    "The regime"): 20 steps of 16 prompts x 8 samples, 4 mini-batch updates per rollout batch,
+    old log-probs in rollout-order micro-batches of 32, AdamW with the body at 1e-5, the LM head
+    at 2e-5 and the final norm at 1e-2 (the scale of the output distribution: BF16 GRPO then
+    raises paired T=1 accuracy on 512 held-out problems by ~6 points in 20 steps, mostly by
+    sharpening), evaluation every 10 steps, and Calibrated Clipping every 4 steps pooling the
+    last 4 calibrations (a 20-step run: 5 calibrations; the paper's K = 20 is for 200 steps).
     """
 
     fp8: Fp8Config = field(default_factory=lambda: Fp8Config(emulate=True))
-    # the main-table configuration at mini scale (one full-FP8 run <= 60 s on 2 CPU cores)
-    steps: int = 40
-    prompts_per_step: int = 8
+    clip: ClipConfig = field(default_factory=lambda: ClipConfig(period=4, window=4))
+    steps: int = 20
+    prompts_per_step: int = 16
     num_mini_batches: int = 4
-    lr: float = 2e-5
+    logprob_micro_batch: int = 32
+    lr: float = 1e-5
+    lr_lm_head: float | None = 2e-5
+    lr_final_norm: float | None = 1e-2
+    eval_every: int = 10
     mini: MiniSettings = field(default_factory=MiniSettings)
 
     def validate(self) -> None:
