@@ -99,8 +99,8 @@ def cell_flags(ckpt: Path, ckpt_dir: Path, *, world: int, algorithm: str = "grpo
     o.update(micro_train_batch_size=micro_batch, gradient_checkpointing=False,
              packing_samples=False)
     cfg = {"algorithm": {**y("algorithm", algorithm), "n_samples_per_prompt": n}, "model": {"slot": "8b"},
-           "fp8": {**y("fp8", fp8), **scale["fp8"]}, "clip": y("clip", clip),
-           **{k: v for k, v in scale.items() if k != "fp8"}, "openrlhf": o, "output_dir": str(ckpt_dir / "runs"),
+           "fp8": {**y("fp8", fp8), **scale["fp8"]}, "clip": {**y("clip", clip), **scale["clip"]},
+           **{k: v for k, v in scale.items() if k not in ("fp8", "clip")}, "openrlhf": o, "output_dir": str(ckpt_dir / "runs"),
            "prompts_per_step": prompts, "num_mini_batches": mini_batches, "steps": 2, "lr": lr,
            "logprob_micro_batch": 1}
     cfg = build_dataclass(OpenRLHFRunConfig, OmegaConf.to_container(OmegaConf.create(cfg), resolve=True))
