@@ -14,6 +14,11 @@ Figures (:data:`FIGURES`): entropy over training (surge onsets marked, ``analysi
 (log scale); the clip bounds ``clip/low``, ``clip/high`` and ``clip/alpha``; the ratio
 quantiles of negative-advantage tokens.
 
+The clip-fraction figure is drawn as small multiples: one row of panels per clip method and
+one line per FP8 setting in each (coloured by the FP8 setting), so a main-table panel holds
+five lines instead of fifteen; ``analysis.bars`` adds a one-panel-per-block summary of the same
+metric (mean over training per arm, bars).
+
 Layout: at most three panels per row (a single-metric figure wraps into rows, a multi-metric
 figure narrows its panels towards a 7.2 in page width), panels GRPO before DAPO and models in
 natural order; panels 3.0 x 2.1 in with 7-8 pt text, PDF fonts embedded as TrueType.
@@ -39,7 +44,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.arms import arm_label, arm_style, panel_order_key, select, sort_arms
+from analysis.arms import (
+    CLIP_LABELS,
+    FP8_LABELS,
+    arm_label,
+    arm_order_key,
+    arm_style,
+    panel_order_key,
+    select,
+    sort_arms,
+    split_clip,
+)
 from analysis.collect import Collection
 from analysis.surge import SurgeRule, ema, surge_table
 from fp8rl.runs import metrics as M
@@ -76,14 +91,20 @@ class FigureSpec:
     logy: bool = False
     mark_surge: bool = False
     smooth: bool = True  # False for step functions such as the clip bounds in force
+    #: Small multiples: one row of panels per clip method (vanilla / TIS / calibrated), one
+    #: line per FP8 setting in each, when the sweep holds two or more clip methods.
+    facet_clip: bool = False
+    #: Factor applied to the plotted values (100: fractions drawn as percent).
+    scale: float = 1.0
 
 
 FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec("entropy", (M.ACTOR_ENTROPY,), ("entropy (nats/token)",),
                "Policy entropy over training", mark_surge=True),
     FigureSpec("clipfrac_neg_low", (M.ACTOR_CLIPFRAC_NEG_LOW,),
-               ("A<0 tokens with r < low (fraction)",),
-               "Negative-advantage tokens below the lower clip bound (gradient zeroed)"),
+               ("A<0 below L (%)",),
+               "Negative-advantage tokens below the lower clip bound (gradient zeroed)",
+               facet_clip=True, scale=100.0),
     FigureSpec("reward_accuracy", (M.ROLLOUT_REWARD_MEAN, M.ROLLOUT_ACC),
                ("mean reward", "rollout accuracy (fraction)"), "Reward and rollout accuracy"),
     FigureSpec("eval_accuracy", (EVAL_AVG_METRIC,), ("eval avg@k, mean over sets (%)",),
@@ -170,12 +191,32 @@ def arm_curves(coll: Collection, metric: str, *, smooth: float | None = None) ->
     return agg[cols]
 
 
-def _panels(coll: Collection) -> list[tuple[str, str]]:
+def _figure_rows(spec: FigureSpec, arms: Sequence[tuple[str, str]]) -> list[tuple[str, str | None, str]]:
+    """``(metric, clip method or None, y label)`` per row of panels: one per metric, or with
+    ``spec.facet_clip`` and two or more clip methods among ``arms``, one per (metric, method)."""
+    methods = sorted({split_clip(c)[0] for _, c in arms}, key=lambda c: arm_order_key("bf16", c))
+    if not spec.facet_clip or len(methods) < 2:
+        return [(m, None, lab) for m, lab in zip(spec.metrics, spec.ylabels, strict=True)]
+    return [(m, c, f"{CLIP_LABELS.get(c, c)}\n{lab}") for m, lab in zip(spec.metrics, spec.ylabels, strict=True)
+            for c in methods]
+
+
+def _facet_style(fp8: str, clip: str):
+    """Style and legend label of an arm in a clip-faceted row: the colour of its FP8 setting
+    (the same in every row), a solid line, the label without the clip method (the row says it)."""
+    variant = split_clip(clip)[1]
+    st = arm_style(fp8, "tis")
+    label = FP8_LABELS.get(fp8, f"FP8 {fp8}") + (f" [{variant}]" if variant else "")
+    return dataclasses.replace(st, linestyle="--" if fp8 == "rollout_only" else "-",
+                               linewidth=2.0 if fp8 == "bf16" else 1.5), label
+
+
+def panels_of(coll: Collection) -> list[tuple[str, str]]:
     pairs = coll.runs[["algorithm", "model"]].dropna().astype(str).drop_duplicates()
     return sorted(map(tuple, pairs.to_numpy().tolist()), key=lambda p: panel_order_key(*p))
 
 
-def _fmt(x) -> str:
+def format_number(x) -> str:
     return "" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.6g}"
 
 
@@ -198,21 +239,22 @@ def plot_figure(
     curves = {m: arm_curves(coll, m, smooth=span) for m in spec.metrics}
     if all(c.empty for c in curves.values()):
         return None
-    panels = _panels(coll)
+    panels = panels_of(coll)
     arms = sort_arms(zip(coll.runs["fp8"].astype(str), coll.runs["clip"].astype(str), strict=True))
+    rows = _figure_rows(spec, arms)
     n_panels = max(len(panels), 1)
-    wrap = len(spec.metrics) == 1 and n_panels > MAX_COLS
+    wrap = len(rows) == 1 and n_panels > MAX_COLS
     if wrap:  # one metric, many panels: rows of MAX_COLS panels
         nrows, ncols = math.ceil(n_panels / MAX_COLS), MAX_COLS
         pw = panel_width
-    else:  # one row per metric, one column per panel, narrower panels beyond MAX_COLS
-        nrows, ncols = len(spec.metrics), n_panels
+    else:  # one row per metric (and clip method), one column per panel, narrower beyond MAX_COLS
+        nrows, ncols = len(rows), n_panels
         pw = panel_width if ncols <= MAX_COLS else max(1.9, PAGE_WIDTH / ncols)
 
     def position(r: int, c: int) -> tuple[int, int]:
         return divmod(c, MAX_COLS) if wrap else (r, c)
 
-    occupied = {position(r, c) for r in range(len(spec.metrics)) for c in range(n_panels)}
+    occupied = {position(r, c) for r in range(len(rows)) for c in range(n_panels)}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     surges = pd.DataFrame(columns=["run", "surge_step"])
@@ -223,22 +265,27 @@ def plot_figure(
     csv_rows = []
     with plt.rc_context(RC):
         fig, axes = plt.subplots(nrows, ncols, figsize=(pw * ncols, panel_height * nrows + 0.6),
-                                 squeeze=False, sharex=False if wrap else "col", layout="constrained")
+                                 squeeze=False, sharex=False if wrap else "col",
+                                 sharey="row" if spec.facet_clip and not wrap else False,
+                                 layout="constrained")
         handles: dict[str, object] = {}
-        for r, metric in enumerate(spec.metrics):
+        for r, (metric, facet, ylabel) in enumerate(rows):
             cur = curves[metric]
             for c, (algo, model) in enumerate(panels):
                 rr, cc = position(r, c)
                 ax = axes[rr][cc]
                 sub = select(cur, algo, model)
                 for fp8, clip in arms:
+                    if facet is not None and split_clip(clip)[0] != facet:
+                        continue
                     a = select(sub, algo, model, fp8, clip)
                     if a.empty:
                         continue
                     a = a.sort_values("step")
-                    st = arm_style(fp8, clip)
-                    label = arm_label(fp8, clip)
-                    x, y, sd = a["step"].to_numpy(), a["mean"].to_numpy(), a["std"].to_numpy()
+                    st, label = (_facet_style(fp8, clip) if facet is not None
+                                 else (arm_style(fp8, clip), arm_label(fp8, clip)))
+                    x, sd = a["step"].to_numpy(), a["std"].to_numpy() * spec.scale
+                    y = a["mean"].to_numpy() * spec.scale
                     sparse = len(a) < 30 or metric == EVAL_AVG_METRIC
                     (line,) = ax.plot(x, y, color=st.color, linestyle=st.linestyle,
                                       linewidth=st.linewidth, marker="o" if sparse else None,
@@ -247,8 +294,8 @@ def plot_figure(
                     if np.isfinite(sd).any():
                         ax.fill_between(x, y - sd, y + sd, color=st.color, alpha=0.15, linewidth=0)
                     for xi, yi, si, ni in zip(x, y, sd, a["n_seeds"].to_numpy(), strict=True):
-                        csv_rows.append(("line", metric, algo, model, label, fp8, clip, int(xi),
-                                         _fmt(float(yi)), _fmt(float(si)), int(ni), ""))
+                        csv_rows.append(("line", metric, algo, model, arm_label(fp8, clip), fp8, clip,
+                                         int(xi), format_number(float(yi)), format_number(float(si)), int(ni), ""))
                     if spec.mark_surge and not surges.empty:
                         srg = select(surges, algo, model, fp8, clip)
                         for s_ in srg.itertuples(index=False):
@@ -257,8 +304,8 @@ def plot_figure(
                             ax.plot([xs], [ys], marker="v", color=st.color, markersize=6,
                                     markeredgecolor="white", markeredgewidth=0.5, linestyle="none",
                                     zorder=5)
-                            csv_rows.append(("surge", metric, algo, model, label, fp8, clip, xs,
-                                             _fmt(ys), "", "", str(s_.run)))
+                            csv_rows.append(("surge", metric, algo, model, arm_label(fp8, clip), fp8,
+                                             clip, xs, format_number(ys), "", "", str(s_.run)))
                 if spec.logy:
                     ax.set_yscale("log")
                 if r == 0:
@@ -266,7 +313,7 @@ def plot_figure(
                 if (rr + 1, cc) not in occupied:
                     ax.set_xlabel("training step")
                 if cc == 0:
-                    ax.set_ylabel(spec.ylabels[r])
+                    ax.set_ylabel(ylabel)
                 if sub.empty:
                     ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center",
                             color="0.5")

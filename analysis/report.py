@@ -6,7 +6,10 @@ Reads the sweep directories (never trains, never needs a GPU), then writes into 
     report.md                 figures, tables, the surge rule, missing/failed/incomplete cells
     .cache/                   parsed metrics per run (--no-cache to skip): reruns parse only new lines
     figures/<name>.png|pdf|csv   every figure of analysis.figures.FIGURES that has data
-    tables/accuracy.md|tex|csv   the paper-layout accuracy table
+    tables/accuracy.md|tex|csv   the paper-layout accuracy table (avg@k at the evaluation temperature)
+    tables/accuracy_greedy.*     the same for greedy decoding (runs that evaluated it)
+    tables/paired_accuracy.*     gain from step 0 per arm and versus BF16, paired (analysis.paired)
+    tables/paired_greedy.*       the same for greedy decoding
     tables/diagnostics.md|tex|csv
     tables/mechanism.md|tex|csv  A<0 tokens below the lower bound per arm, x BF16, ratio q01, bounds
     tables/trajectory.md|tex|csv entropy, garbled fraction and eval accuracy, start vs end, per arm
@@ -28,8 +31,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from analysis.bars import SUMMARY_NAMES, plot_summary, summary_spec
 from analysis.collect import Collection, collect
-from analysis.figures import FIGURE_NAMES, FIGURES, figure_spec, plot_figure
+from analysis.figures import FIGURE_NAMES, figure_spec, plot_figure
+from analysis.paired import paired_accuracy_table
 from analysis.surge import SurgeRule
 from analysis.tables import (
     accuracy_table,
@@ -39,6 +44,7 @@ from analysis.tables import (
     run_diagnostics,
     trajectory_table,
 )
+from fp8rl.runs import metrics as M
 
 
 def _md_table(df, columns: Sequence[str]) -> str:
@@ -70,7 +76,8 @@ def write_report(
     fig_dir.mkdir(parents=True, exist_ok=True)
     tab_dir.mkdir(parents=True, exist_ok=True)
 
-    specs = list(FIGURES) if figures is None else [figure_spec(n) for n in figures]
+    names = list(FIGURE_NAMES + SUMMARY_NAMES) if figures is None else list(figures)
+    specs = [summary_spec(n) if n in SUMMARY_NAMES else figure_spec(n) for n in names]
     it = specs
     if progress:
         from tqdm.auto import tqdm
@@ -78,10 +85,23 @@ def write_report(
         it = tqdm(specs, desc="figures", unit="fig", leave=False)
     figs = {}
     for spec in it:
-        figs[spec.name] = (spec, plot_figure(coll, spec, fig_dir, smooth=smooth, surge_rule=rule))
+        if spec.name in SUMMARY_NAMES:
+            figs[spec.name] = (spec, plot_summary(coll, spec, fig_dir), (spec.metric,))
+        else:
+            figs[spec.name] = (spec, plot_figure(coll, spec, fig_dir, smooth=smooth, surge_rule=rule),
+                               spec.metrics)
 
     acc = accuracy_table(coll)
     acc.write(tab_dir)
+    has_greedy = len(coll.evals) > 0 and (coll.evals["stat"] == M.EVAL_GREEDY).any()
+    acc_greedy = accuracy_table(coll, stat=M.EVAL_GREEDY, name="accuracy_greedy") if has_greedy else None
+    paired = paired_accuracy_table(coll)
+    paired.write(tab_dir)
+    paired_greedy = (paired_accuracy_table(coll, stat=M.EVAL_GREEDY, name="paired_greedy")
+                     if has_greedy else None)
+    for t in (acc_greedy, paired_greedy):
+        if t is not None:
+            t.write(tab_dir)
     diag = diagnostics_table(coll, rule)
     diag.write(tab_dir)
     mech = mechanism_table(coll)
@@ -111,14 +131,20 @@ def write_report(
         md.append("None: every cell of the manifest finished.")
     if coll.notes:
         md += ["", "Data notes:", ""] + [f"- {x}" for x in coll.notes]
-    md += ["", "## Accuracy", "", acc.markdown, "## Diagnostics", "", diag.markdown,
+    md += ["", "## Accuracy", "", acc.markdown]
+    if acc_greedy is not None:
+        md += ["Greedy decoding:", "", acc_greedy.markdown]
+    md += ["## Accuracy gain, paired", "", paired.markdown]
+    if paired_greedy is not None:
+        md += ["Greedy decoding:", "", paired_greedy.markdown]
+    md += ["## Diagnostics", "", diag.markdown,
            "## Mechanism: FP8 noise and the lower clip bound", "", mech.markdown,
            "## Start versus end of training", "", traj.markdown,
            "## Calibrated Clipping: the bounds over time", "", cal.markdown]
     md += ["## Figures", ""]
-    for name, (spec, paths) in figs.items():
+    for name, (spec, paths, metrics) in figs.items():
         if paths is None:
-            md.append(f"- *{spec.title}*: no run logged {', '.join(spec.metrics)}; figure skipped.")
+            md.append(f"- *{spec.title}*: no run logged {', '.join(metrics)}; figure skipped.")
             md.append("")
             continue
         md.append(f"### {spec.title}")
@@ -144,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="do not keep parsed metrics in OUT/.cache (default: keep, so a rerun "
                         "parses only the lines appended since)")
     p.add_argument("--figures", default=None,
-                   help=f"comma-separated subset of figures (default all: {','.join(FIGURE_NAMES)})")
+                   help="comma-separated subset of figures (default all: "
+                        f"{','.join(FIGURE_NAMES + SUMMARY_NAMES)})")
     p.add_argument("--smooth", type=float, default=None, help="EMA span in steps (default: auto)")
     p.add_argument("--surge-k", type=float, default=SurgeRule.k)
     p.add_argument("--surge-m", type=int, default=SurgeRule.m)

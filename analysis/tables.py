@@ -441,8 +441,13 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
 
 CALIBRATION_METRICS: tuple[str, ...] = (M.CLIP_ALPHA, M.SHADOW_CLIPFRAC_NEG_LOW, M.CLIP_LOW, M.CLIP_HIGH,
                                         M.ACTOR_CLIPFRAC_NEG_LOW)
-#: The controller's bounds before smoothing (logged by the mini backend on calibration steps).
+#: Logged on calibration steps by the mini backend: the controller's bounds before smoothing, the
+#: bounds it sets for the next step, the A<0 tokens its estimate read and whether alpha n < 5.
 CLIP_LOW_RAW, CLIP_HIGH_RAW = "clip/low_raw", "clip/high_raw"
+CLIP_LOW_NEXT, CLIP_HIGH_NEXT = "clip/low_next", "clip/high_next"
+CLIP_N_NEG, CLIP_LOW_DATA = "clip/n_neg", "clip/low_data"
+CALIBRATION_EXTRA: tuple[str, ...] = (CLIP_LOW_RAW, CLIP_HIGH_RAW, CLIP_LOW_NEXT, CLIP_HIGH_NEXT, CLIP_N_NEG,
+                                      CLIP_LOW_DATA)
 
 
 def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
@@ -452,10 +457,14 @@ def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
     any of its runs logged ``shadow/clipfrac_neg_low`` (a calibration step: the BF16 shadow runs
     only then; for a backend that logs no shadow metric, ``clip/alpha`` marks them), plus the
     arm's first and last logged steps: the mean over runs of ``clip/alpha`` (the BF16 shadow's
-    fraction of A<0 tokens below 1 - eps_low), ``shadow/clipfrac_neg_low``, the controller's
-    target bounds before smoothing (``clip/low_raw``, ``clip/high_raw``, where logged), the
-    bounds in force (``clip/low``, ``clip/high``) and the FP8 ``actor/clipfrac_neg_low`` of that
-    step. Empty (with a sentence saying so) when no arm is calibrated.
+    fraction of A<0 tokens below 1 - eps_low), the A<0 tokens the estimate read
+    (``clip/n_neg``) and the fraction of runs whose estimate rests on alpha n < 5 tokens
+    (``clip/low_data``), the controller's target bounds before smoothing (``clip/low_raw``,
+    ``clip/high_raw``) and the bounds it set for the next step (``clip/low_next``,
+    ``clip/high_next``) where logged, the bounds in force during the step (``clip/low``,
+    ``clip/high``) and its FP8 ``actor/clipfrac_neg_low``. ``shadow_share`` is the arm's time in
+    the BF16 shadow over its total step time (``perf/shadow_s`` / ``perf/step_s``, all steps of
+    all runs). Empty (with a sentence saying so) when no arm is calibrated.
     """
     st = coll.steps
     rows = []
@@ -469,32 +478,43 @@ def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
             steps = set(g["step"].astype(int))
             marker = next((m for m in (M.SHADOW_CLIPFRAC_NEG_LOW, M.CLIP_ALPHA) if m in g.columns), None)
             cal = set(g.loc[g[marker].notna(), "step"].astype(int)) if marker else set()
+            share = (float(g[M.PERF_SHADOW_S].sum()) / float(g[M.PERF_STEP_S].sum())
+                     if {M.PERF_SHADOW_S, M.PERF_STEP_S} <= set(g.columns) and g[M.PERF_STEP_S].sum() > 0
+                     else math.nan)
             for step in sorted(cal | {min(steps), max(steps)}):
                 at = g[g["step"] == step]
                 row = {"algorithm": algo, "model": model, "arm": arm_label(fp8, clip), "fp8": fp8,
-                       "clip": clip, "step": step, "calibration": step in cal, "runs": at["run"].nunique()}
-                for m in (*CALIBRATION_METRICS, CLIP_LOW_RAW, CLIP_HIGH_RAW):
+                       "clip": clip, "step": step, "calibration": step in cal, "runs": at["run"].nunique(),
+                       "shadow_share": share}
+                for m in (*CALIBRATION_METRICS, *CALIBRATION_EXTRA):
                     row[m] = _fmean(at[m]) if m in at.columns else math.nan
                 rows.append(row)
     cols = ["algorithm", "model", "arm", "fp8", "clip", "step", "calibration", "runs", *CALIBRATION_METRICS,
-            CLIP_LOW_RAW, CLIP_HIGH_RAW]
+            *CALIBRATION_EXTRA, "shadow_share"]
     df = pd.DataFrame(rows, columns=cols)
-    header = ["Arm", "step", "runs", "alpha: BF16 shadow A<0 below 1-eps (%)", "L / H target", "L / H in force",
-              "FP8 A<0 below L (%)"]
+    header = ["Arm", "step", "runs", "alpha (%)", "A<0 tokens read", "alpha n < 5", "L / H target",
+              "L / H next", "L / H in force", "FP8 A<0 below L (%)", "shadow time (%)"]
 
     def cells(r, latex: bool) -> list[str]:
         def f(x, fmt):
             return "" if not np.isfinite(x) else format(x, fmt)
+
+        def pair(lo, hi):
+            return f"{f(r[lo], '.4f')} / {f(r[hi], '.4f')}" if r["calibration"] and np.isfinite(r[lo]) else ""
         step = f"{r['step']}{'' if r['calibration'] else ' (not a calibration step)'}"
         return [_latex_escape(r["arm"]) if latex else r["arm"], step, str(r["runs"]),
-                f(100 * r[M.CLIP_ALPHA], ".3f"),
-                f"{f(r[CLIP_LOW_RAW], '.4f')} / {f(r[CLIP_HIGH_RAW], '.4f')}" if r["calibration"] else "",
+                f(100 * r[M.CLIP_ALPHA], ".3f"), f(r[CLIP_N_NEG], ".0f") if r["calibration"] else "",
+                f(r[CLIP_LOW_DATA], ".2f") if r["calibration"] else "",
+                pair(CLIP_LOW_RAW, CLIP_HIGH_RAW), pair(CLIP_LOW_NEXT, CLIP_HIGH_NEXT),
                 f"{f(r[M.CLIP_LOW], '.4f')} / {f(r[M.CLIP_HIGH], '.4f')}",
-                f(100 * r[M.ACTOR_CLIPFRAC_NEG_LOW], ".3f")]
+                f(100 * r[M.ACTOR_CLIPFRAC_NEG_LOW], ".3f"), f(100 * r["shadow_share"], ".1f")]
 
     md, tex = _render_blocks(df, header, cells, lambda a, m, g: (
-        "calibrated bounds at each calibration step (mean over runs; the bounds apply from that "
-        "step's update on)"))
+        "the controller at each calibration step (mean over runs): alpha = the BF16 shadow's share "
+        "of A<0 tokens below 1 - eps_low; 'alpha n < 5' = share of runs whose lower bound rests on "
+        "fewer than five tokens; 'next' = the bounds set for the following steps (after EMA); "
+        "'in force' = the bounds of this step's updates; shadow time = the arm's BF16 shadow time "
+        "over its step time, whole runs"))
     if df.empty:
         md.append("No calibrated arm in these sweeps.")
         tex.append("% No calibrated arm in these sweeps.")

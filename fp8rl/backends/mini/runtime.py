@@ -20,6 +20,20 @@ def seed_for(*parts: object) -> int:
     return int.from_bytes(h[:8], "little") >> 1
 
 
+def quiet_import_noise() -> None:
+    """Silence two third-party log lines that every mini run printed on a CPU machine.
+
+    transformers' model code imports torchao (its quantizer registry); torchao then logs that
+    its CUDA kernels (``_C_cutlass_90a``, ``_C_mxfp8``) cannot load, and torch's pytree logs a
+    deprecation for two torchao enums. Neither matters to an emulated CPU run; both loggers are
+    set to ERROR, nothing else is touched.
+    """
+    import logging
+
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 @contextlib.contextmanager
 def torch_settings(deterministic: bool, num_threads: int, device: str = "cpu") -> Iterator[None]:
     """Deterministic algorithms and a thread count for the duration of a run, then restored.
@@ -28,6 +42,8 @@ def torch_settings(deterministic: bool, num_threads: int, device: str = "cpu") -
     starts; we check it and raise naming the fix rather than set it behind the user's back.
     """
     import os
+
+    quiet_import_noise()
 
     if deterministic and torch.device(device).type == "cuda" and not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
         raise RuntimeError(
