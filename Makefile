@@ -5,19 +5,26 @@ BIN     := $(VENV)/bin
 # On CPU-only machines torch must be installed before the project, or pip pulls a CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: install test test-all lint bench clean install-integration test-integration
+.PHONY: install install-run test test-all lint bench clean install-integration test-integration
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
+# What running needs (make reproduce): torch, then the project and its runtime dependencies.
+$(VENV)/.installed-run: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+# What the tests need on top (pytest, ruff, Ray, W&B, notebooks, the pinned OpenRLHF sources).
+$(VENV)/.installed: $(VENV)/.installed-run
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@# Upstream reference code for parity tests: loaded by path, never imported as a package.
 	$(BIN)/pip install --quiet --no-deps openrlhf==0.11.2
 	touch $@
 
+install-run: $(VENV)/.installed-run
 install: $(VENV)/.installed
 
 test: install
@@ -67,7 +74,7 @@ bench: install
 
 # Our mini step against Hugging Face TRL's GRPOTrainer (benchmarks/bench_peer_trl.py).
 .PHONY: bench-peer
-bench-peer: install
+bench-peer: install-run
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_peer_trl.py
 
@@ -84,16 +91,16 @@ slurm-down:
 
 # The README's main command: the paper's main table at mini scale, on this machine.
 .PHONY: reproduce
-reproduce: install
+reproduce: install-run
 	$(BIN)/python -m experiments.launch +sweep=main_table
 
 # The published mini reproduction (docs/results/mini/README.md). After the sweeps have run:
 # copy each sweep's run directories (no checkpoints, no machine paths) into $(RESULTS)/runs/
 # and regenerate its report from that copy; tests/analysis/test_published_results.py checks it.
 RESULTS ?= docs/results/mini
-SWEEPS  ?= main_table entropy_granularity calibration_ablation surge_stress
+SWEEPS  ?= main_table entropy_granularity calibration_ablation regime_ablation
 .PHONY: results
-results: install
+results: install-run
 	@for s in $(SWEEPS); do \
 	  $(BIN)/python -m experiments.publish runs/$$s $(RESULTS)/runs/$$s --replace || exit 1; \
 	  rm -rf $(RESULTS)/$$s/figures $(RESULTS)/$$s/tables $(RESULTS)/$$s/report.md; \

@@ -8,8 +8,10 @@ faster (or slower) a generation batch of our mini backend is, measured in the sa
 alternating the two systems ``--rounds`` times so that a load change on the (shared) machine
 hits both alike. Identical settings, taken from one ``MiniRunConfig``:
 
-- the **model**: the same warm-started tiny Qwen3 (``Qwen3ForCausalLM``, eager attention,
-  fp32 master weights), one deep copy per system;
+- the **model**: the same warm-started tiny Qwen3 (``Qwen3ForCausalLM``, fp32 master weights),
+  one deep copy per system; TRL's copy uses transformers' default SDPA attention (as a TRL user
+  gets it; ours runs its own Qwen3 forward, ``fp8rl.backends.mini.qwen3``, with fused SDPA in
+  the engine and eager attention in the trainer);
 - the **prompts**: the arithmetic task's training prompts with ``<bos>``; TRL gets a
   ``PreTrainedTokenizerFast`` with exactly our character vocabulary (checked: it encodes every
   prompt to our ids);
@@ -36,8 +38,10 @@ optimizer step of a generation batch to the first of the next (rollout = its ``_
 train = everything else: scoring, old log-probs, the four optimizer steps, its bookkeeping).
 Per round the first ``--warmup`` batches of each are dropped; the printed numbers are the
 medians over all measured batches. ``speedup`` = TRL time / our time per generation batch
-(> 1: we are faster). ``--arm`` picks our FP8 arm (default ``bf16``; TRL has no FP8, so only
-``bf16`` is a like-for-like comparison).
+(> 1: we are faster). ``--arm`` picks our arm from ``sweeps/fp8/`` (default ``fp32``: TRL runs the
+fp32 model in fp32, so ``fp32`` is the like-for-like comparison; ``bf16`` adds our CPU emulation
+of BF16 GEMMs, ``tensorwise`` etc. FP8, which TRL does not have). Both systems train every
+parameter at ``lr`` (``lr_lm_head`` / ``lr_final_norm`` are set to null unless overridden).
 """
 
 from __future__ import annotations
@@ -145,7 +149,9 @@ class Trl:
             def on_train_end(self, *_a, **_k):
                 stamps.append(time.perf_counter())
 
-        trainer = self.GRPOTrainer(model=copy.deepcopy(self.base).train(), reward_funcs=[self.reward], args=args,
+        model = copy.deepcopy(self.base).train()
+        model.set_attn_implementation("sdpa")  # transformers' default, what a TRL user gets
+        trainer = self.GRPOTrainer(model=model, reward_funcs=[self.reward], args=args,
                                    train_dataset=self.dataset, processing_class=self.hf_tok, callbacks=[Clock()])
         inner = trainer._generate
         lengths: list[float] = []
@@ -196,7 +202,8 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--warmup", type=int, default=2, help="batches dropped at the start of each round")
     p.add_argument("--rounds", type=int, default=3, help="alternations ours / TRL")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--arm", default="bf16", help="our FP8 arm (rollout and trainer recipe)")
+    p.add_argument("--arm", default="fp32",
+                   help="our arm, a sweeps/fp8/ name (default fp32: TRL's model computes in fp32 here)")
     p.add_argument("--cache", default="runs/.cache/sft", help="SFT warm-start cache")
     p.add_argument("overrides", nargs="*", help="MiniRunConfig key=value overrides")
     args = p.parse_args(argv)
@@ -206,9 +213,17 @@ def main(argv: list[str]) -> dict:
     from fp8rl.backends.mini.task import make_splits
     from fp8rl.backends.mini.tokenizer import CharTokenizer
 
-    arm = [] if args.arm == "bf16" else [f"fp8.name={args.arm}", f"fp8.rollout_recipe={args.arm}",
-                                          f"fp8.trainer_recipe={args.arm}"]
-    cfg, _, _ = parse_config([*arm, f"mini.num_threads={args.threads}", f"mini.cache_dir={args.cache}",
+    arm_file = Path(__file__).resolve().parents[1] / "sweeps" / "fp8" / f"{args.arm}.yaml"
+    if not arm_file.is_file():
+        raise SystemExit(f"--arm {args.arm!r}: no sweeps/fp8/{args.arm}.yaml; use an FP8 arm name such as "
+                         "fp32, bf16, tensorwise, blockwise")
+    import yaml
+
+    arm = [f"fp8.{k}={v}" for k, v in yaml.safe_load(arm_file.read_text()).items()]
+    # one learning rate for every parameter, as TRL trains (the mini regime's per-group rates
+    # cost nothing extra, but like for like); a key=value override replaces these
+    same_lr = ["lr_lm_head=null", "lr_final_norm=null"]
+    cfg, _, _ = parse_config([*arm, *same_lr, f"mini.num_threads={args.threads}", f"mini.cache_dir={args.cache}",
                               *args.overrides])
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(cfg.mini.deterministic)

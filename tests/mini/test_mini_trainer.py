@@ -85,6 +85,19 @@ def test_same_seed_same_metrics(tiny, tmp_path):
     assert RunDir(a["run_dir"]).read_eval() == RunDir(b["run_dir"]).read_eval()
 
 
+def test_evaluations_do_not_perturb_training(tiny, tmp_path):
+    """Evaluating every step or only at the end trains identically and ends on the same final
+    evaluation (evaluations sample from their own generator): how often to evaluate is a cost
+    choice, not a change of the experiment."""
+    kw = dict(steps=3, samples_every=0)
+    often = run_mini(tiny("tensorwise", "calibrated", eval_every=1, run_dir=str(tmp_path / "often"), **kw))
+    end = run_mini(tiny("tensorwise", "calibrated", eval_every=0, run_dir=str(tmp_path / "end"), **kw))
+    assert _no_perf(_rows(often)) == _no_perf(_rows(end))
+    ev_often, ev_end = RunDir(often["run_dir"]).read_eval(), RunDir(end["run_dir"]).read_eval()
+    assert [r["step"] for r in ev_often] == [0, 1, 2, 3] and [r["step"] for r in ev_end] == [0, 3]
+    assert ev_often[0] == ev_end[0] and ev_often[-1] == ev_end[-1]
+
+
 def test_kill_and_resume_gives_the_same_metrics(tiny, tmp_path, monkeypatch):
     kw = dict(steps=5, checkpoint_every=2, eval_every=2)
     ref = run_mini(tiny("tensorwise", "calibrated", run_dir=str(tmp_path / "ref"), **kw))

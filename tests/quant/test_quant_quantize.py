@@ -15,6 +15,7 @@ from fp8rl.quant import (
     PerRow,
     PerTensor,
     dequantize,
+    fake_quantize,
     quantize,
     quantize_with_scale,
     sqnr_db,
@@ -261,3 +262,20 @@ def test_fake_quantize_equals_dequantize_of_quantize(gname, fmt, shape):
             qs[i:i + br, j:j + bc] = torch.exp2(torch.floor(torch.log2(v))) if g.power_of_two else v
     ref = q.reshape(x2.shape).to(torch.float32) / qs
     assert torch.equal(fake_quantize(x, g, fmt, divide=True).reshape(x2.shape), ref)
+
+
+@pytest.mark.parametrize("gran", [PerBlock(1, 128), PerBlock(128, 128), MX(32)])
+@pytest.mark.parametrize("shape", [(192, 64), (5, 64), (130, 200), (1, 20)])
+def test_blocks_longer_than_the_operand_equal_zero_padding(gran, shape):
+    """A block dimension longer than the operand is clamped to it (no padding is computed):
+    the result equals quantizing the operand zero-padded to whole blocks, then cropping."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(3)) * 5
+    br, bc = gran.block_shape(*shape)
+    rows, cols = -(-shape[0] // br) * br, -(-shape[1] // bc) * bc
+    padded = torch.nn.functional.pad(x, (0, cols - shape[1], 0, rows - shape[0]))
+    ref = fake_quantize(padded, gran)[: shape[0], : shape[1]]
+    assert torch.equal(fake_quantize(x, gran), ref)
+    q, s = quantize(x, gran)
+    qp, sp = quantize(padded, gran)
+    assert torch.equal(q.view(torch.uint8), qp[: shape[0], : shape[1]].view(torch.uint8))
+    assert torch.equal(dequantize(q, s, gran), dequantize(qp, sp, gran)[: shape[0], : shape[1]])
