@@ -134,7 +134,7 @@ EVAL_N = "n"
 
 _DATASET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
 #: Matches ``eval/<dataset>/avg@k`` and ``eval/<dataset>/pass@16`` (numeric k accepted on read).
-EVAL_KEY_RE = re.compile(r"^eval/(?P<dataset>[^/]+)/(?P<stat>avg|pass)@(?P<k>k|\d+)$")
+EVAL_KEY_RE = re.compile(r"^eval/(?P<dataset>[^/]+)/(?:(?P<stat>avg|pass)@(?P<k>k|\d+)|(?P<greedy>greedy))$")
 
 
 def _check_dataset(dataset: str) -> str:
@@ -164,13 +164,16 @@ def eval_key(dataset: str, stat: str) -> str:
 
 
 def parse_eval_key(key: str) -> tuple[str, str, int | None] | None:
-    """``"eval/aime24/avg@16"`` -> ``("aime24", "avg@k", 16)``; ``"eval/x/avg@k"`` -> k None.
+    """``"eval/aime24/avg@16"`` -> ``("aime24", "avg@k", 16)``; ``"eval/x/avg@k"`` -> k None;
+    ``"eval/x/greedy"`` -> ``("x", "greedy", None)``.
 
     Returns None for keys that are not evaluation metrics.
     """
     m = EVAL_KEY_RE.match(key)
     if m is None:
         return None
+    if m.group("greedy"):
+        return m.group("dataset"), EVAL_GREEDY, None
     k = m.group("k")
     return m.group("dataset"), f"{m.group('stat')}@k", (None if k == "k" else int(k))
 

@@ -118,6 +118,8 @@ def test_metric_names():
         M.eval_key("a/b", "avg@k")
     assert M.parse_eval_key("eval/aime24/avg@16") == ("aime24", "avg@k", 16)
     assert M.parse_eval_key("eval/aime24/pass@k") == ("aime24", "pass@k", None)
+    assert M.parse_eval_key("eval/arith/greedy") == ("arith", "greedy", None)
+    assert M.parse_eval_key("eval/arith/garbled_frac") is None
     assert M.parse_eval_key("actor/entropy") is None
     row = M.eval_row(5, "amc23", avg_at_k=0.5, pass_at_k=0.75, k=4, n=40)
     assert row == {"step": 5, "dataset": "amc23", "k": 4, "n": 40,
