@@ -110,7 +110,8 @@ def plot_summary(coll: Collection, spec: SummarySpec | str, out_dir: str | os.Pa
             ref = a[a["fp8"] == "bf16"].sort_values("clip", key=lambda c: c != "vanilla", kind="stable")
             if len(ref):  # BF16 vanilla, else the first BF16 arm (as the tables' reference)
                 ax.axvline(float(ref["mean"].iloc[0]) * spec.scale, color="0.3", linestyle="--", linewidth=0.8)
-            ax.set_yticks(y, a["arm"].tolist() if (i % ncols == 0 or not same_arms) else [""] * len(a))
+            if i == 0 or not same_arms:  # shared y: the first panel's labels serve its row
+                ax.set_yticks(y, a["arm"].tolist())
             ax.tick_params(axis="y", length=0)
             ax.grid(axis="y", visible=False)
             ax.set_title(f"{algo.upper()} · {model}")

@@ -58,19 +58,29 @@ def _md_table(df, columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def _run_length(coll: Collection) -> int:
+    """Last logged step of the longest run (1 when nothing was logged)."""
+    steps = coll.steps["step"] if len(coll.steps) and "step" in coll.steps.columns else []
+    return max(1, int(max(steps, default=1)))
+
+
 def write_report(
     coll: Collection,
     out_dir: str | os.PathLike,
     *,
-    rule: SurgeRule = SurgeRule(),  # noqa: B008
+    rule: SurgeRule | None = None,
     smooth: float | None = None,
     progress: bool = False,
     figures: Sequence[str] | None = None,
 ) -> Path:
     """Write figures, tables and ``report.md`` for ``coll`` into ``out_dir``; returns report.md.
 
+    ``rule``: the surge rule (default: ``SurgeRule.for_length`` of the longest run's last step).
+
     ``figures``: names from ``analysis.figures.FIGURE_NAMES`` to draw (default: all).
     """
+    if rule is None:
+        rule = SurgeRule.for_length(_run_length(coll))
     out = Path(out_dir)
     fig_dir, tab_dir = out / "figures", out / "tables"
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -174,13 +184,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"{','.join(FIGURE_NAMES + SUMMARY_NAMES)})")
     p.add_argument("--smooth", type=float, default=None, help="EMA span in steps (default: auto)")
     p.add_argument("--surge-k", type=float, default=SurgeRule.k)
-    p.add_argument("--surge-m", type=int, default=SurgeRule.m)
-    p.add_argument("--surge-warmup", type=int, default=SurgeRule.warmup)
+    p.add_argument("--surge-m", type=int, default=None,
+                   help=f"consecutive elevated steps (default {SurgeRule.m}, fewer for runs under "
+                        "40 steps: SurgeRule.for_length)")
+    p.add_argument("--surge-warmup", type=int, default=None,
+                   help=f"steps ignored at the start (default {SurgeRule.warmup}, fewer for runs "
+                        "under 80 steps)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_true", default=None)
     g.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
-    rule = SurgeRule(k=args.surge_k, m=args.surge_m, warmup=args.surge_warmup)
     out = args.out or (args.sweep_dirs[0] / "report")
     t0 = time.perf_counter()
     coll = collect(args.sweep_dirs, workers=args.workers, progress=args.progress,
@@ -191,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     show = args.progress if args.progress is not None else len(coll.runs) >= 50
     figures = None if args.figures is None else [f.strip() for f in args.figures.split(",") if f.strip()]
+    rule = SurgeRule.for_length(_run_length(coll), k=args.surge_k, m=args.surge_m,
+                                warmup=args.surge_warmup)
     path = write_report(coll, out, rule=rule, smooth=args.smooth, progress=show, figures=figures)
     n_bad = len(coll.problems)
     print(f"{path}: {len(coll.runs)} cells, {n_bad} missing/failed/incomplete "

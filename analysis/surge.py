@@ -20,6 +20,14 @@ our guess [G], sized so that a paper-style surge (entropy 2-3x its floor for hun
 steps) is caught within a few steps of its start while seed noise of a few percent is not.
 With a clean step change of size ``>= k`` the smoothed curve crosses the threshold on the
 first step when ``(1 - alpha) + alpha * jump > k``, so the onset is the step of the change.
+
+**Short runs.** A warm-up of 20 and a streak of 10 steps cannot fire in a run of 20 or 30
+steps (the mini default is 20). :meth:`SurgeRule.for_length` scales both to the run length:
+``warmup = min(20, n // 4)``, ``m = min(10, max(2, n // 4))`` (20 steps: warm-up 5, streak 5;
+80 steps or more: the defaults). ``python -m analysis.report`` uses it with the longest run
+of the collection unless ``--surge-warmup`` / ``--surge-m`` are given. ``min_rise`` stays
+absolute: at the mini scale's entropy (~0.03 nats) a surge must reach ~0.08 nats, i.e. ~3x,
+which is the paper's kind of surge (several-fold), not a 1.5x wobble [G].
 """
 
 from __future__ import annotations
@@ -50,6 +58,16 @@ class SurgeRule:
             raise ValueError(f"SurgeRule.span must be >= 1 (1 = no smoothing), got {self.span}")
         if self.min_rise < 0:
             raise ValueError(f"SurgeRule.min_rise must be >= 0, got {self.min_rise}")
+
+    @classmethod
+    def for_length(cls, n_steps: int, **overrides) -> SurgeRule:
+        """The default rule with warm-up and streak scaled to runs of ``n_steps`` logged steps
+        (module docstring, "Short runs"); ``overrides`` (e.g. ``k=2.0``, ``m=3``) win."""
+        if not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
+            raise ValueError(f"n_steps must be an int >= 1 (the run length in steps), got {n_steps!r}")
+        n = int(n_steps)
+        scaled = dict(warmup=min(cls.warmup, n // 4), m=min(cls.m, max(2, n // 4)))
+        return cls(**{**scaled, **{k: v for k, v in overrides.items() if v is not None}})
 
     def describe(self) -> str:
         """One sentence for reports and captions."""

@@ -49,7 +49,7 @@ coll.runs[["run", "arm", "seed", "cell", "n_rows"]]
 coll.problems
 
 # %%
-rule = SurgeRule()
+rule = SurgeRule.for_length(int(coll.steps["step"].max()))  # warm-up and streak scaled to short runs
 print(rule.describe())
 surge_table(coll.steps, rule).merge(coll.runs[["run", "arm", "seed"]], on="run")
 

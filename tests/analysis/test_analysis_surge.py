@@ -105,3 +105,28 @@ def test_surge_table(known_coll):
     t = t.dropna(subset=["surge_step"])
     got = {(r.fp8, r.clip, int(r.seed)): int(r.surge_step) for r in t.itertuples()}
     assert got == SURGES
+
+
+def test_rule_for_short_runs_scales_warmup_and_streak():
+    # The mini default is 20 steps: the default warm-up (20) would leave nothing to test.
+    e = np.full(21, 0.025)
+    e[:3] = 0.04  # the early decrease from the warm start
+    e[9:] = 0.10  # a 4x surge from step 9 on
+    steps = np.arange(21)
+    assert surge_onset(steps, e, SurgeRule()) is None  # warm-up 20: blind on this run
+    short = SurgeRule.for_length(20)
+    assert (short.warmup, short.m) == (5, 5)
+    # the EMA (span 5) needs 3 steps to climb 0.05 nats above the floor: onset 11, not 9
+    assert surge_onset(steps, e, short) == 11
+    assert surge_onset(steps, e, short) == reference_onset(steps, e, short)
+    flat = np.full(21, 0.025)
+    flat[:3] = 0.04
+    assert surge_onset(steps, flat, short) is None
+    # long runs keep the defaults; explicit values win; None means "scaled"
+    assert SurgeRule.for_length(80) == SurgeRule() == SurgeRule.for_length(500)
+    assert SurgeRule.for_length(40) == SurgeRule(warmup=10, m=10)
+    assert SurgeRule.for_length(20, m=3, warmup=None, k=2.0) == SurgeRule(warmup=5, m=3, k=2.0)
+    assert SurgeRule.for_length(3).m == 2
+    for bad in (0, -5, 2.5, "20"):
+        with pytest.raises(ValueError, match="n_steps"):
+            SurgeRule.for_length(bad)
