@@ -29,7 +29,7 @@ import pandas as pd
 
 from analysis.arms import arm_label, arm_order_key, arm_style
 from analysis.collect import Collection
-from analysis.figures import MAX_COLS, RC, format_number, panels_of
+from analysis.figures import MAX_COLS, RC, format_number, panels_of, spec_by_name
 from analysis.tables import run_mechanism
 from fp8rl.runs import metrics as M
 
@@ -53,10 +53,7 @@ SUMMARY_NAMES = tuple(s.name for s in SUMMARIES)
 
 
 def summary_spec(name: str) -> SummarySpec:
-    for s in SUMMARIES:
-        if s.name == name:
-            return s
-    raise KeyError(f"unknown summary figure {name!r}; valid names are: {', '.join(SUMMARY_NAMES)}")
+    return spec_by_name(SUMMARIES, name, "summary figure")
 
 
 def arm_means(coll: Collection, metric: str) -> pd.DataFrame:

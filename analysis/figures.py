@@ -123,11 +123,17 @@ FIGURES: tuple[FigureSpec, ...] = (
 FIGURE_NAMES = tuple(f.name for f in FIGURES)
 
 
-def figure_spec(name: str) -> FigureSpec:
-    for f in FIGURES:
+def spec_by_name(specs, name: str, what: str = "figure"):
+    """The spec called ``name`` among ``specs`` (anything with a ``.name``); KeyError naming
+    the valid ones."""
+    for f in specs:
         if f.name == name:
             return f
-    raise KeyError(f"unknown figure {name!r}; valid names are: {', '.join(FIGURE_NAMES)}")
+    raise KeyError(f"unknown {what} {name!r}; valid names are: {', '.join(f.name for f in specs)}")
+
+
+def figure_spec(name: str) -> FigureSpec:
+    return spec_by_name(FIGURES, name)
 
 
 def _eval_mean_steps(coll: Collection) -> pd.DataFrame:

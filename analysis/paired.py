@@ -126,7 +126,5 @@ def paired_accuracy_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str
         f"{stat} averaged over the evaluation sets, last evaluation minus step 0 (same problems and "
         "sampling seed at every evaluation); mean ± std over seeds, t = mean / (std / √n); "
         "vs BF16: paired by seed"))
-    if df.empty:
-        md.append("No finished run has a step-0 and a later evaluation of this statistic.")
-        tex.append("% No finished run has a step-0 and a later evaluation of this statistic.")
-    return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
+    return Table.from_lines(
+        name, df, md, tex, empty="No finished run has a step-0 and a later evaluation of this statistic.")

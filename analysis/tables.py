@@ -93,6 +93,16 @@ class Table:
     markdown: str
     latex: str
 
+    @classmethod
+    def from_lines(cls, name: str, data: pd.DataFrame, md: list[str], tex: list[str],
+                   empty: str | None = None) -> Table:
+        """Join rendered Markdown / LaTeX lines; ``empty``: the sentence written when ``data``
+        has no rows (as a LaTeX comment in the .tex)."""
+        if empty is not None and data.empty:
+            md.append(empty)
+            tex.append(f"% {empty}")
+        return cls(name, data, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
+
     def write(self, out_dir: str | os.PathLike) -> dict[str, Path]:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -321,7 +331,7 @@ def diagnostics_table(coll: Collection, rule: SurgeRule = SurgeRule(), *, decima
     md.append(f"Surge rule: {rule.describe()}. Runs include unfinished ones (a surging run may fail); "
               f"'final' = mean over the last {FINAL_FRACTION:.0%} of logged steps.")
     tex.append(f"% Surge rule: {rule.describe()}.")
-    return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
+    return Table.from_lines(name, df, md, tex)
 
 
 CLIP_CELLS: tuple[str, ...] = (M.ACTOR_CLIPFRAC_NEG_LOW, M.ACTOR_CLIPFRAC_NEG_HIGH,
@@ -434,7 +444,7 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
     md, tex = _render_blocks(df, header, cells, caption)
     md.append("Per run: means over logged steps (`actor/clipfrac_neg_low`, `actor/ratio_neg_q01`, "
               "`rollout/mismatch_kl`) and the last `clip/low` / `clip/high`; then mean over runs.")
-    return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
+    return Table.from_lines(name, df, md, tex)
 
 
 # --- calibration over time ---------------------------------------------------------------
@@ -515,10 +525,7 @@ def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
         "fewer than five tokens; 'next' = the bounds set for the following steps (after EMA); "
         "'in force' = the bounds of this step's updates; shadow time = the arm's BF16 shadow time "
         "over its step time, whole runs"))
-    if df.empty:
-        md.append("No calibrated arm in these sweeps.")
-        tex.append("% No calibrated arm in these sweeps.")
-    return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
+    return Table.from_lines(name, df, md, tex, empty="No calibrated arm in these sweeps.")
 
 
 # --- trajectory: start vs end ------------------------------------------------------------
@@ -597,4 +604,4 @@ def trajectory_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str = "t
 
     md, tex = _render_blocks(df, header, cells, lambda a, m, g: (
         f"first vs last {TRAJECTORY_WINDOW:.0%} of steps, first vs last evaluation (mean ± std over runs)"))
-    return Table(name, df, "\n".join(md).rstrip() + "\n", "\n".join(tex).rstrip() + "\n")
+    return Table.from_lines(name, df, md, tex)
