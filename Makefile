@@ -98,7 +98,7 @@ reproduce: install-run
 # copy each sweep's run directories (no checkpoints, no machine paths) into $(RESULTS)/runs/
 # and regenerate its report from that copy; tests/analysis/test_published_results.py checks it.
 RESULTS ?= docs/results/mini
-SWEEPS  ?= main_table entropy_granularity calibration_ablation regime_ablation calibration_floor body_learning
+SWEEPS  ?= main_table entropy_granularity calibration_ablation regime_ablation calibration_floor calibration_ema body_learning
 .PHONY: results
 results: install-run
 	@for s in $(SWEEPS); do \

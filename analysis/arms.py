@@ -145,9 +145,23 @@ def sort_arms(pairs) -> list[tuple[str, str]]:
 ALGORITHM_ORDER: tuple[str, ...] = ("grpo", "dapo")
 
 
+_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
 def _natural(s: str) -> tuple:
-    """``"8b" < "14b" < "32b"``: digits compare as numbers."""
-    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.findall(r"\d+|\D+", s))
+    """``"8b" < "14b" < "32b"``, ``"low_min=0.05" < "0.2" < "0.5"``, ``"lr=1e-05" < "lr=0.0001"``:
+    numbers (decimals and exponents included) compare by value; the string itself breaks ties,
+    so two different labels never sort equal (the order of a report does not depend on the
+    order the runs were read in)."""
+    parts, pos = [], 0
+    for m in _NUMBER.finditer(s):
+        if m.start() > pos:
+            parts.append((1, 0.0, s[pos:m.start()]))
+        parts.append((0, float(m.group()), ""))
+        pos = m.end()
+    if pos < len(s):
+        parts.append((1, 0.0, s[pos:]))
+    return (*parts, (2, 0.0, s))
 
 
 def panel_order_key(algorithm: str, model: str) -> tuple:

@@ -241,7 +241,8 @@ class ClipConfig:
         _require(self.tis_cap > 0, f"clip.tis_cap must be > 0 (inf = no truncation), got {self.tis_cap}")
         _require(self.period >= 1, f"clip.period must be >= 1, got {self.period}")
         _require(self.window >= 1, f"clip.window must be >= 1 (calibrations pooled; 1 = none), got {self.window}")
-        _require(0 <= self.ema < 1, f"clip.ema must be in [0, 1), got {self.ema}")
+        _require(0 <= self.ema < 1, f"clip.ema is the weight of the previous bound and must be in [0, 1) "
+                 f"(0 = no smoothing), got {self.ema}")
         b = list(self.init_bounds)
         _require(len(b) == 2 and 0 < b[0] < 1 < b[1],
                  f"clip.init_bounds must be [low, high] with 0 < low < 1 < high, got {b}")

@@ -71,6 +71,18 @@ def test_arm_labels_and_styles():
     assert sort_arms(arms) == [("bf16", "vanilla"), ("rollout_only", "tis"), ("tensorwise", "vanilla"),
                                ("tensorwise", "calibrated"), ("tensorwise", "weird"), ("zz", "vanilla")]
     assert arm_order_key("bf16", "vanilla") < arm_order_key("mxfp8", "vanilla")
+    # sweep variants: numbers by value, decimals and exponents included; never a tie
+    def variants(*vs):
+        return sorted((f"calibrated[{v}]" for v in vs), key=lambda c: arm_order_key("tensorwise", c))
+    assert variants("clip.low_min=0.5", "clip.low_min=0.05", "clip.low_min=0.2") == [
+        "calibrated[clip.low_min=0.05]", "calibrated[clip.low_min=0.2]", "calibrated[clip.low_min=0.5]"]
+    assert variants("lr=0.0003", "lr=1e-05", "lr=0", "lr=0.0001", "lr=3e-05") == [
+        "calibrated[lr=0]", "calibrated[lr=1e-05]", "calibrated[lr=3e-05]", "calibrated[lr=0.0001]",
+        "calibrated[lr=0.0003]"]
+    assert variants("p=8 b=[0.8,1.2]", "p=8 b=[0.6,1.8]", "p=2 b=[0.8,1.2]")[0] == "calibrated[p=2 b=[0.8,1.2]]"
+    odd = ["a", "a1", "01", "1", "1.0", "x=05", "x=5"]
+    keys = [arm_order_key("tensorwise", f"c[{v}]") for v in odd]
+    assert len(set(keys)) == len(odd)  # distinct labels never sort equal
     # fixed mapping: the same arm always gets the same style; distinct arms differ
     known = [(f, c) for f in ("bf16", "rollout_only", "tensorwise", "rowwise", "blockwise", "mxfp8")
              for c in ("vanilla", "tis", "calibrated")]
