@@ -85,6 +85,19 @@ def atomic_write_json(path: str | os.PathLike, obj: object) -> None:
     atomic_write_text(path, dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def _parsed(path: Path, lines: list[bytes]):
+    """``(line number, line, parsed JSON)`` of the complete, non-blank ``lines``; a line that is
+    not JSON raises ValueError naming the file and the line (the file is corrupt)."""
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path}: line {i} is not valid JSON ({e}); the file is corrupt") from e
+        yield i, line, obj
+
+
 def _split_complete(data: bytes) -> tuple[list[bytes], bytes]:
     """Split file content into complete lines and a trailing fragment without newline."""
     if not data:
@@ -120,13 +133,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
         return []
     lines, tail = _split_complete(data)
     rows = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{path}: line {i} is not valid JSON ({e}); the file is corrupt") from e
+    for i, _line, obj in _parsed(path, lines):
         if not isinstance(obj, dict):
             raise ValueError(f"{path}: line {i} is not a JSON object")
         rows.append(obj)
@@ -253,13 +260,7 @@ def truncate_jsonl_after(path: str | os.PathLike, step: int) -> int:
     lines, tail = _split_complete(data)
     kept: list[bytes] = []
     dropped = 0
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{path}: line {i} is not valid JSON ({e}); the file is corrupt") from e
+    for _i, line, obj in _parsed(path, lines):
         s = obj.get(STEP) if isinstance(obj, dict) else None
         if isinstance(s, (int, float)) and s > step:
             dropped += 1

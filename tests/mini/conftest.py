@@ -47,3 +47,28 @@ def tiny(sft_cache, tmp_path):
         )
 
     return make
+
+
+@pytest.fixture
+def killed_at(monkeypatch):
+    """``killed_at(cfg, step)``: run ``cfg`` until ``step`` starts, then interrupt it as a kill
+    would (KeyboardInterrupt inside the step); the trainer is restored for the next run."""
+    from fp8rl.backends.mini.run import run_mini
+    from fp8rl.backends.mini.trainer import MiniTrainer
+
+    def run(cfg, step: int) -> None:
+        original = MiniTrainer.train_step
+
+        def dies(self, s):
+            if s == step:
+                raise KeyboardInterrupt("killed")
+            return original(self, s)
+
+        monkeypatch.setattr(MiniTrainer, "train_step", dies)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                run_mini(cfg)
+        finally:
+            monkeypatch.setattr(MiniTrainer, "train_step", original)
+
+    return run

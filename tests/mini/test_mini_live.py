@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from fp8rl.backends.mini.run import run_mini
-from fp8rl.backends.mini.trainer import MiniTrainer
 from fp8rl.config import LoggingConfig
 from fp8rl.runs import RunDir
 from fp8rl.runs.live import LiveLog, scalars
@@ -50,19 +49,9 @@ def test_tensorboard_mirrors_metrics_jsonl_under_the_same_names(tiny, tmp_path):
         assert _close(sorted(tb[tag]), want[tag]), tag
 
 
-def test_resumed_run_has_each_step_once_in_tensorboard(tiny, tmp_path, monkeypatch):
+def test_resumed_run_has_each_step_once_in_tensorboard(tiny, tmp_path, killed_at):
     cfg = tiny("bf16", run_dir=str(tmp_path / "r"), steps=5, checkpoint_every=2, eval_every=2)
-    original = MiniTrainer.train_step
-
-    def dies_at_4(self, step):
-        if step == 4:
-            raise KeyboardInterrupt("killed")
-        return original(self, step)
-
-    monkeypatch.setattr(MiniTrainer, "train_step", dies_at_4)
-    with pytest.raises(KeyboardInterrupt):
-        run_mini(cfg)
-    monkeypatch.setattr(MiniTrainer, "train_step", original)
+    killed_at(cfg, 4)
     run_mini(cfg)  # resumes from the step-2 checkpoint; step 3 is logged again
     rd = RunDir(tmp_path / "r")
     tb = _tensorboard(rd.path)

@@ -98,24 +98,14 @@ def test_evaluations_do_not_perturb_training(tiny, tmp_path):
     assert ev_often[0] == ev_end[0] and ev_often[-1] == ev_end[-1]
 
 
-def test_kill_and_resume_gives_the_same_metrics(tiny, tmp_path, monkeypatch):
+def test_kill_and_resume_gives_the_same_metrics(tiny, tmp_path, killed_at):
     kw = dict(steps=5, checkpoint_every=2, eval_every=2)
     ref = run_mini(tiny("tensorwise", "calibrated", run_dir=str(tmp_path / "ref"), **kw))
     cfg = tiny("tensorwise", "calibrated", run_dir=str(tmp_path / "killed"), **kw)
-    original = MiniTrainer.train_step
-
-    def dies_at_4(self, step):
-        if step == 4:
-            raise KeyboardInterrupt("killed")
-        return original(self, step)
-
-    monkeypatch.setattr(MiniTrainer, "train_step", dies_at_4)
-    with pytest.raises(KeyboardInterrupt):
-        run_mini(cfg)
+    killed_at(cfg, 4)
     rd = RunDir(tmp_path / "killed")
     assert rd.status()["state"] == "PREEMPTED"
     assert [r["step"] for r in rd.read_metrics()] == [1, 2, 3]  # step 3 logged after the checkpoint
-    monkeypatch.setattr(MiniTrainer, "train_step", original)
     resumed = run_mini(cfg)
     assert resumed["state"] == "DONE"
     assert _no_perf(rd.read_metrics()) == _no_perf(_rows(ref))

@@ -1,4 +1,11 @@
-"""The plugin binds where OpenRLHF 0.11.2 looks things up (real ppo_actor.py source, heavy imports stubbed)."""
+"""The plugin binds where OpenRLHF 0.11.2 looks things up (real ppo_actor.py source, heavy imports stubbed).
+
+Stand-ins: ``ray`` (``ray.remote`` as the identity), ``deepspeed`` and OpenRLHF's heavy modules
+are stubbed so that the binding's logic runs in milliseconds. They prove only the logic. The
+same claims against the real systems (real Ray 2.55 workers, the real ``PolicyModelActor`` and
+``ActorPPOTrainer`` of openrlhf 0.11.2, DeepSpeed ZeRO-3 on CPU) are the integration tier's:
+``tests/integration/test_int_policy_actor.py`` (run by ``.ci/run``).
+"""
 
 import importlib.util
 import sys
