@@ -2,7 +2,7 @@
 
 Where a line figure would be crowded (a main-table panel has fifteen arms; the calibration
 ablation eighteen variants of one arm), a summary shows the number the text quotes: per run the
-mean of a metric over its logged steps (``analysis.tables.run_mechanism``), then per arm the
+mean of a metric over its logged steps (``analysis.clip_tables.run_mechanism``), then per arm the
 mean over seeds with a ±1 std error bar where there are two or more seeds. Bars are horizontal
 and ordered as in the tables (``analysis.arms``), coloured by arm (``arm_style``); the block's
 BF16 arm (BF16 vanilla, else the first BF16 arm) is drawn as a dashed vertical line.
@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.arms import arm_label, arm_order_key, arm_style
+from analysis.clip_tables import run_mechanism
 from analysis.collect import Collection
 from analysis.figures import MAX_COLS, RC, format_number, panels_of, spec_by_name
-from analysis.tables import run_mechanism
 from fp8rl.runs import metrics as M
 
 

@@ -26,7 +26,7 @@ import pandas as pd
 
 from analysis.arms import arm_label
 from analysis.collect import CELL_OK, Collection
-from analysis.tables import Table, _bf16_reference, _blocks, _latex_escape, _render_blocks
+from analysis.tabulate import Table, bf16_reference, blocks, latex_escape, render_blocks
 from fp8rl.runs import metrics as M
 
 
@@ -80,8 +80,8 @@ def paired_accuracy_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str
     """Accuracy gain per arm and versus the block's BF16 arm (see the module docstring)."""
     gains = run_gains(coll, stat)
     rows = []
-    for algo, model, arms in _blocks(coll):
-        ref_arm = _bf16_reference(arms)
+    for algo, model, arms in blocks(coll):
+        ref_arm = bf16_reference(arms)
         blk = gains[(gains["algorithm"].astype(str) == algo) & (gains["model"].astype(str) == model)]
         ref = (blk[(blk["fp8"].astype(str) == ref_arm[0]) & (blk["clip"].astype(str) == ref_arm[1])]
                .set_index("seed")["gain"] if ref_arm else pd.Series(dtype=float))
@@ -116,13 +116,13 @@ def paired_accuracy_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str
         return format(x, fmt) if np.isfinite(x) else ""
 
     def cells(r, latex: bool) -> list[str]:
-        return [_latex_escape(r["arm"]) if latex else r["arm"], str(r["runs"]),
+        return [latex_escape(r["arm"]) if latex else r["arm"], str(r["runs"]),
                 num(100 * r["first_mean"], ".1f"), num(100 * r["last_mean"], ".1f"),
                 pm(r["gain_mean"], r["gain_std"], latex), num(r["gain_t"], ".1f"),
                 "" if r["vs_bf16_pairs"] == 0 else pm(r["vs_bf16_mean"], r["vs_bf16_std"], latex),
                 num(r["vs_bf16_t"], ".1f")]
 
-    md, tex = _render_blocks(df, header, cells, lambda a, m, g: (
+    md, tex = render_blocks(df, header, cells, lambda a, m, g: (
         f"{stat} averaged over the evaluation sets, last evaluation minus step 0 (same problems and "
         "sampling seed at every evaluation); mean ± std over seeds, t = mean / (std / √n); "
         "vs BF16: paired by seed"))

@@ -32,18 +32,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.bars import SUMMARY_NAMES, plot_summary, summary_spec
+from analysis.clip_tables import calibration_table, mechanism_table
 from analysis.collect import Collection, collect
 from analysis.figures import FIGURE_NAMES, figure_spec, plot_figure
 from analysis.paired import paired_accuracy_table
 from analysis.surge import SurgeRule
-from analysis.tables import (
-    accuracy_table,
-    calibration_table,
-    diagnostics_table,
-    mechanism_table,
-    run_diagnostics,
-    trajectory_table,
-)
+from analysis.tables import accuracy_table, diagnostics_table, run_diagnostics, trajectory_table
 from fp8rl.runs import metrics as M
 
 

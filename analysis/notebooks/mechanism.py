@@ -29,9 +29,9 @@ from pathlib import Path
 
 from IPython.display import Image, display
 
+from analysis.clip_tables import clip_cells_table
 from analysis.collect import collect
 from analysis.figures import plot_figure
-from analysis.tables import clip_cells_table
 from fp8rl.runs.synthetic import demo_specs, make_sweep
 
 if SWEEP_DIR is None:

@@ -282,7 +282,7 @@ def test_ablation_cells_become_separate_arms(known_sweep, tmp_path):
     """Cells that differ only in an ablated option (not an axis) are separate arms everywhere."""
 
     from analysis.arms import arm_label, split_clip
-    from analysis.tables import mechanism_table
+    from analysis.clip_tables import mechanism_table
 
     d = tmp_path / "abl"
     shutil.copytree(known_sweep, d)

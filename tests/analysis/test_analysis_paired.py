@@ -94,7 +94,7 @@ def test_bar_summary_means_over_runs(tmp_path):
 
 def test_calibration_table_shadow_share_and_new_columns(known_coll):
     from analysis.arms import select
-    from analysis.tables import CALIBRATION_EXTRA, calibration_table
+    from analysis.clip_tables import CALIBRATION_EXTRA, calibration_table
 
     t = calibration_table(known_coll)
     assert set(CALIBRATION_EXTRA) <= set(t.data.columns)

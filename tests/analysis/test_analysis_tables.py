@@ -93,7 +93,7 @@ def test_diagnostics(known_coll):
 
 
 def test_clip_cells_table(known_coll):
-    from analysis.tables import clip_cells_table
+    from analysis.clip_tables import clip_cells_table
 
     t = clip_cells_table(known_coll)
     assert list(t.index.get_level_values("arm")) == [arm_label(*a) for a in ARMS]
@@ -109,7 +109,7 @@ def test_clip_cells_table(known_coll):
 
 def test_mechanism_table_against_a_per_run_loop(known_coll):
     """Mean over steps per run, then mean/std over runs; x BF16 against the BF16 vanilla arm."""
-    from analysis.tables import mechanism_table
+    from analysis.clip_tables import mechanism_table
 
     t = mechanism_table(known_coll)
     d = t.data.set_index("arm")
@@ -146,7 +146,7 @@ def test_mechanism_table_against_a_per_run_loop(known_coll):
 def test_mechanism_table_without_a_bf16_arm(known_coll):
     import dataclasses
 
-    from analysis.tables import mechanism_table
+    from analysis.clip_tables import mechanism_table
 
     keep = known_coll.runs["fp8"] != "bf16"
     runs = known_coll.runs[keep]
@@ -158,7 +158,7 @@ def test_mechanism_table_without_a_bf16_arm(known_coll):
 
 
 def test_calibration_table_lists_every_calibration_step(known_coll):
-    from analysis.tables import calibration_table
+    from analysis.clip_tables import calibration_table
 
     t = calibration_table(known_coll)
     d = t.data
@@ -184,7 +184,7 @@ def test_calibration_table_lists_every_calibration_step(known_coll):
 def test_calibration_table_without_calibrated_arms(known_coll):
     import dataclasses
 
-    from analysis.tables import calibration_table
+    from analysis.clip_tables import calibration_table
 
     runs = known_coll.runs[known_coll.runs["clip"] != "calibrated"]
     coll = dataclasses.replace(known_coll, runs=runs,
