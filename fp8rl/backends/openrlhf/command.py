@@ -24,6 +24,8 @@ entropy                       ``--actor.entropy_coef 0`` (logged only, as ``entr
 num_mini_batches M            ``--train.batch_size = prompts x n / M`` (M optimizer steps per rollout)
 steps                         ``--train.num_episodes`` and ``--data.max_samples`` from
                               ``config.data_plan`` (the plugin stops after ``steps``)
+reward scheme                 ``--reward.remote_url``: ``reward_func.py`` (binary, 1/0) or
+                              ``reward_func_signed.py`` (signed, +1/-1: DAPO) (:func:`reward_file`)
 ============================  ====================================================================
 
 The clip method (vanilla / calibrated) and the FP8 recipes have no OpenRLHF flag: they reach
@@ -49,6 +51,8 @@ from fp8rl.runs.live import TENSORBOARD_DIR
 DRIVER_MODULE = "fp8rl.backends.openrlhf.driver"
 CLI_MODULE = "openrlhf.cli.train_ppo_ray"
 ESTIMATORS = {"grpo": "group_norm", "dr_grpo": "dr_grpo"}
+#: Reward file per ``openrlhf.reward_scheme`` (``signed``: the sibling of ``RunPaths.reward_file``).
+SIGNED_REWARD_FILE = "reward_func_signed.py"
 
 
 class ResourceError(ValueError):
@@ -91,7 +95,8 @@ def layout_for(cfg, nodes: int, gpus_per_node: int) -> Layout:
 
 @dataclass(frozen=True)
 class RunPaths:
-    """Files and directories a run's command refers to."""
+    """Files and directories a run's command refers to (``reward_file``: the binary reward file;
+    signed cells use :data:`SIGNED_REWARD_FILE` beside it, see :func:`reward_file`)."""
 
     run_dir: Path
     train_file: Path
@@ -116,6 +121,20 @@ def _num(x: float) -> str:
     if isinstance(x, bool):
         raise TypeError("booleans are flags, not values")
     return repr(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
+
+
+def reward_file(cfg, paths: RunPaths) -> Path:
+    """The reward file of ``cfg``'s reward scheme: ``paths.reward_file`` (binary) or its signed
+    sibling. OpenRLHF loads it in the vLLM Ray actors of every node, so the scheme travels in the
+    command itself rather than in an environment variable."""
+    from fp8rl.backends.openrlhf.config import reward_scheme
+
+    scheme = reward_scheme(cfg)
+    if scheme == "binary":
+        return paths.reward_file
+    if scheme == "signed":
+        return paths.reward_file.with_name(SIGNED_REWARD_FILE)
+    raise ValueError(f"reward scheme {scheme!r} has no reward file")
 
 
 def train_batch_size(cfg) -> int:
@@ -198,7 +217,7 @@ def build_args(cfg, layout: Layout, paths: RunPaths) -> list[str]:
         # data and reward
         "--data.prompt_dataset", str(paths.train_file),
         "--data.input_key", "input", "--data.label_key", "label",
-        "--reward.remote_url", str(paths.reward_file),
+        "--reward.remote_url", str(reward_file(cfg, paths)),
     ]
     if o.apply_chat_template:
         args += ["--data.apply_chat_template"]

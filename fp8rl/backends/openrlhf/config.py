@@ -23,7 +23,12 @@ in ``docs/cluster.md``):
   The algorithm files hold mini-scale lengths.
 - ``fp8.rollout_recipe`` must have a vLLM online FP8 quantization
   (``plugin.fp8_rollout.VLLM_QUANTIZATION``: tensorwise, rowwise, blockwise).
-- ``eval_k`` is OpenRLHF's ``eval.n_samples_per_prompt`` (avg@k = its ``pass1`` on 0/1 rewards).
+- ``eval_k`` is OpenRLHF's ``eval.n_samples_per_prompt`` (avg@k = its ``pass1`` on 0/1 rewards;
+  on +1/-1 rewards ingestion maps ``pass1`` back to accuracy).
+- The reward scheme (``openrlhf.reward_scheme``, per algorithm like ``response_len``): ``binary``
+  (correct 1, else 0) for GRPO and Dr. GRPO, ``signed`` (+1/-1) for DAPO, as DAPO's recipe has it.
+  It lives here and not in ``algorithm`` (**ours**): the mini backend's exact-match reward is 0/1
+  for every algorithm, and a new ``algorithm`` key would change every mini run's identity hash.
 - ``fp8.emulate`` must be false: paper scale runs real FP8 GEMMs (H100-class GPUs).
 
 The vLLM layout per model slot (tensor parallel size, colocation) lives here; the number of
@@ -37,6 +42,9 @@ import math
 from dataclasses import dataclass, field
 
 from fp8rl.config import MODEL_SLOTS, RunConfig, _require
+
+#: ``openrlhf.reward_scheme`` values: ``binary`` rewards 1/0, ``signed`` +1/-1 (scores stay 0/1).
+REWARD_SCHEMES: tuple[str, ...] = ("binary", "signed")
 
 #: The paper's models per slot (paper, Setup).
 DEFAULT_MODELS = {
@@ -61,6 +69,9 @@ class OpenRLHFSettings:
             deduplicated), lower bounds used to plan episodes (:func:`data_plan`); the run
             checks the prepared file before training.
         response_len: the response cap (``max_response_len``) per algorithm at paper scale.
+        reward_scheme: per algorithm, :data:`REWARD_SCHEMES`: ``binary`` (correct 1, else 0) or
+            ``signed`` (+1/-1, DAPO's recipe); picks the reward file of the command
+            (``command.reward_file``). Dynamic filtering and evaluation read 0/1 scores either way.
         vllm_tp: vLLM tensor-parallel size per model slot.
         colocate_all: actor and vLLM engines share the GPUs (``--train.colocate_all``, sleep mode).
         gpu_memory_utilization: vLLM's share of GPU memory.
@@ -83,11 +94,14 @@ class OpenRLHFSettings:
     models: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MODELS))
     train_sets: dict[str, str] = field(default_factory=lambda: {
         "grpo": "deepscaler", "dr_grpo": "deepscaler", "dapo": "dapo_math_17k"})
-    eval_sets: list[str] = field(default_factory=lambda: ["aime24", "aime25", "amc23", "math500"])
+    eval_sets: list[str] = field(default_factory=lambda: [
+        "aime24", "aime25", "amc23", "math500", "minerva_math", "olympiadbench"])
     datasets: dict[str, str] = field(default_factory=dict)
     data_dir: str | None = None
     train_set_sizes: dict[str, int] = field(default_factory=lambda: {"deepscaler": 40315, "dapo_math_17k": 17000})
     response_len: dict[str, int] = field(default_factory=lambda: {"grpo": 16384, "dr_grpo": 16384, "dapo": 20480})
+    reward_scheme: dict[str, str] = field(default_factory=lambda: {
+        "grpo": "binary", "dr_grpo": "binary", "dapo": "signed"})
     vllm_tp: dict[str, int] = field(default_factory=lambda: {"8b": 1, "14b": 2, "32b": 4})
     colocate_all: bool = True
     gpu_memory_utilization: float = 0.6
@@ -128,6 +142,10 @@ class OpenRLHFSettings:
         _require(0 <= self.lr_warmup_ratio < 1, "openrlhf.lr_warmup_ratio must be in [0, 1)")
         _require(self.ray_deadline_s > 0, "openrlhf.ray_deadline_s must be > 0")
         _require(all(isinstance(a, str) for a in self.extra_args), "openrlhf.extra_args must be strings")
+        for k, v in self.reward_scheme.items():
+            _require(v in REWARD_SCHEMES,
+                     f"openrlhf.reward_scheme.{k}={v!r} must be one of {REWARD_SCHEMES} (binary: correct 1, "
+                     "else 0; signed: +1/-1 as in DAPO's recipe)")
         for k, n in {**self.train_set_sizes, **self.response_len}.items():
             _require(isinstance(n, int) and n >= 1, f"openrlhf.train_set_sizes / response_len: {k} must be an "
                      f"integer >= 1, got {n!r}")
@@ -148,6 +166,9 @@ class OpenRLHFRunConfig(RunConfig):
         _require(a.name in o.train_sets,
                  f"openrlhf.train_sets has no dataset for algorithm {a.name!r} "
                  f"(has {sorted(o.train_sets)})")
+        _require(a.name in o.reward_scheme,
+                 f"openrlhf.reward_scheme has no scheme for algorithm {a.name!r} (has "
+                 f"{sorted(o.reward_scheme)}); add openrlhf.reward_scheme.{a.name}=binary or signed")
         _require(a.loss_agg_mode in ("token-mean", "seq-mean-token-mean"),
                  f"algorithm.loss_agg_mode={a.loss_agg_mode!r} has no OpenRLHF 0.11.2 equivalent "
                  "(--actor.loss_agg_mode takes token-mean or seq-mean-token-mean)")
@@ -180,6 +201,22 @@ class OpenRLHFRunConfig(RunConfig):
         _require((n_seq // self.num_mini_batches) % o.micro_train_batch_size == 0,
                  f"the train batch ({n_seq} // {self.num_mini_batches} mini-batches) must be a "
                  f"multiple of openrlhf.micro_train_batch_size={o.micro_train_batch_size}")
+
+
+def reward_scheme(cfg: OpenRLHFRunConfig | dict) -> str:
+    """The reward scheme of a cell: its config, or the ``config.yaml`` dict a run recorded.
+
+    A recorded config without ``openrlhf.reward_scheme`` (written before the field existed) ran
+    with binary rewards.
+    """
+    if isinstance(cfg, dict):
+        schemes = (cfg.get("openrlhf") or {}).get("reward_scheme") or {}
+        name = (cfg.get("algorithm") or {}).get("name")
+    else:
+        schemes, name = cfg.openrlhf.reward_scheme, cfg.algorithm.name
+    scheme = schemes.get(name, "binary")
+    _require(scheme in REWARD_SCHEMES, f"openrlhf.reward_scheme.{name}={scheme!r} must be one of {REWARD_SCHEMES}")
+    return scheme
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,30 @@ name                split       row schema (as published)
 ``aime25``          train       ``problem``, ``answer``
 ``amc23``           test        ``question``, ``answer`` (float-valued: ``27.0`` -> ``27``)
 ``math500``         test        ``problem``, ``answer``
+``minerva_math``    test        ``question``, ``answer`` (math-ai/minervamath, 272 problems; LaTeX or
+                                numeric answers, many in e-notation ``4.5e33``, one ``np.arcsin(..)``)
+``olympiadbench``   train       config ``OE_TO_maths_en_COMP`` (Hothan/OlympiadBench: open-ended,
+                                text-only, English, competition maths); ``question`` (after
+                                ``context`` when one is given), ``final_answer`` (a list of LaTeX
+                                strings such as ``["$\\frac{1}{2}$"]``)
 ==================  ==========  ====================================================================
+
+Labels are normalised to one string that ``fp8rl.rewards.math_grader`` grades (it wraps a label in
+``\\boxed{}``): ``$...$`` delimiters are dropped; an OlympiadBench list of several answers becomes
+one comma-separated label (``"1, 2"``), which math-verify reads as a set (order-insensitive, as
+OlympiadBench's multiple-answer problems mean); Minerva's Python-style ``np.arcsin(10/13)``
+becomes ``\\arcsin(10/13)``. E-notation (``4.5e33``) is left as published: the grader reads it as
+``4.5 \\times 10^{33}`` on both sides. Units stay out of labels (OlympiadBench keeps them in a
+separate ``unit`` field; math-verify drops ``\\mathrm{~cm}``-style units from responses).
+
+Which Hugging Face ids and schemas (checked against public code that loads these sets, not
+against a download: this machine has no hub access): ``math-ai/minervamath`` (split ``test``,
+``question``/``answer``, 272 problems) is the Minerva-Math (OCW courses) set common in math-RL
+evaluations; its answers (``1.6``, ``4.5e33``, ...) are the ``\\boxed{}`` contents of the published
+solutions, as in Qwen2.5-Math's copy. ``Hothan/OlympiadBench`` is the OlympiadBench authors' own
+upload (linked from their repository); it has only a ``train`` split and one config per subset,
+and ``OE_TO_maths_en_COMP`` (674 problems) is the text-only English maths subset that math-RL
+papers report as "OlympiadBench". The FP8 paper does not say which copies it used (**a guess**).
 
 Prompt template (**a guess**: the paper's template is not known): the problem followed by
 ``"Let's think step by step and output the final answer within \\boxed{}."`` (DeepScaleR's
@@ -52,6 +75,32 @@ def _answer_text(x) -> str:
     return str(x).strip()
 
 
+def _unmath(text: str) -> str:
+    """A LaTeX answer without its ``$`` delimiters."""
+    return text.replace("$", "").strip()
+
+
+_NP_FUNC = re.compile(r"\bnp\.([A-Za-z]+)")
+
+
+def _minerva_answer(row: dict) -> str:
+    """Minerva's answer; Python's ``np.arcsin(x)`` (one published label) as LaTeX ``\\arcsin(x)``."""
+    return _NP_FUNC.sub(lambda m: "\\" + m.group(1), _unmath(_answer_text(row["answer"])))
+
+
+def _olympiad_problem(row: dict) -> str:
+    context = (row.get("context") or "").strip()
+    return f"{context}\n\n{row['question'].strip()}" if context else row["question"]
+
+
+def _olympiad_answer(row: dict) -> str:
+    """OlympiadBench's ``final_answer`` list as one label: ``["$1$", "$2$"]`` -> ``"1, 2"``."""
+    answers = row["final_answer"]
+    if isinstance(answers, str):
+        answers = [answers]
+    return ", ".join(a for a in (_unmath(str(x)) for x in answers) if a)
+
+
 def _dapo_problem(row: dict) -> str:
     prompt = row["prompt"]
     text = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
@@ -66,6 +115,8 @@ class Format:
     problem: Callable[[dict], str]
     answer: Callable[[dict], str]
     dedup: bool = False
+    #: The Hugging Face config (subset) to load, if the dataset has several.
+    config: str | None = None
 
 
 FORMATS: dict[str, Format] = {
@@ -76,6 +127,8 @@ FORMATS: dict[str, Format] = {
     "aime25": Format("train", lambda r: r["problem"], lambda r: _answer_text(r["answer"])),
     "amc23": Format("test", lambda r: r["question"], lambda r: _answer_text(r["answer"])),
     "math500": Format("test", lambda r: r["problem"], lambda r: _answer_text(r["answer"])),
+    "minerva_math": Format("test", lambda r: r["question"], _minerva_answer),
+    "olympiadbench": Format("train", _olympiad_problem, _olympiad_answer, config="OE_TO_maths_en_COMP"),
 }
 
 
@@ -112,10 +165,10 @@ def read_local(path: Path) -> list[dict]:
     raise ValueError(f"{path}: unsupported file type (use .json, .jsonl or .parquet)")
 
 
-def read_hf(hf_id: str, split: str) -> Iterable[dict]:
+def read_hf(hf_id: str, split: str, config: str | None = None) -> Iterable[dict]:
     from datasets import load_dataset  # lazy: the cluster extra brings it
 
-    return load_dataset(hf_id, split=split)
+    return load_dataset(hf_id, config, split=split) if config else load_dataset(hf_id, split=split)
 
 
 def output_file(data_dir: str | Path, name: str) -> Path:
@@ -135,7 +188,7 @@ def prepare(names: Iterable[str], data_dir: str | Path, hf_ids: dict[str, str], 
         if name in sources:
             rows: Iterable[dict] = read_local(Path(sources[name]))
         elif name in hf_ids:
-            rows = read_hf(hf_ids[name], FORMATS[name].split)
+            rows = read_hf(hf_ids[name], FORMATS[name].split, FORMATS[name].config)
         else:
             raise ValueError(f"no Hugging Face id for dataset {name!r}: add it to openrlhf.datasets "
                              "(sweeps/data/paper.yaml) or pass --source NAME=PATH")

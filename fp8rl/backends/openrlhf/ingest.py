@@ -33,7 +33,12 @@ OpenRLHF                         ours
 Keys already in our vocabulary (``actor/clipfrac_neg_low``, ``clip/low``, ``shadow/*``,
 ``rollout/acc``, ``rollout/garbled_frac``, ...; written by the plugin and the reward function)
 pass through unchanged. Evaluation: ``eval_<ds>_pass1`` -> ``eval/<ds>/avg@k`` (the mean 0/1
-reward over the k samples = avg@k) and ``eval_<ds>_pass<k>`` -> ``eval/<ds>/pass@k``.
+reward over the k samples = avg@k) and ``eval_<ds>_pass<k>`` -> ``eval/<ds>/pass@k``. OpenRLHF
+averages the *rewards* there, so under the ``signed`` reward scheme (+1/-1, DAPO cells; the run's
+``config.yaml``, ``openrlhf.reward_scheme``) it logs ``2 x accuracy - 1`` for both, and ingestion
+maps them back: ``(v + 1) / 2`` (exact: evaluation rewards carry no overlong penalty, and the max
+over k samples of +1/-1 is +1/-1 as well). ``rollout/reward_mean`` stays the mean reward as
+OpenRLHF logs it (scheme and overlong penalty included); ``rollout/acc`` is the accuracy.
 
 Resumed runs print a step again after a restart: the last occurrence wins (the ingestion is a
 pure function of the log files, rewritten atomically each time).
@@ -118,13 +123,23 @@ def map_step(raw: Mapping) -> dict:
     return out
 
 
-def map_eval(step: int, raw: Mapping, sizes: Mapping[str, int] | None = None) -> list[dict]:
-    """One evaluation dict -> ``eval.jsonl`` rows (one per dataset)."""
+def accuracy(value: float, scheme: str = "binary") -> float:
+    """An OpenRLHF eval value (mean reward) as accuracy under reward ``scheme``."""
+    if scheme == "binary":
+        return value
+    if scheme == "signed":
+        return (value + 1.0) / 2.0
+    raise ValueError(f"reward scheme {scheme!r} is not binary or signed (openrlhf.reward_scheme)")
+
+
+def map_eval(step: int, raw: Mapping, sizes: Mapping[str, int] | None = None,
+             scheme: str = "binary") -> list[dict]:
+    """One evaluation dict -> ``eval.jsonl`` rows (one per dataset), as accuracies."""
     per: dict[str, dict[int, float]] = {}
     for key, v in raw.items():
         m = _EVAL_KEY_RE.match(key)
         if m and _number(v) is not None:
-            per.setdefault(m.group("ds"), {})[int(m.group("k"))] = float(v)
+            per.setdefault(m.group("ds"), {})[int(m.group("k"))] = accuracy(float(v), scheme)
     rows = []
     for ds, by_k in sorted(per.items()):
         if 1 not in by_k:
@@ -158,16 +173,21 @@ def log_files(run_dir: str | Path) -> list[Path]:
 
 
 def ingest(run_dir: str | Path, *, eval_sizes: Mapping[str, int] | None = None,
-           files: Iterable[str | Path] | None = None) -> dict:
+           files: Iterable[str | Path] | None = None, scheme: str | None = None) -> dict:
     """Rewrite ``metrics.jsonl`` and ``eval.jsonl`` of ``run_dir`` from its OpenRLHF logs.
 
     Returns ``{"steps": n, "evals": n, "last_step": s}``. Existing rows from our own
-    ``experiments.evaluate`` (``source == "final"``) are kept in ``eval.jsonl``.
+    ``experiments.evaluate`` (``source == "final"``) are kept in ``eval.jsonl``. ``scheme``: the
+    reward scheme the evaluation values are in; ``None`` = the run's ``config.yaml`` (binary when
+    it records none).
     """
+    from fp8rl.backends.openrlhf.config import reward_scheme
     from fp8rl.runs import RunDir
     from fp8rl.runs.rundir import atomic_write_text, dumps, read_jsonl
 
     rd = RunDir(run_dir)
+    if scheme is None:
+        scheme = reward_scheme(rd.config() or {})
     lines: list[str] = []
     for f in (files if files is not None else log_files(run_dir)):
         lines += Path(f).read_text(encoding="utf-8", errors="replace").splitlines()
@@ -175,6 +195,6 @@ def ingest(run_dir: str | Path, *, eval_sizes: Mapping[str, int] | None = None,
     rows = [{M.STEP: s, **map_step(raw)} for s, raw in sorted(steps.items())]
     atomic_write_text(rd.metrics_path, "".join(dumps(r) + "\n" for r in rows))
     kept = [r for r in read_jsonl(rd.eval_path) if r.get("source") == "final"] if rd.eval_path.exists() else []
-    erows = [row for s, raw in sorted(evals.items()) for row in map_eval(s, raw, eval_sizes)]
+    erows = [row for s, raw in sorted(evals.items()) for row in map_eval(s, raw, eval_sizes, scheme)]
     atomic_write_text(rd.eval_path, "".join(dumps(r) + "\n" for r in erows + kept))
     return {"steps": len(rows), "evals": len(erows), "last_step": max(steps) if steps else 0}

@@ -13,10 +13,23 @@ OpenRLHF 0.11.2 loads this *file* (``importlib`` by path, inside the vLLM Ray ac
    inputs like ``9^{9^{9^{9}}}``. A grading that misses the deadline scores 0, and the pool's
    worker processes are killed and replaced (a hung sympy call cannot be interrupted otherwise).
 
-Returns ``{"rewards": r, "scores": r, "extra_logs": {...}}`` with 0/1 rewards (a float for one
-query, lists for several); ``extra_logs`` carry ``rollout/acc``, ``rollout/garbled_frac`` and
-``reward/timeout_frac``, which OpenRLHF logs per step. DAPO's overlong penalty is applied by
-OpenRLHF itself (``--reward.overlong_buffer_len``), after this function.
+Returns ``{"rewards": r, "scores": s, "extra_logs": {...}}`` (floats for one query, lists for
+several). ``scores`` are always 0/1 (correct or not); ``rewards`` follow the cell's reward scheme
+(``openrlhf.reward_scheme``, :data:`REWARDS`): ``binary`` 1/0, ``signed`` +1/-1 (DAPO's recipe:
+correct +1, anything else -1, so that DAPO's overlong penalty of up to ``factor`` is measured
+against a range of 2). This file gives the binary rewards; ``reward_func_signed.py`` beside it,
+which the command builder names for signed cells, calls :func:`reward_func` with
+``scheme="signed"``. A second file rather than an environment variable because OpenRLHF loads the
+file in Ray actors on every node, whose environment the command does not control.
+
+How OpenRLHF 0.11.2 uses the two: ``rewards`` (plus DAPO's overlong penalty, which OpenRLHF adds
+itself, ``--reward.overlong_buffer_len``, after this function) make the advantages and
+``rollout/reward_mean``; ``scores`` decide dynamic filtering (a group is kept when the mean of
+its scores lies strictly inside ``--algo.dynamic_filtering_range 0 1``, i.e. some but not all
+samples are correct, whatever the scheme). Evaluation (``eval_<ds>_pass1`` / ``pass<k>``) averages
+the *rewards*: under ``signed`` it reads ``2 x accuracy - 1``, which
+``fp8rl.backends.openrlhf.ingest`` maps back to accuracy. ``extra_logs`` carry ``rollout/acc``,
+``rollout/garbled_frac`` and ``reward/timeout_frac``, which OpenRLHF logs per step.
 
 The grading machinery lives in ``fp8rl.backends.openrlhf.grading`` (importable by name, which the
 spawned pool workers need; this file is loaded by path under another module name).
@@ -29,7 +42,10 @@ import threading
 
 from fp8rl.backends.openrlhf.grading import GradingPool, last_boxed, response_of
 
-__all__ = ["reward_func", "score"]
+__all__ = ["REWARDS", "reward_func", "score"]
+
+#: ``(reward if correct, reward otherwise)`` per reward scheme (``openrlhf.reward_scheme``).
+REWARDS: dict[str, tuple[float, float]] = {"binary": (1.0, 0.0), "signed": (1.0, -1.0)}
 
 _POOL: GradingPool | None = None
 _POOL_LOCK = threading.Lock()
@@ -44,25 +60,36 @@ def _pool() -> GradingPool:
         return _POOL
 
 
-def score(query: str, prompt: str, label: str, pool: GradingPool | None = None) -> dict:
-    """Grade one sample: ``{"reward", "correct", "garbled", "timeout", "answer"}``."""
+def _rewards(scheme: str) -> tuple[float, float]:
+    if scheme not in REWARDS:
+        raise ValueError(f"reward scheme {scheme!r} is not one of {sorted(REWARDS)} "
+                         "(openrlhf.reward_scheme: binary = 1/0, signed = +1/-1)")
+    return REWARDS[scheme]
+
+
+def score(query: str, prompt: str, label: str, pool: GradingPool | None = None, scheme: str = "binary") -> dict:
+    """Grade one sample: ``{"reward", "score", "correct", "garbled", "timeout", "answer"}``."""
+    right, wrong = _rewards(scheme)
     answer = last_boxed(response_of(query, prompt))
     if answer is None:
-        return {"reward": 0.0, "correct": False, "garbled": True, "timeout": False, "answer": None}
+        return {"reward": wrong, "score": 0.0, "correct": False, "garbled": True, "timeout": False, "answer": None}
     correct, garbled, timed_out = (pool or _pool()).grade(answer, str(label))
-    return {"reward": 1.0 if correct else 0.0, "correct": correct, "garbled": garbled,
-            "timeout": timed_out, "answer": answer}
+    return {"reward": right if correct else wrong, "score": 1.0 if correct else 0.0, "correct": correct,
+            "garbled": garbled, "timeout": timed_out, "answer": answer}
 
 
-def reward_func(queries, prompts, labels, pool: GradingPool | None = None):
-    """OpenRLHF's entry point: rewards and scores (0/1) plus per-sample extra logs."""
-    results = [score(q, p, lab, pool) for q, p, lab in zip(queries, prompts, labels, strict=True)]
+def reward_func(queries, prompts, labels, pool: GradingPool | None = None, scheme: str = "binary"):
+    """OpenRLHF's entry point: rewards (by ``scheme``), 0/1 scores, and per-sample extra logs."""
+    _rewards(scheme)  # a bad scheme raises before any grading
+    results = [score(q, p, lab, pool, scheme) for q, p, lab in zip(queries, prompts, labels, strict=True)]
     rewards = [r["reward"] for r in results]
+    scores = [r["score"] for r in results]
     n = max(1, len(results))
     extra = {
         "rollout/acc": sum(r["correct"] for r in results) / n,
         "rollout/garbled_frac": sum(r["garbled"] for r in results) / n,
         "reward/timeout_frac": sum(r["timeout"] for r in results) / n,
     }
-    value = rewards[0] if len(rewards) == 1 else rewards
-    return {"rewards": value, "scores": value, "extra_logs": extra}
+    if len(results) == 1:
+        return {"rewards": rewards[0], "scores": scores[0], "extra_logs": extra}
+    return {"rewards": rewards, "scores": scores, "extra_logs": extra}
