@@ -18,8 +18,11 @@ is written while validating. Checks, in order:
 1. config-group values (``algorithm=dapoo``) against the group's options;
 2. Hydra composition (unknown keys, values of the wrong type, against the typed schema);
 3. launch fields: backend registered, scale and data supported by the backend, launcher
-   registered, a cluster profile for launchers that need one (loaded and validated), the
-   launch fields the same for all cells, ``run_dir`` unset when there is more than one cell;
+   registered, a cluster profile for launchers that need one (loaded and validated, with the
+   ``gpus_per_node`` override applied), the launch fields the same for all cells, ``run_dir``
+   unset when there is more than one cell; a ``scheduler: local`` profile (``cluster=workstation``)
+   makes the launcher ``local`` with one cell at a time (``local_parallel`` or ``workers`` > 1
+   are refused) and needs a backend that lays out GPUs (a ``check_cell`` hook);
 4. the backend's config class (``__post_init__``: ranges, registry names, cross-field rules
    such as dynamic sampling with one sample per prompt);
 5. the runs root writable (nearest existing ancestor is a directory we can create files in);
@@ -369,23 +372,30 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
             cell_errors.append(f"launcher: unknown value {launch['launcher']!r}; valid values: "
                                f"{', '.join(LAUNCHERS.names())}")
         profile = None
-        if launcher is not None and launcher.needs_cluster:
+        if launcher is not None and (launcher.needs_cluster or launch["cluster"]):
             if not launch["cluster"]:
                 cell_errors.append(
                     f"cluster: launcher={launch['launcher']} (scale={launch['scale']}) needs a cluster "
-                    "profile: add cluster=NAME (a file in slurm/profiles/, e.g. cluster=example) or "
-                    "cluster=/path/to/profile.yaml"
+                    "profile: add cluster=NAME (a file in slurm/profiles/, e.g. cluster=example, or "
+                    "cluster=workstation for one GPU machine without Slurm) or cluster=/path/to/profile.yaml"
                 )
             else:
                 try:
-                    profile = profiles.get(launch["cluster"]) or load_profile(launch["cluster"])
-                    profiles[launch["cluster"]] = profile
+                    profile = _profile(profiles, launch["cluster"], launch["gpus_per_node"])
                 except ProfileError as e:
                     cell_errors.append(f"cluster: {e}")
+            if profile is not None and not profile.local and not launcher.needs_cluster:
+                profile = None  # a Slurm profile means nothing to a local launcher (as before)
+        if launch["gpus_per_node"] is not None and profile is None and not cell_errors:
+            cell_errors.append(f"gpus_per_node={launch['gpus_per_node']!r} replaces a cluster profile's GPUs, "
+                               f"but launcher={launch['launcher']} uses no profile here; give cluster=NAME "
+                               "(e.g. cluster=workstation) or drop gpus_per_node")
         workers = launch["workers"]
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             cell_errors.append(f"workers: {workers!r} is not a number of worker processes; give an "
                                "integer >= 1, or null for one per CPU core")
+        if profile is not None and profile.local:
+            cell_errors += _local_profile_errors(profile, launch, backend)
         sweep_name = launch["sweep_name"]
         if not isinstance(sweep_name, str) or not _SWEEP_NAME_RE.match(sweep_name) or sweep_name in (".", ".."):
             cell_errors.append(f"sweep_name: {sweep_name!r} must be a plain directory name "
@@ -443,7 +453,7 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
             ))
 
     for key in ("launcher", "cluster", "sweep_name", "output_dir", "dry_run", "wait",
-                "array_parallelism", "workers", "progress"):
+                "array_parallelism", "workers", "progress", "gpus_per_node"):
         vals = launch_values.get(key, set())
         if len(vals) > 1:
             errors.append(f"{key}: the cells disagree ({', '.join(sorted(vals))}); it applies to the "
@@ -466,14 +476,45 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
         raise SweepError("the sweep has no cells")
     launch0 = first_launch or {k: master_cfg.get(k) for k in LAUNCH_KEYS}
     root = next(iter(roots))
+    profile = next(iter(profiles.values()), None)
+    local = profile is not None and profile.local
+    if not local and profile is not None and not LAUNCHERS[str(launch0["launcher"])].needs_cluster:
+        profile = None
     return SweepPlan(
         sweep_name=str(launch0["sweep_name"]), root=root, sweep_dir=root / str(launch0["sweep_name"]),
-        launcher=str(launch0["launcher"]), cells=cells,
-        profile=next(iter(profiles.values()), None), dry_run=bool(launch0["dry_run"]),
-        wait=launch0["wait"], array_parallelism=launch0["array_parallelism"], workers=launch0["workers"],
+        launcher="local" if local else str(launch0["launcher"]), cells=cells,
+        profile=profile, dry_run=bool(launch0["dry_run"]),
+        wait=launch0["wait"], array_parallelism=launch0["array_parallelism"],
+        workers=1 if local else launch0["workers"],
         progress=bool(launch0["progress"]),
         base_overrides=tuple(a for a in arguments),
     )
+
+
+def _profile(cache: dict, name: str, gpus_per_node) -> ClusterProfile:
+    """The validated profile ``name`` with the ``gpus_per_node`` override applied (cached)."""
+    key = (name, gpus_per_node)
+    if key not in cache:
+        profile = load_profile(name)
+        cache[key] = profile if gpus_per_node is None else profile.with_gpus_per_node(gpus_per_node)
+    return cache[key]
+
+
+def _local_profile_errors(profile: ClusterProfile, launch: dict, backend) -> list[str]:
+    """What a ``scheduler: local`` profile refuses: parallel cells, a backend without GPU layout."""
+    errors = []
+    where = f"cluster={launch['cluster']} (scheduler: local, {profile.path})"
+    if launch["launcher"] == "local_parallel":
+        errors.append(f"launcher: {where} runs one cell at a time on this machine's GPUs; launcher=local_parallel "
+                      "would start several cells on the same GPUs; drop launcher= (the local launcher is used)")
+    if launch["workers"] not in (None, 1):
+        errors.append(f"workers: {where} runs one cell at a time (each takes every GPU it names), got "
+                      f"workers={launch['workers']}; drop workers or set workers=1")
+    if backend is not None and backend.check_cell is None:
+        errors.append(f"cluster: {where} lays out GPUs for backends that use them (scale=paper); backend "
+                      f"{backend.name!r} (scale={launch['scale']}) runs on this machine without a profile: "
+                      "drop cluster=")
+    return errors
 
 
 def _state_of(run_dir: Path) -> str | None:

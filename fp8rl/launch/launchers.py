@@ -5,7 +5,9 @@ name               what it does                                                 
 =================  ==================================================================  =======
 ``local``          ``workers`` cells at once (default: one per CPU core) in a pool of   yes
                    worker processes; ``workers=1``: one after the other in this
-                   process (the default launcher at mini scale)
+                   process (the default launcher at mini scale); with a
+                   ``scheduler: local`` profile (``cluster=workstation``): one after
+                   the other on this machine's GPUs, whatever ``launcher`` says
 ``local_parallel`` submitit's local executor: up to ``array_parallelism`` (default 2)    yes
                    cells side by side, each in its own process
 ``slurm``          submitit's Slurm executor: one array job per sweep (one per          no
@@ -22,11 +24,20 @@ return. Preemption and time-out requeue the task (``CellJob`` is ``Checkpointabl
 run resumes from its checkpoint.
 
 Every launcher returns a :class:`LaunchResult`: the job id of each submitted cell (Slurm) and
-the cells that failed (blocking launchers).
+the cells that failed (blocking launchers). ``preflight(cells, plan)`` runs before the manifest
+is written and raises ``SweepError`` when this machine cannot run the plan (the ``local``
+launcher with a ``scheduler: local`` profile: fewer CUDA GPUs than a cell asks for).
+
+One GPU machine (a ``scheduler: local`` profile, ``fp8rl.launch.profiles``): the cells run one
+after another in this process; while a cell runs, :data:`~fp8rl.launch.profiles.LOCAL_GPUS_ENV`
+holds its GPU count (the backend's allocation: ``fp8rl.backends.openrlhf.run.allocation``), and
+the backend starts Ray on this host (``fp8rl.launch.ray_cluster.bootstrap``: no Slurm allocation,
+so one node and no ``srun``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -65,8 +76,38 @@ class Launcher:
     def launch(self, cells: list, plan) -> LaunchResult:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def preflight(self, cells: list, plan) -> None:
+        """Raise ``SweepError`` if this machine cannot run ``cells`` (before anything is written)."""
+        return None
+
 
 LAUNCHERS: Registry[Launcher] = Registry("launcher")
+
+
+def visible_gpus() -> int:
+    """CUDA GPUs this process can use (``torch.cuda.device_count()``, honours CUDA_VISIBLE_DEVICES)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@contextlib.contextmanager
+def local_allocation(resources):
+    """While a cell of a ``scheduler: local`` profile runs: its GPU count in ``LOCAL_GPUS_ENV``."""
+    from fp8rl.launch.profiles import LOCAL_GPUS_ENV
+
+    if resources is None or not resources.local:
+        yield
+        return
+    old = os.environ.get(LOCAL_GPUS_ENV)
+    os.environ[LOCAL_GPUS_ENV] = str(resources.gpus_per_node)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(LOCAL_GPUS_ENV, None)
+        else:
+            os.environ[LOCAL_GPUS_ENV] = old
 
 
 def available_cores() -> int:
@@ -90,11 +131,32 @@ class LocalLauncher(Launcher):
 
     name = "local"
 
+    def preflight(self, cells: list, plan) -> None:
+        profile = plan.profile
+        if profile is None or not profile.local:
+            return
+        need = max((c.resources.gpus_per_node for c in cells if c.resources is not None), default=0)
+        have = visible_gpus()
+        if have < need:
+            from fp8rl.launch.grid import SweepError
+
+            shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+            seen = f"{have} CUDA GPU(s) (torch.cuda.device_count()" + (
+                f", CUDA_VISIBLE_DEVICES={shown})" if shown is not None else ")")
+            fix = (f"give gpus_per_node={have} (each slot's vLLM TP must fit it)" if have else
+                   "run on a GPU machine, or submit the cells with a Slurm profile (cluster=NAME)")
+            raise SweepError(f"cluster={profile.name} gives each cell {need} GPU(s), but this machine shows "
+                             f"{seen}; nothing was run or written; {fix}")
+
     def launch(self, cells: list, plan) -> LaunchResult:
         from fp8rl.launch.progress import SweepProgress
 
-        width = max(1, min(plan.workers or available_cores(), len(cells)))
+        local_gpus = plan.profile is not None and plan.profile.local
+        width = 1 if local_gpus else max(1, min(plan.workers or available_cores(), len(cells)))
         how = "in this process" if width == 1 else f"{width} at a time in worker processes"
+        if local_gpus:
+            how = (f"one after another in this process on this machine's GPUs (cluster profile "
+                   f"{plan.profile.name}, no Slurm)")
         print(f"[{plan.sweep_name}] running {len(cells)} cell(s) {how}", file=sys.stderr)
         res = LaunchResult()
         with SweepProgress(cells, name=plan.sweep_name, workers=width) if plan.progress else _Null():
@@ -116,7 +178,9 @@ class LocalLauncher(Launcher):
 
         for c in cells:
             try:
-                self._record(res, c, run_cell(c.payload(progress=False)), None)
+                with local_allocation(c.resources):
+                    summary = run_cell(c.payload(progress=False))
+                self._record(res, c, summary, None)
             except Exception as e:
                 self._record(res, c, None, f"{type(e).__name__}: {e}")
 
@@ -198,6 +262,7 @@ class SlurmLauncher(Launcher):
 
         profile = plan.profile
         assert profile is not None, "validated plans for launcher=slurm carry a cluster profile"
+        assert not profile.local, "scheduler: local profiles run with the local launcher (fp8rl.launch.grid)"
         executor = submitit.AutoExecutor(folder=plan.sweep_dir / ".submitit" / "%j", cluster="slurm",
                                          slurm_max_num_timeout=profile.max_num_timeout)
         groups: dict = defaultdict(list)

@@ -6,7 +6,8 @@ It says where jobs go (partition, account, qos), what one cell gets (time, nodes
 per node, memory; per model slot where sizes differ), how the job's environment is prepared
 (``setup`` shell lines run by the batch script before ``srun``, or a ``container`` image for
 pyxis), and how many array tasks run at once. ``slurm/profiles/example.yaml`` documents every
-field; :class:`ClusterProfile` is the typed, validating form.
+field (``scheduler``, default ``slurm``: ``slurm/profiles/workstation.yaml``, below);
+:class:`ClusterProfile` is the typed, validating form.
 
 Choices (the issue left them open):
 
@@ -20,6 +21,16 @@ Choices (the issue left them open):
   job then runs ``python`` from inside the image (``python`` field, default ``python3``).
   Without a container the job runs the submitting interpreter (``sys.executable``), so the
   same virtual environment must be visible on the compute nodes (shared file system).
+
+**No Slurm: one GPU machine** (``scheduler: local``, ``slurm/profiles/workstation.yaml``). Such a
+profile describes this machine: one node with 1 to :data:`MAX_LOCAL_GPUS` GPUs, and nothing
+else (the Slurm fields, CPUs, memory and time are refused: nothing would read them). Its cells
+run with the ``local`` launcher, one after another in the launching process (a paper-scale cell
+takes every GPU), whatever ``launcher`` says (``scale=paper`` sets ``slurm``); each cell runs with
+:data:`LOCAL_GPUS_ENV` set to its GPU count, the local counterpart of Slurm's
+``SLURM_GPUS_ON_NODE`` (``fp8rl.backends.openrlhf.run.allocation``). The launch field
+``gpus_per_node=N`` replaces every slot's GPU count of the selected profile (validated like the
+file: 1-8 for a local profile), e.g. ``cluster=workstation gpus_per_node=4``.
 """
 
 from __future__ import annotations
@@ -36,6 +47,15 @@ import yaml
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "slurm" / "profiles"
 
 _RESOURCE_KEYS = ("nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "time_min")
+#: ``scheduler`` values: submit to Slurm, or run the cells on this machine (no Slurm).
+SCHEDULERS = ("slurm", "local")
+#: Most GPUs a ``scheduler: local`` profile may give a cell (one machine).
+MAX_LOCAL_GPUS = 8
+#: Resource fields of a ``scheduler: local`` profile (the others are Slurm requests).
+_LOCAL_RESOURCE_KEYS = ("nodes", "gpus_per_node")
+#: Environment variable holding a local cell's GPU count while it runs (set by the ``local``
+#: launcher for a ``scheduler: local`` profile; read by backends as their allocation).
+LOCAL_GPUS_ENV = "FP8RL_GPUS_PER_NODE"
 
 
 class ProfileError(ValueError):
@@ -44,13 +64,15 @@ class ProfileError(ValueError):
 
 @dataclass(frozen=True)
 class Resources:
-    """What one cell (one array task) asks for."""
+    """What one cell (one array task) asks for; ``local``: this machine, no Slurm (a
+    ``scheduler: local`` profile's resources)."""
 
     nodes: int = 1
     gpus_per_node: int = 0
     cpus_per_task: int = 1
     mem_gb: int | None = None
     time_min: int = 60
+    local: bool = False
 
     def __post_init__(self) -> None:
         for f in ("nodes", "cpus_per_task", "time_min"):
@@ -63,6 +85,8 @@ class Resources:
             raise ProfileError(f"resources.mem_gb must be an integer >= 1 or null, got {self.mem_gb!r}")
 
     def describe(self) -> str:
+        if self.local:
+            return f"this machine (no Slurm), {self.nodes} node x {self.gpus_per_node} GPU(s)"
         mem = f", {self.mem_gb} GB" if self.mem_gb else ""
         return (f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s), {self.cpus_per_task} CPU(s)/task"
                 f"{mem}, {self.time_min} min")
@@ -74,6 +98,7 @@ class ClusterProfile:
 
     name: str
     path: str
+    scheduler: str = "slurm"
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -89,12 +114,32 @@ class ClusterProfile:
     max_num_timeout: int = 3
     additional_parameters: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def local(self) -> bool:
+        """``scheduler: local``: the cells run on this machine, no Slurm."""
+        return self.scheduler == "local"
+
     def resources_for(self, slot: str) -> Resources:
         """The request of a cell of model slot ``slot`` (``default`` overridden by ``slot``)."""
         return self.resources.get(slot, self.resources["default"])
 
+    def with_gpus_per_node(self, gpus: Any) -> ClusterProfile:
+        """This profile with every slot's ``gpus_per_node`` replaced (the ``gpus_per_node=N``
+        launch field); validated as the file is."""
+        where = f"gpus_per_node={gpus!r} (overriding cluster profile {self.name!r}, {self.path})"
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise ProfileError(f"{where}: give an integer >= 1 (GPUs per node for every model slot), "
+                               "or leave gpus_per_node unset to keep the profile's")
+        if self.local:
+            _check_local_gpus(gpus, where, hint="")
+        return dataclasses.replace(self, resources={k: dataclasses.replace(r, gpus_per_node=gpus)
+                                                    for k, r in self.resources.items()})
+
     def executor_parameters(self, res: Resources, *, array_parallelism: int | None = None) -> dict:
         """Keyword arguments for ``submitit.AutoExecutor.update_parameters``."""
+        if self.local:
+            raise ProfileError(f"cluster profile {self.path} has scheduler: local (no Slurm); its cells "
+                               "run with the local launcher, not as Slurm jobs")
         params: dict[str, Any] = {
             "timeout_min": res.time_min,
             "nodes": res.nodes,
@@ -170,6 +215,17 @@ def parse_profile(raw: Any, *, name: str, path: str) -> ClusterProfile:
     if unknown:
         raise ProfileError(f"{where}: unknown field(s) {unknown}; valid fields: {sorted(_TOP_KEYS)}")
     kw = dict(raw)
+    scheduler = kw.get("scheduler", "slurm")
+    if scheduler not in SCHEDULERS:
+        raise ProfileError(f"{where}: scheduler must be one of {', '.join(SCHEDULERS)} (slurm: submit "
+                           f"array jobs; local: run the cells on this machine, no Slurm), got {scheduler!r}")
+    if scheduler == "local":
+        slurm_only = sorted(k for k in raw if k not in ("scheduler", "resources"))
+        if slurm_only:
+            raise ProfileError(
+                f"{where}: field(s) {slurm_only} apply to Slurm jobs only, and this profile has scheduler: "
+                "local (its cells run on this machine, in the launching process); remove them, or set "
+                "scheduler: slurm")
     for key in ("partition", "account", "qos", "constraint", "exclude", "container",
                 "container_mounts", "python"):
         v = kw.get(key)
@@ -188,14 +244,22 @@ def parse_profile(raw: Any, *, name: str, path: str) -> ClusterProfile:
     if not isinstance(extra, dict):
         raise ProfileError(f"{where}: additional_parameters must be a mapping, got {extra!r}")
     kw["additional_parameters"] = extra
-    kw["resources"] = _parse_resources(kw.get("resources"), where)
+    kw["resources"] = _parse_resources(kw.get("resources"), where, local=scheduler == "local")
     try:
         return ClusterProfile(name=name, path=path, **kw)
     except ProfileError as e:
         raise ProfileError(f"{where}: {e}") from e
 
 
-def _parse_resources(raw: Any, where: str) -> dict[str, Resources]:
+def _check_local_gpus(gpus: int, where: str, hint: str = "; the launch field gpus_per_node=N overrides it") -> None:
+    if not 1 <= gpus <= MAX_LOCAL_GPUS:
+        raise ProfileError(
+            f"{where}: a scheduler: local profile runs each cell on this one machine with 1 to "
+            f"{MAX_LOCAL_GPUS} GPUs, got {gpus}; give the number of GPUs the cells use "
+            f"(1-{MAX_LOCAL_GPUS}{hint})")
+
+
+def _parse_resources(raw: Any, where: str, *, local: bool = False) -> dict[str, Resources]:
     if not isinstance(raw, dict) or "default" not in raw:
         raise ProfileError(
             f"{where}: resources must be a mapping with a 'default' block (and optional per-slot "
@@ -213,11 +277,22 @@ def _parse_resources(raw: Any, where: str) -> dict[str, Resources]:
         bad = sorted(set(block) - set(_RESOURCE_KEYS))
         if bad:
             raise ProfileError(f"{where}: resources.{key}: unknown field(s) {bad}; valid: {list(_RESOURCE_KEYS)}")
+        if local:
+            slurm_only = sorted(set(block) - set(_LOCAL_RESOURCE_KEYS))
+            if slurm_only:
+                raise ProfileError(f"{where}: resources.{key}: field(s) {slurm_only} are Slurm requests; a "
+                                   f"scheduler: local profile has {list(_LOCAL_RESOURCE_KEYS)} only")
         merged = {**default, **block} if key != "default" else dict(block)
         try:
-            out[key] = Resources(**merged)
+            out[key] = Resources(**merged, local=local)
         except ProfileError as e:
             raise ProfileError(f"{where}: resources.{key}: {e}") from e
         except TypeError as e:
             raise ProfileError(f"{where}: resources.{key}: {e}") from e
+        if local:
+            if out[key].nodes != 1:
+                raise ProfileError(f"{where}: resources.{key}: a scheduler: local profile is one machine, "
+                                   f"so nodes must be 1, got {out[key].nodes}; use a Slurm profile for "
+                                   "several nodes")
+            _check_local_gpus(out[key].gpus_per_node, f"{where}: resources.{key}")
     return out

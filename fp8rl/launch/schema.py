@@ -33,7 +33,8 @@ class LaunchFields:
             ``slurm``).
         data: the data set; each backend lists what it can run.
         cluster: cluster profile for ``launcher=slurm``: a name in ``slurm/profiles/`` or a path
-            to a YAML file (``fp8rl.launch.profiles``).
+            to a YAML file (``fp8rl.launch.profiles``); a ``scheduler: local`` profile
+            (``cluster=workstation``) runs the cells on this machine with the ``local`` launcher.
         sweep_name: the sweep's directory under ``output_dir``.
         seeds: seeds per cell: ``seed, seed+1, ..., seed+seeds-1`` (an axis of the grid).
         dry_run: expand, validate and print every cell; run and write nothing.
@@ -45,6 +46,8 @@ class LaunchFields:
             torch thread (``None`` = one per CPU core this process may use; 1 = one after
             another in this process).
         progress: show the sweep-level progress display (local launchers).
+        gpus_per_node: GPUs per node of every cell, replacing the cluster profile's for every
+            model slot (``None`` = the profile's); e.g. ``cluster=workstation gpus_per_node=4``.
     """
 
     scale: str = "mini"
@@ -59,6 +62,7 @@ class LaunchFields:
     array_parallelism: int | None = None
     workers: int | None = None
     progress: bool = True
+    gpus_per_node: int | None = None
 
 
 #: Top-level keys that belong to launching, not to a backend's run config.

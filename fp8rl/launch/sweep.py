@@ -5,7 +5,8 @@ Called by the Hydra sweeper (``hydra_plugins/fp8rl_launch``) with the composed p
 1. ``fp8rl.launch.grid.plan_sweep``: expand the grid and validate every cell (nothing is
    written; any problem aborts with :class:`~fp8rl.launch.grid.SweepError`);
 2. ``dry_run=true``: print every cell (run directory, state, resources, command) and stop;
-3. otherwise classify the cells: DONE cells are skipped, cells whose Slurm job (from the
+3. otherwise classify the cells (and let the launcher check that this machine can run those
+   to launch, ``Launcher.preflight``: a local GPU profile needs its GPUs here): DONE cells are skipped, cells whose Slurm job (from the
    manifest) is still pending or running are left alone, cells whose run directory is owned
    by another live process (``fp8rl.runs.lock``: a second launch, a duplicate job) are
    skipped naming the owner, all others (new, FAILED, PREEMPTED, interrupted, or whose owner
@@ -87,6 +88,9 @@ def execute(plan: SweepPlan, stream=None) -> int:
                 elsewhere.append((c, owner))
             else:
                 todo.append(c)
+
+    if todo:  # this machine must be able to run them (a local GPU profile: enough GPUs)
+        LAUNCHERS[plan.launcher].preflight(todo, plan)
 
     def manifest_cells(job_ids: dict[str, str]) -> list[Cell]:
         cur = {}

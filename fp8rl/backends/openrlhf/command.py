@@ -82,6 +82,12 @@ def layout_for(cfg, nodes: int, gpus_per_node: int) -> Layout:
     if gpus < 1:
         raise ResourceError(f"a paper-scale cell needs GPUs; the profile gives {nodes} node(s) x "
                             f"{gpus_per_node} GPU(s)")
+    if gpus < tp:
+        raise ResourceError(f"model slot {cfg.model.slot} runs vLLM with tensor-parallel size {tp} "
+                            f"(openrlhf.vllm_tp.{cfg.model.slot}) but the cell has {gpus} GPU(s) ({nodes} node(s) "
+                            f"x {gpus_per_node}); give it at least {tp} GPUs (a profile with more GPUs for "
+                            f"{cfg.model.slot}, or gpus_per_node={tp}+ on one machine), or leave this slot "
+                            f"out of the sweep (model=...)")
     if gpus % tp:
         raise ResourceError(f"{gpus} GPUs do not split into vLLM engines of tensor-parallel size "
                             f"{tp} (openrlhf.vllm_tp.{cfg.model.slot}); change the profile's nodes/GPUs "

@@ -81,7 +81,15 @@ def paths_for(cfg: OpenRLHFRunConfig, run_dir: Path):
 
 
 def allocation() -> tuple[int, int]:
-    """``(nodes, gpus_per_node)`` of the current Slurm allocation (this machine outside Slurm)."""
+    """``(nodes, gpus_per_node)`` of this cell: one node with the local profile's GPUs when the
+    local launcher runs it on one machine (``cluster=workstation``: it sets
+    ``fp8rl.launch.profiles.LOCAL_GPUS_ENV``), else the Slurm allocation's, else this machine's
+    CUDA devices (``torch.cuda.device_count()``)."""
+    from fp8rl.launch.profiles import LOCAL_GPUS_ENV
+
+    local = os.environ.get(LOCAL_GPUS_ENV)
+    if local:
+        return 1, int(local)
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
     g = os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE")
     if g:
@@ -206,10 +214,15 @@ def describe(cfg: OpenRLHFRunConfig, resources, run_dir: Path) -> list[str]:
         return ["    openrlhf:  (no cluster profile: cannot lay out GPUs)"]
     lay = layout_for(cfg, resources.nodes, resources.gpus_per_node)
     args = build_args(cfg, lay, paths_for(cfg, run_dir))
+    if getattr(resources, "local", False):  # a scheduler: local profile (cluster=workstation)
+        where = (f"    local:     this machine, no Slurm: {resources.gpus_per_node} GPU(s), Ray started on "
+                 "this host, one cell at a time")
+    else:
+        where = (f"    sbatch:    --nodes={resources.nodes} --ntasks-per-node=1 --gpus-per-node={resources.gpus_per_node} "
+                 f"--cpus-per-task={resources.cpus_per_task}"
+                 + (f" --mem={resources.mem_gb}G" if resources.mem_gb else "") + f" --time={resources.time_min}")
     return [
-        f"    sbatch:    --nodes={resources.nodes} --ntasks-per-node=1 --gpus-per-node={resources.gpus_per_node} "
-        f"--cpus-per-task={resources.cpus_per_task}"
-        + (f" --mem={resources.mem_gb}G" if resources.mem_gb else "") + f" --time={resources.time_min}",
+        where,
         f"    layout:    {lay.gpus} GPU(s): {lay.vllm_engines} vLLM engine(s) x TP {lay.vllm_tp}, "
         f"colocate_all={lay.colocate_all}; trainer {cfg.fp8.trainer_recipe}, rollout {cfg.fp8.rollout_recipe}, "
         f"clip {cfg.clip.method}",
@@ -222,6 +235,7 @@ def check_cell(cfg: OpenRLHFRunConfig, resources) -> None:
     from fp8rl.backends.openrlhf.command import build_args, layout_for
 
     if resources is None:
-        raise ValueError("a paper-scale cell needs a cluster profile (cluster=NAME) for its GPU layout")
+        raise ValueError("a paper-scale cell needs a cluster profile (cluster=NAME; cluster=workstation on one "
+                         "GPU machine without Slurm) for its GPU layout")
     build_args(cfg, layout_for(cfg, resources.nodes, resources.gpus_per_node),
                paths_for(cfg, resolve_run_dir(cfg)))

@@ -30,12 +30,29 @@ Deviation: at paper scale the rollout's FP8 arithmetic is vLLM's own (its quanti
 kernels); the mini backend emulates the recipes with ``fp8rl.quant.rollout``. The tensorwise
 row's activations are per token on Cutlass GPUs (vLLM's choice), not per tensor.
 
+Hardware (:func:`check_rollout_hardware`, pure: the devices are arguments). All three methods
+run W8A8 -- FP8 weights *and* FP8 activations on FP8 tensor cores -- only on GPUs of compute
+capability 8.9 or more (sm89 Ada: L40S, L4; sm90 Hopper: H100, H200; sm100 Blackwell: B200).
+Below that (A100 sm80, V100 sm70, T4 sm75) vLLM 0.29 has no W8A8 FP8 kernel and falls back to
+weight-only FP8 (Marlin, W8A16: BF16 activations), or refuses per-channel scales: not the paper's
+rollout, and for tensorwise and blockwise without an error. So a cell with an FP8 rollout refuses
+to start there (``Fp8UnsupportedError`` naming the GPU, its capability and the fix). The trainer
+side asks more of some recipes (``fp8rl.quant.convert.check_supported``: per-tensor and per-row
+via torchao 8.9+, blockwise via Transformer Engine 9.0+, mxfp8 10.x); :func:`check_cell_hardware`
+checks both, and :func:`check_node_hardware` -- called first thing by ``binding.install_driver``,
+on the head node of the cell's allocation, before any engine or actor is built -- reads the
+node's GPUs with ``torch.cuda`` (and skips on a machine without CUDA: the CPU smoke runs). The
+refusal reaches the FAILED run's reason (``run.PLUGIN_ERRORS``). Only the head node's GPUs are
+read: a multi-node cell is assumed to get one kind of GPU (a partition or constraint).
+
 History: the earlier plugin pre-quantized a checkpoint with ``quantization="fp8"`` and per-channel
 scales for rowwise, which vLLM 0.29's serialized-FP8 loader rejects (its per-tensor
 ``PerTensorScaleParameter`` asserts one scale per logical shard).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
 
@@ -47,6 +64,13 @@ VLLM_QUANTIZATION = {
 }
 #: The vLLM worker extension that keeps FP8 engines in sync with the trainer (``binding``).
 WORKER_EXTENSION = "fp8rl.backends.openrlhf.plugin.binding.Fp8WorkerWrap"
+#: Least CUDA compute capability with FP8 tensor cores, where vLLM runs its W8A8 FP8 kernels.
+W8A8_MIN_CAPABILITY = (8, 9)
+#: GPUs of that kind, for messages.
+W8A8_GPUS = "L40S, H100, H200, B200"
+
+#: One GPU as the checks take it: ``(name, (major, minor))``, e.g. ``("NVIDIA H100 80GB HBM3", (9, 0))``.
+Device = tuple[str, tuple[int, int]]
 
 
 def check_rollout_recipe(recipe_name: str) -> None:
@@ -67,3 +91,103 @@ def rollout_engine_kwargs(spec: PluginSpec) -> dict:
         return {}
     check_rollout_recipe(spec.rollout_recipe)
     return {"quantization": VLLM_QUANTIZATION[spec.rollout_recipe], "worker_extension_cls": WORKER_EXTENSION}
+
+
+def _sm(capability: Sequence[int]) -> str:
+    return f"sm{capability[0]}{capability[1]}"
+
+
+def _which(devices: Sequence[Device], indices: list[int]) -> str:
+    """``GPU 0-3 (NVIDIA A100-SXM4-80GB, sm80), GPU 5,7 (Tesla T4, sm75)``."""
+    groups: dict[tuple, list[int]] = {}
+    for i in indices:
+        name, cap = devices[i]
+        groups.setdefault((name, tuple(cap)), []).append(i)
+    parts = []
+    for (name, cap), idx in groups.items():
+        runs, start = [], idx[0]
+        for a, b in zip(idx, [*idx[1:], None], strict=True):
+            if b != a + 1:
+                runs.append(str(start) if start == a else f"{start}-{a}")
+                start = b
+        parts.append(f"GPU {','.join(runs)} ({name}, {_sm(cap)})")
+    return ", ".join(parts)
+
+
+def check_rollout_hardware(recipe_name: str, devices: Sequence[Device]) -> None:
+    """Raise ``Fp8UnsupportedError`` unless every GPU in ``devices`` runs ``recipe_name``'s vLLM
+    FP8 method as W8A8 (compute capability >= 8.9); a bf16 rollout is never refused. Pure.
+
+    ``devices``: ``(name, (major, minor))`` per GPU, in device order (indices name them).
+    """
+    from fp8rl.quant.modules import Fp8UnsupportedError
+    from fp8rl.quant.recipes import get_recipe
+
+    if not get_recipe(recipe_name).enabled:
+        return
+    check_rollout_recipe(recipe_name)
+    bad = [i for i, (_, cap) in enumerate(devices) if tuple(cap) < W8A8_MIN_CAPABILITY]
+    if bad:
+        raise Fp8UnsupportedError(
+            f"fp8.rollout_recipe={recipe_name!r} needs FP8 tensor cores for vLLM's W8A8 "
+            f"{VLLM_QUANTIZATION[recipe_name]} (compute capability >= 8.9: {W8A8_GPUS}); "
+            f"{_which(devices, bad)} lacks them: vLLM would run weight-only FP8 (Marlin W8A16) or fail. "
+            "Use the bf16 arm (fp8=bf16) here, or sm89+ GPUs for FP8 cells (another partition or "
+            "constraint in the cluster profile); blockwise training needs sm90+, mxfp8 sm100")
+
+
+def check_trainer_hardware(spec: PluginSpec, devices: Sequence[Device]) -> None:
+    """Raise ``Fp8UnsupportedError`` unless every GPU in ``devices`` runs the spec's trainer recipe
+    with its implementation (``fp8rl.quant.convert.check_supported``, the conversion's own check). Pure."""
+    from fp8rl.quant.convert import check_supported, resolve_impl
+    from fp8rl.quant.modules import Fp8UnsupportedError
+    from fp8rl.quant.recipes import get_recipe
+
+    recipe = get_recipe(spec.trainer_recipe)
+    if not recipe.enabled:
+        return
+    impl = resolve_impl(recipe, spec.trainer_impl, emulate=spec.trainer_emulate)
+    bad, first = [], None
+    for i, (_, cap) in enumerate(devices):
+        try:
+            check_supported(recipe, impl=impl, device_type="cuda", capability=tuple(cap),
+                            emulate=spec.trainer_emulate)
+        except Fp8UnsupportedError as e:
+            bad.append(i)
+            first = first or e
+    if first is not None:
+        raise Fp8UnsupportedError(
+            f"fp8.trainer_recipe={recipe.name!r} ({impl}) cannot train on {_which(devices, bad)}: {first}") from first
+
+
+def check_cell_hardware(spec: PluginSpec, devices: Sequence[Device]) -> None:
+    """The rollout and the trainer recipe of ``spec`` on ``devices`` (rollout first). Pure."""
+    check_rollout_hardware(spec.rollout_recipe, devices)
+    check_trainer_hardware(spec, devices)
+
+
+def visible_devices() -> list[Device] | None:
+    """This node's CUDA GPUs as :data:`Device` tuples; ``None`` when CUDA is not available."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return [(torch.cuda.get_device_name(i), tuple(torch.cuda.get_device_capability(i)))
+            for i in range(torch.cuda.device_count())]
+
+
+def check_node_hardware(spec: PluginSpec, devices: Sequence[Device] | None = None) -> None:
+    """The start-up refusal of ``binding.install_driver``: :func:`check_cell_hardware` on this
+    node's GPUs (``devices``, default :func:`visible_devices`). Does nothing for an all-BF16 cell,
+    a CPU job (``spec.device == "cpu"``) or on a machine without CUDA."""
+    from fp8rl.quant.recipes import get_recipe
+
+    if getattr(spec, "device", "cuda") == "cpu":
+        return
+    if not (get_recipe(spec.rollout_recipe).enabled or get_recipe(spec.trainer_recipe).enabled):
+        return
+    if devices is None:
+        devices = visible_devices()
+        if devices is None:
+            return
+    check_cell_hardware(spec, devices)

@@ -49,8 +49,12 @@ def install_driver(spec: PluginSpec, modules: dict | None = None) -> None:
     """
     import importlib
 
-    from fp8rl.backends.openrlhf.plugin.fp8_rollout import rollout_engine_kwargs
+    from fp8rl.backends.openrlhf.plugin.fp8_rollout import (
+        check_node_hardware,
+        rollout_engine_kwargs,
+    )
 
+    check_node_hardware(spec)  # refuse GPUs the cell's FP8 recipes cannot run on, before any engine
     check_version()
     names = {"vllm_engine": "openrlhf.trainer.ray.vllm_engine", "launcher": "openrlhf.trainer.ray.launcher",
              "ppo_actor": "openrlhf.trainer.ray.ppo_actor"}
