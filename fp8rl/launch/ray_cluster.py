@@ -115,8 +115,13 @@ def _free_port() -> int:
 
 
 def bootstrap(command: Sequence[str], *, gpus_per_node: int, port: int | None = None,
-              deadline_s: float = 300.0, ray_bin: str | None = None, log=sys.stderr) -> int:
-    """Start Ray on the allocation, run ``command`` against it, tear down; returns its status."""
+              deadline_s: float = 300.0, ray_bin: str | None = None, log=sys.stderr,
+              num_cpus: int | None = None) -> int:
+    """Start Ray on the allocation, run ``command`` against it, tear down; returns its status.
+
+    ``num_cpus``: logical CPUs per node (None: Ray counts them). A CPU job passes placeholder
+    GPUs (``gpus_per_node``) and more logical CPUs than cores, so that OpenRLHF's actors (one
+    CPU each in Ray's bookkeeping) all get scheduled on a small machine."""
     if not command:
         raise RayBootstrapError("no driver command given (usage: ray_bootstrap.py [options] -- CMD ...)")
     ray_bin = ray_bin or shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
@@ -133,7 +138,8 @@ def bootstrap(command: Sequence[str], *, gpus_per_node: int, port: int | None = 
     try:
         procs.append(subprocess.Popen(
             [ray_bin, "start", "--head", f"--node-ip-address={head_ip}", f"--port={port}",
-             f"--num-gpus={gpus_per_node}", "--block", "--disable-usage-stats", "--include-dashboard=false"],
+             f"--num-gpus={gpus_per_node}", *([f"--num-cpus={num_cpus}"] if num_cpus else []),
+             "--block", "--disable-usage-stats", "--include-dashboard=false"],
             stdin=subprocess.DEVNULL, start_new_session=True))
         for node in nodes[1:]:
             procs.append(subprocess.Popen(

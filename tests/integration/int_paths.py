@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SUPPORT = HERE / "support"
 REPO = HERE.parents[1]
-#: The pinned vLLM wheel unpacked by ``make install-integration`` (never on .venv's own path).
-VLLM_DIR = Path(os.environ.get("FP8RL_VLLM_DIR", str(Path(sys.prefix) / "vllm-0.29.0")))
+
+
+def vllm_dir() -> Path:
+    """The installed ``vllm`` package of vLLM's CPU build (``make install-integration``)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("vllm is not installed: run make install-integration")
+    return Path(spec.origin).parent

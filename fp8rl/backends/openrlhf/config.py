@@ -40,9 +40,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from fp8rl.config import MODEL_SLOTS, RunConfig, _require
 
+#: ``openrlhf.device`` values (``plugin.cpu_support`` for ``cpu``).
+DEVICES: tuple[str, ...] = ("cuda", "cpu")
 #: ``openrlhf.reward_scheme`` values: ``binary`` rewards 1/0, ``signed`` +1/-1 (scores stay 0/1).
 REWARD_SCHEMES: tuple[str, ...] = ("binary", "signed")
 
@@ -89,6 +92,14 @@ class OpenRLHFSettings:
         ray_deadline_s: how long the Ray bootstrap waits for every node and GPU.
         extra_args: raw extra CLI arguments appended verbatim (each one validated against the
             0.11.2 parser by the tests only for what we emit; use sparingly).
+        device: ``cuda`` (GPUs) or ``cpu``: the whole job on a CPU machine (``make paper-smoke``;
+            ``plugin.cpu_support``): vLLM's CPU build, DeepSpeed's CPU accelerator (gloo), Ray with
+            placeholder GPU resources, separate engines (no colocation or sleep), eager
+            attention, weight sync over a gloo Ray collective.
+        cpu_actors, cpu_engines: with ``device=cpu``, the policy actor's data-parallel ranks and
+            the vLLM engines (each a placeholder GPU; the cluster profile's GPUs are ignored).
+        dump_loss_inputs: the plugin's loss writes every micro-batch's inputs and bounds under
+            ``<run>/openrlhf/dumps`` (for tests that recompute the logged diagnostics).
     """
 
     models: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MODELS))
@@ -118,8 +129,20 @@ class OpenRLHFSettings:
     final_eval: bool = True
     ray_deadline_s: float = 600.0
     extra_args: list[str] = field(default_factory=list)
+    device: str = "cuda"
+    cpu_actors: int = 1
+    cpu_engines: int = 1
+    dump_loss_inputs: bool = False
 
     def __post_init__(self) -> None:
+        _require(self.device in DEVICES, f"openrlhf.device={self.device!r} must be one of {DEVICES} (cuda: "
+                 "GPUs; cpu: the whole job on a CPU machine, as make paper-smoke runs it)")
+        for f in ("cpu_actors", "cpu_engines"):
+            _require(isinstance(getattr(self, f), int) and 1 <= getattr(self, f) <= 8,
+                     f"openrlhf.{f} must be an integer in 1..8, got {getattr(self, f)!r}")
+        if self.device == "cpu":
+            _require(not self.packing_samples, "openrlhf.device=cpu: packed samples need flash-attn (GPU only); "
+                     "set openrlhf.packing_samples=false")
         missing = [s for s in MODEL_SLOTS if s not in self.models]
         _require(not missing, f"openrlhf.models lacks slot(s) {missing}; give an HF id per slot")
         missing = [s for s in MODEL_SLOTS if s not in self.vllm_tp]
@@ -156,6 +179,8 @@ class OpenRLHFRunConfig(RunConfig):
     """``RunConfig`` plus the ``openrlhf`` block; validates the paper-scale cross-field rules."""
 
     openrlhf: OpenRLHFSettings = field(default_factory=OpenRLHFSettings)
+    #: OpenRLHF hands ``eval.temperature`` to vLLM, which decodes greedily at 0.
+    GREEDY_EVAL_TEMPERATURE: ClassVar[bool] = True
 
     def validate(self) -> None:
         super().validate()

@@ -127,6 +127,9 @@ FORMATS: dict[str, Format] = {
     "aime25": Format("train", lambda r: r["problem"], lambda r: _answer_text(r["answer"])),
     "amc23": Format("test", lambda r: r["question"], lambda r: _answer_text(r["answer"])),
     "math500": Format("test", lambda r: r["problem"], lambda r: _answer_text(r["answer"])),
+    # the CPU smoke job's a+b problems (fp8rl.backends.openrlhf.smoke; ids fp8rl-smoke:<seed>:<count>)
+    "smoke_train": Format("train", lambda r: r["problem"], lambda r: r["answer"]),
+    "smoke_eval": Format("test", lambda r: r["problem"], lambda r: r["answer"]),
     "minerva_math": Format("test", lambda r: r["question"], _minerva_answer),
     "olympiadbench": Format("train", _olympiad_problem, _olympiad_answer, config="OE_TO_maths_en_COMP"),
 }
@@ -187,6 +190,10 @@ def prepare(names: Iterable[str], data_dir: str | Path, hf_ids: dict[str, str], 
             continue
         if name in sources:
             rows: Iterable[dict] = read_local(Path(sources[name]))
+        elif str(hf_ids.get(name, "")).startswith("fp8rl-smoke:"):  # the CPU smoke job's problems
+            from fp8rl.backends.openrlhf.smoke import dataset_rows
+
+            rows = dataset_rows(hf_ids[name])
         elif name in hf_ids:
             rows = read_hf(hf_ids[name], FORMATS[name].split, FORMATS[name].config)
         else:

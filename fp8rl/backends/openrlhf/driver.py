@@ -12,7 +12,8 @@ Runs on the head node of a cell's Ray cluster (``RAY_ADDRESS`` set by the bootst
 3. in this process (``plugin.binding.install_driver``): makes the vLLM engines FP8, and makes
    the start-up wait for the policy actors and check, in each of them, that the plugin is bound
    with this spec and the FP8 conversion happened -- a cell whose plugin is not active fails
-   here, before the first rollout;
+   here, before the first rollout; what the check read is kept in ``attestation.json`` beside
+   the spec;
 4. runs ``openrlhf.cli.train_ppo_ray`` in-process with ``runpy`` (its ``train()`` skips
    ``ray.init`` because Ray is up).
 
@@ -32,21 +33,30 @@ HOOK = "fp8rl.backends.openrlhf.plugin.hook.install_from_env"
 
 
 def runtime_env(spec_json: str) -> dict:
-    """The Ray runtime environment of the job (plugin hook + env vars)."""
-    from fp8rl.backends.openrlhf.plugin.spec import SPEC_ENV
+    """The Ray runtime environment of the job (plugin hook + env vars; a CPU job's extra env vars)."""
+    from fp8rl.backends.openrlhf.plugin.spec import SPEC_ENV, PluginSpec
 
-    return {
-        "worker_process_setup_hook": HOOK,
-        "env_vars": {
-            SPEC_ENV: spec_json,
-            "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
-            "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
-            "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
-        },
+    env = {
+        SPEC_ENV: spec_json,
+        "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
+        "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
     }
+    spec = PluginSpec.from_json(spec_json)
+    if spec.dump_dir:  # the engines' sync log (binding.vllm_worker) beside the loss dumps
+        from fp8rl.backends.openrlhf.plugin.binding.vllm_worker import SYNC_LOG_ENV
+        from fp8rl.backends.openrlhf.reward_func import SAMPLE_LOG_ENV
+
+        env[SYNC_LOG_ENV] = os.path.join(spec.dump_dir, "engine_syncs.jsonl")
+        env[SAMPLE_LOG_ENV] = os.path.join(spec.dump_dir, "samples.jsonl")
+    if spec.device == "cpu":
+        from fp8rl.backends.openrlhf.plugin.cpu_support import worker_env
+
+        env.update(worker_env())
+    return {"worker_process_setup_hook": HOOK, "env_vars": env}
 
 
-def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Ray, GPUs and OpenRLHF
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
         raise SystemExit("usage: python -m fp8rl.backends.openrlhf.driver --spec SPEC.json [--log FILE] -- FLAGS...")
@@ -68,8 +78,13 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs Ray,
 
     check_version()
     spec_json = open(args.spec, encoding="utf-8").read()
+    if PluginSpec.from_json(spec_json).device == "cpu":
+        from fp8rl.backends.openrlhf.plugin.cpu_support import import_standins
+
+        import_standins()  # before OpenRLHF's modules are imported here
     ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), runtime_env=runtime_env(spec_json))
-    install_driver(PluginSpec.from_json(spec_json))
+    install_driver(PluginSpec.from_json(spec_json),
+                   record=os.path.join(os.path.dirname(os.path.abspath(args.spec)), "attestation.json"))
     sys.argv = ["train_ppo_ray", *flags]
     runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
     return 0

@@ -70,7 +70,10 @@ def evaluate_run(run_dir: str | Path, generate: Generate | None = None, *, pool=
     k = int(k or cfg["eval_k"])
     ddir = Path(data_dir) if data_dir else data_dir_of(cfg)
     if generate is None:
-        generate = vllm_generator(str(rd.path / "checkpoint" / "final"), tp=int(o["vllm_tp"][cfg["model"]["slot"]]))
+        cpu = o.get("device", "cuda") == "cpu"  # the CPU job (plugin.cpu_support): one engine, eager
+        generate = vllm_generator(str(rd.path / "checkpoint" / "final"),
+                                  tp=1 if cpu else int(o["vllm_tp"][cfg["model"]["slot"]]),
+                                  chat_template=bool(o.get("apply_chat_template", True)), cpu=cpu)
     metrics = rd.read_metrics() if rd.metrics_path.exists() else []
     step = max((int(r["step"]) for r in metrics), default=0)
     results, rows = {}, []
@@ -94,19 +97,34 @@ def evaluate_run(run_dir: str | Path, generate: Generate | None = None, *, pool=
     return results
 
 
-def vllm_generator(model_path: str, *, tp: int = 1, seed: int = 0) -> Generate:  # pragma: no cover - GPU
-    """A generator backed by vLLM (BF16) on ``model_path``; built lazily on first call."""
+def vllm_generator(model_path: str, *, tp: int = 1, seed: int = 0, chat_template: bool = True,
+                   cpu: bool = False) -> Generate:
+    """A generator backed by vLLM (BF16) on ``model_path``; built lazily on first call.
+
+    ``chat_template``: wrap prompts as the training did (``openrlhf.apply_chat_template``).
+    ``cpu``: vLLM's CPU build (the CPU job): eager, and a small share of the machine's memory
+    (on CPUs ``gpu_memory_utilization`` reserves host memory)."""
     state: dict = {}
 
     def generate(prompts: list[str], k: int, temperature: float, max_tokens: int) -> list[list[str]]:
         from vllm import LLM, SamplingParams
 
         if "llm" not in state:
-            state["llm"] = LLM(model=model_path, tensor_parallel_size=tp, dtype="bfloat16", seed=seed)
+            extra = {}
+            if cpu:
+                import os
+
+                from fp8rl.backends.openrlhf.plugin.cpu_support import worker_env
+
+                for key, value in worker_env().items():
+                    if key != "PYTHONPATH":
+                        os.environ.setdefault(key, value)
+                extra = {"enforce_eager": True, "gpu_memory_utilization": 0.05}
+            state["llm"] = LLM(model=model_path, tensor_parallel_size=tp, dtype="bfloat16", seed=seed, **extra)
         llm = state["llm"]
         tok = llm.get_tokenizer()
         chats = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                         add_generation_prompt=True) for p in prompts]
+                                         add_generation_prompt=True) for p in prompts] if chat_template else prompts
         params = SamplingParams(n=k, temperature=temperature, max_tokens=max_tokens, seed=seed)
         return [[o.text for o in out.outputs] for out in llm.generate(chats, params)]
 

@@ -90,6 +90,26 @@ def reward_func(queries, prompts, labels, pool: GradingPool | None = None, schem
         "rollout/garbled_frac": sum(r["garbled"] for r in results) / n,
         "reward/timeout_frac": sum(r["timeout"] for r in results) / n,
     }
+    _log_samples(queries, prompts, labels, results)
     if len(results) == 1:
         return {"rewards": rewards[0], "scores": scores[0], "extra_logs": extra}
     return {"rewards": rewards, "scores": scores, "extra_logs": extra}
+
+
+#: Environment variable naming a JSONL file that receives every graded sample (the CPU smoke
+#: job's diagnostic dumps set it: ``<run>/openrlhf/dumps/samples.jsonl``; unset in production).
+SAMPLE_LOG_ENV = "FP8RL_SAMPLE_LOG"
+
+
+def _log_samples(queries, prompts, labels, results) -> None:
+    import json
+    import os
+    import time
+
+    path = os.environ.get(SAMPLE_LOG_ENV)
+    if not path:
+        return
+    with _POOL_LOCK, open(path, "a", encoding="utf-8") as f:
+        for q, p, lab, r in zip(queries, prompts, labels, results, strict=True):
+            f.write(json.dumps({"time": time.time(), "prompt": p, "response": response_of(q, p), "label": lab,
+                                "reward": r["reward"], "score": r["score"]}) + "\n")

@@ -37,7 +37,9 @@ from fp8rl.backends.openrlhf.config import OpenRLHFRunConfig, data_plan
 
 #: Keys left out of the run identity (paths and caches do not change what a run computes).
 IDENTITY_EXCLUDE = ("openrlhf.data_dir", "openrlhf.final_eval",
-                    "openrlhf.ray_deadline_s", "openrlhf.save_steps")
+                    "openrlhf.ray_deadline_s", "openrlhf.save_steps", "openrlhf.dump_loss_inputs")
+#: Logical CPUs of a CPU job's Ray node (more than cores: Ray books one CPU per OpenRLHF actor).
+CPU_JOB_LOGICAL_CPUS = 16
 
 
 def config_dict(cfg: OpenRLHFRunConfig) -> dict:
@@ -72,10 +74,12 @@ def data_dir_of(cfg: dict | OpenRLHFRunConfig) -> Path:
 def paths_for(cfg: OpenRLHFRunConfig, run_dir: Path):
     from fp8rl.backends.openrlhf.command import RunPaths
     from fp8rl.backends.openrlhf.data import output_file
+    from fp8rl.backends.openrlhf.smoke import model_path
 
     ddir = data_dir_of(cfg)
     o = cfg.openrlhf
     return RunPaths(run_dir=run_dir, train_file=output_file(ddir, o.train_sets[cfg.algorithm.name]),
+                    model=model_path(o.models[cfg.model.slot], ddir),
                     eval_files=tuple(output_file(ddir, n) for n in o.eval_sets),
                     reward_file=Path(__file__).resolve().with_name("reward_func.py"))
 
@@ -124,23 +128,34 @@ def run_openrlhf(cfg: OpenRLHFRunConfig, overrides: Iterable[str] = (), *, progr
     o = cfg.openrlhf
     paths = paths_for(cfg, rd.path)
     prepare([o.train_sets[cfg.algorithm.name], *o.eval_sets], data_dir_of(cfg), o.datasets)
+    from fp8rl.backends.openrlhf.smoke import prepare_model
+
+    prepare_model(o.models[cfg.model.slot], data_dir_of(cfg))
     problem = check_train_set(cfg, paths.train_file)
     if problem:
         rd.set_status(FAILED, 0, reason=problem)
         rd.write_summary({"state": FAILED, "reason": problem, "steps": 0})
         return {"state": FAILED, "reason": problem, "run_dir": str(rd.path)}
     nodes, gpn = allocation()
-    args = build_args(cfg, layout_for(cfg, nodes, gpn), paths)
+    lay = layout_for(cfg, nodes, gpn)
+    args = build_args(cfg, lay, paths)
     work = rd.path / "openrlhf"
     work.mkdir(exist_ok=True)
     spec_file = work / "plugin_spec.json"
-    spec_file.write_text(PluginSpec.from_config(cfg).to_json())
+    spec = PluginSpec.from_config(cfg, run_dir=rd.path)
+    spec_file.write_text(spec.to_json())
+    if spec.dump_dir:
+        Path(spec.dump_dir).mkdir(parents=True, exist_ok=True)
     attempt = len(log_files(rd.path)) + 1
     log = work / f"driver.{attempt}.log"
     (work / "command.sh").write_text(command_line(args, python=sys.executable) + "\n")
     driver = [sys.executable, "-m", "fp8rl.backends.openrlhf.driver", "--spec", str(spec_file),
               "--log", str(log), "--", *args]
-    rc = bootstrap(driver, gpus_per_node=gpn, deadline_s=o.ray_deadline_s)
+    if o.device == "cpu":  # placeholder GPUs: one per actor rank and per engine (plugin.cpu_support)
+        rc = bootstrap(driver, gpus_per_node=lay.gpus + lay.vllm_engines * lay.vllm_tp,
+                       deadline_s=o.ray_deadline_s, num_cpus=CPU_JOB_LOGICAL_CPUS)
+    else:
+        rc = bootstrap(driver, gpus_per_node=gpn, deadline_s=o.ray_deadline_s)
     stats = ingest(rd.path, eval_sizes=_eval_sizes(cfg))
     reason = None
     if rc != 0:
@@ -210,6 +225,13 @@ def describe(cfg: OpenRLHFRunConfig, resources, run_dir: Path) -> list[str]:
     """Dry-run lines of one cell: the OpenRLHF command for the profile's GPUs (launcher hook)."""
     from fp8rl.backends.openrlhf.command import build_args, command_line, layout_for
 
+    if resources is None and cfg.openrlhf.device == "cpu":  # the CPU job without Slurm (launcher=local)
+        lay = layout_for(cfg, 1, 0)
+        args = build_args(cfg, lay, paths_for(cfg, run_dir))
+        return [f"    local:     this machine, no Slurm, CPU job (openrlhf.device=cpu): {lay.gpus} actor rank(s), "
+                f"{lay.vllm_engines} vLLM engine(s); trainer {cfg.fp8.trainer_recipe}, rollout "
+                f"{cfg.fp8.rollout_recipe}, clip {cfg.clip.method}",
+                f"    openrlhf:  {command_line(args)}"]
     if resources is None:
         return ["    openrlhf:  (no cluster profile: cannot lay out GPUs)"]
     lay = layout_for(cfg, resources.nodes, resources.gpus_per_node)
@@ -234,6 +256,9 @@ def check_cell(cfg: OpenRLHFRunConfig, resources) -> None:
     """Launcher hook: the cell's command must pass OpenRLHF's start-up checks on ``resources``."""
     from fp8rl.backends.openrlhf.command import build_args, layout_for
 
+    if resources is None and cfg.openrlhf.device == "cpu":  # the CPU job lays itself out
+        build_args(cfg, layout_for(cfg, 1, 0), paths_for(cfg, resolve_run_dir(cfg)))
+        return
     if resources is None:
         raise ValueError("a paper-scale cell needs a cluster profile (cluster=NAME; cluster=workstation on one "
                          "GPU machine without Slurm) for its GPU layout")

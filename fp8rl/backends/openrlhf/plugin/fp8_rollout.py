@@ -88,8 +88,13 @@ def rollout_engine_kwargs(spec: PluginSpec) -> dict:
     from fp8rl.quant.recipes import get_recipe
 
     if not get_recipe(spec.rollout_recipe).enabled:
-        return {}
+        # on CPU, BF16 engines need our extension too (upstream's sync allocates on "cuda")
+        return {"worker_extension_cls": WORKER_EXTENSION} if spec.device == "cpu" else {}
     check_rollout_recipe(spec.rollout_recipe)
+    if spec.device == "cpu":
+        from fp8rl.backends.openrlhf.plugin.cpu_support import check_cpu_rollout
+
+        check_cpu_rollout(spec.rollout_recipe)
     return {"quantization": VLLM_QUANTIZATION[spec.rollout_recipe], "worker_extension_cls": WORKER_EXTENSION}
 
 

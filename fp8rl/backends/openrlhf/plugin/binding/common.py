@@ -34,6 +34,9 @@ def _originals(cls, names: tuple[str, ...]) -> dict[str, Callable]:
     """The upstream functions of ``cls`` (saved on first binding, so rebinding never stacks)."""
     saved = cls.__dict__.get(_ORIG)
     if saved is None:
-        saved = {n: cls.__dict__[n] for n in names}
+        saved = {}
         setattr(cls, _ORIG, saved)
+    for n in names:  # a name first asked for later is still upstream's then
+        if n not in saved:
+            saved[n] = cls.__dict__[n]
     return saved

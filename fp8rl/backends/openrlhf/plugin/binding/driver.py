@@ -42,10 +42,12 @@ def check_attestations(spec: PluginSpec, reports: list[dict]) -> None:
         require_conversion(spec, int(r["fp8_layers"]), where)
 
 
-def install_driver(spec: PluginSpec, modules: dict | None = None) -> None:
+def install_driver(spec: PluginSpec, modules: dict | None = None, record: str | None = None) -> None:
     """Driver process: FP8 engines (``RolloutRayActor`` kwargs) and the pre-training attestation.
 
     ``modules``: ``{"vllm_engine", "launcher", "ppo_actor"}`` module objects (default: imported).
+    ``record``: a JSON file the start-up check writes after it passed (the reports of every policy
+    actor; the driver puts it at ``<run>/openrlhf/attestation.json``).
     """
     import importlib
 
@@ -80,6 +82,12 @@ def install_driver(spec: PluginSpec, modules: dict | None = None) -> None:
             ray.get(refs)
             reports = ray.get([h.__ray_call__.remote(attest) for h in self._actor_handlers])
             check_attestations(spec, reports)
+            if record:
+                import json
+
+                with open(record, "w", encoding="utf-8") as f:
+                    json.dump({"spec": json.loads(spec.to_json()), "checked": True, "actors": reports}, f,
+                              indent=1, sort_keys=True)
         return refs
 
     group_cls.async_init_model_from_pretrained = async_init_model_from_pretrained

@@ -1,0 +1,148 @@
+"""``python -m experiments.paper_smoke``: the paper's job, whole, on this machine (``make paper-smoke``).
+
+1. launches ``+sweep=paper_smoke scale=paper`` -- on the local Slurm cluster
+   (``cluster=local``, one array task per cell) when one answers (``sinfo``), otherwise with the
+   local launcher (``launcher=local``: the same cells in this machine's processes, no Slurm);
+2. interrupts one cell (``--interrupt``, default the GRPO tensorwise calibrated cell) once it
+   has written a checkpoint: on Slurm ``scontrol requeue`` of its array task (what a preemption
+   does: the task is killed and queued again, the job resumes from the checkpoint); without
+   Slurm, SIGKILL of the process that owns the run, then a second launch of the sweep, which
+   resumes it;
+3. waits for every cell to end (``--deadline-s``) and checks each is DONE with its steps;
+4. writes the report (``python -m analysis.report runs/paper_smoke``).
+
+Prints each phase with its wall time and exits non-zero when a cell did not end DONE, so CI
+fails loudly. Run it with the integration venv's interpreter (OpenRLHF, DeepSpeed, Ray and
+vLLM's CPU build are there): ``make paper-smoke`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SWEEP = ["+sweep=paper_smoke", "scale=paper"]
+INTERRUPT = "grpo-8b-tensorwise-calibrated"
+
+
+def slurm_up() -> bool:
+    """A Slurm controller answers here (``sinfo``; the local cluster exports ``SLURM_CONF``)."""
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def launch_args(slurm: bool, out: str) -> list[str]:
+    where = ["cluster=local", "wait=false"] if slurm else ["launcher=local"]
+    return [sys.executable, "-m", "experiments.launch", *SWEEP, *where, f"output_dir={out}", "progress=false"]
+
+
+def run_dirs(sweep_dir: Path) -> list[Path]:
+    return sorted(p for p in sweep_dir.iterdir() if p.is_dir() and (p / "config.yaml").exists()) \
+        if sweep_dir.exists() else []
+
+
+def state(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    actor = run_dir / "checkpoint" / "deepspeed" / "_actor"
+    return actor.exists() and any(p.name.startswith("global_step") for p in actor.iterdir())
+
+
+def owner(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "owner.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def interrupt(run_dir: Path, slurm: bool, log) -> str:
+    """Interrupt the cell's job the way a preemption does; returns what was done."""
+    o = owner(run_dir)
+    if slurm:
+        job = o.get("slurm_array") or o.get("slurm_job_id")
+        subprocess.run(["scontrol", "requeue", str(job)], check=True, timeout=60)
+        return f"scontrol requeue {job}"
+    pid = int(o["pid"])
+    os.killpg(os.getpgid(pid), signal.SIGKILL) if os.getpgid(pid) != os.getpgid(0) else os.kill(pid, signal.SIGKILL)
+    return f"SIGKILL pid {pid}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.paper_smoke", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs", help="runs root (the sweep goes to OUT/paper_smoke)")
+    p.add_argument("--interrupt", default=INTERRUPT, help="run-name prefix of the cell to interrupt ('' = none)")
+    p.add_argument("--deadline-s", type=float, default=1500.0, help="give up after this many seconds")
+    p.add_argument("--no-slurm", action="store_true", help="use the local launcher even if Slurm answers")
+    p.add_argument("--no-report", action="store_true")
+    args = p.parse_args(argv)
+    t0 = time.monotonic()
+
+    def log(msg: str) -> None:
+        print(f"[paper_smoke {time.monotonic() - t0:6.0f} s] {msg}", flush=True)
+
+    slurm = not args.no_slurm and slurm_up()
+    sweep_dir = Path(args.out) / "paper_smoke"
+    log(f"launching {' '.join(SWEEP)} on {'the local Slurm cluster (cluster=local)' if slurm else 'this machine (launcher=local, no Slurm)'}")
+    first = subprocess.Popen(launch_args(slurm, args.out), start_new_session=not slurm)
+    done_interrupt = not args.interrupt
+    relaunch: subprocess.Popen | None = None
+    while True:
+        time.sleep(2)
+        dirs = run_dirs(sweep_dir)
+        states = {d.name: state(d).get("state") for d in dirs}
+        if not done_interrupt:
+            target = next((d for d in dirs if d.name.startswith(args.interrupt)), None)
+            if target is not None and has_checkpoint(target) and states.get(target.name) == "RUNNING":
+                log(f"interrupting {target.name} after its first checkpoint: {interrupt(target, slurm, log)}")
+                done_interrupt = True
+                if not slurm:  # the killed cell is relaunched by a second launch once the first ends
+                    first.wait()
+                    log("first launch ended; relaunching the sweep (DONE cells are skipped, the "
+                        "interrupted one resumes)")
+                    relaunch = subprocess.Popen(launch_args(slurm, args.out))
+        launcher_done = (relaunch or first).poll() is not None
+        terminal = dirs and all(s in ("DONE", "FAILED") for s in states.values()) and len(dirs) == 4
+        if done_interrupt and terminal and (slurm or launcher_done):
+            break
+        if not slurm and launcher_done and done_interrupt and not terminal:
+            break
+        if time.monotonic() - t0 > args.deadline_s:
+            log(f"deadline of {args.deadline_s:.0f} s passed; states: {states}")
+            return 1
+    for proc in (first, relaunch):
+        if proc is not None and proc.poll() is None:
+            proc.wait(timeout=120)
+    bad = []
+    for d in run_dirs(sweep_dir):
+        st = state(d)
+        attempts = len(list((d / "openrlhf").glob("driver.*.log")))
+        log(f"{d.name}: {st.get('state')} at step {st.get('step')} ({attempts} attempt(s))"
+            + (f": {st.get('reason')}" if st.get("reason") else ""))
+        if st.get("state") != "DONE":
+            bad.append(d.name)
+    if not args.no_report:
+        rc = subprocess.run([sys.executable, "-m", "analysis.report", str(sweep_dir), "--no-progress"]).returncode
+        log(f"report {'written to ' + str(sweep_dir / 'report') if rc == 0 else f'failed ({rc})'}")
+        bad += [] if rc == 0 else ["report"]
+    log(f"{'FAILED: ' + ', '.join(bad) if bad else 'every cell DONE'}; wall time {time.monotonic() - t0:.0f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

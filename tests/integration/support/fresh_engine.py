@@ -1,0 +1,40 @@
+"""A fresh vLLM engine (the CPU build) on a saved checkpoint: greedy responses and weight digests.
+
+    python tests/integration/support/fresh_engine.py MODEL_DIR QUANTIZATION_JSON OUT.json < prompts.json
+
+``QUANTIZATION_JSON`` is ``null`` (BF16) or a vLLM online FP8 shorthand (``"fp8_per_tensor"``...),
+as the plugin injects it into OpenRLHF's engines. Writes ``{"responses": {prompt: text},
+"digest": {param: sha256[:16]}}``: the digests are computed by the same function the plugin's
+worker extension logs after every weight sync (``binding.vllm_worker.engine_weights``), so a
+test can compare the engine that trained with one built from scratch on the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> int:
+    model, quant, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    prompts = json.loads(sys.stdin.read())
+    from vllm import LLM, SamplingParams
+
+    from fp8rl.backends.openrlhf.plugin.binding.vllm_worker import engine_weights
+
+    kw = {"quantization": quant} if quant else {}
+    llm = LLM(model=model, dtype="bfloat16", enforce_eager=True, max_model_len=256, seed=0, **kw)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, skip_special_tokens=False))
+    responses = {p: o.outputs[0].text for p, o in zip(prompts, outs, strict=True)}
+
+    def digest(worker):
+        return engine_weights(worker.model_runner.model)["digest"]
+
+    result = {"responses": responses, "digest": llm.collective_rpc(digest)[0]}
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

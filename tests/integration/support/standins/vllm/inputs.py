@@ -1,3 +1,0 @@
-"""Import stand-in (see ../README.md)."""
-
-TokensPrompt = dict

@@ -1,0 +1,269 @@
+"""The paper's job, whole, on CPU: what ``make paper-smoke`` left in ``runs/paper_smoke``.
+
+``make paper-smoke`` (``experiments.paper_smoke``) runs ``+sweep=paper_smoke scale=paper`` through
+the local Slurm cluster (or the local launcher without one): per cell, Ray started by our job
+script, the fp8rl driver, OpenRLHF 0.11.2's ``train_ppo_ray``, vLLM 0.29's CPU build generating
+(FP8 where the arm says), the reward, DeepSpeed ZeRO-3 training with the plugin's loss (FP8
+linears where the arm says), the weight sync into the engines, OpenRLHF's evaluation, the final
+evaluation, and the report; one cell is interrupted after its first checkpoint and resumes.
+These tests read what that job wrote -- the run directories and the diagnostic dumps the smoke
+sweep switches on (``openrlhf.dump_loss_inputs``: the loss inputs per micro-batch, the GEMM
+kernels per step, the engines' weights after every sync, every graded sample) -- and check it
+against references computed here. Nothing in the job is a stand-in except what
+``fp8rl.backends.openrlhf.plugin.cpu_support`` fills on CPU and the flash-attn import stand-in
+(packed samples are off).
+
+They skip when the job has not run (``make paper-smoke`` first), and fail instead under
+``FP8RL_REQUIRE_PAPER_SMOKE`` (``.ci/run`` sets it after running the job).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SWEEP = Path(os.environ.get("FP8RL_PAPER_SMOKE_DIR", REPO / "runs" / "paper_smoke"))
+CELLS = {  # run-name prefix -> (rollout FP8?, trainer FP8?, algorithm, clip method)
+    "grpo-8b-bf16-vanilla": (None, False, "grpo", "vanilla"),
+    "grpo-8b-tensorwise-calibrated": ("fp8_per_tensor", True, "grpo", "calibrated"),
+    "dapo-8b-rowwise-tis": ("fp8_per_channel", True, "dapo", "vanilla"),
+    "dapo-8b-rollout_only-vanilla": ("fp8_per_tensor", False, "dapo", "vanilla"),
+}
+INTERRUPTED = "grpo-8b-tensorwise-calibrated"
+STEPS = 3
+LINEARS = 14  # 2 decoder layers x (q, k, v, o, gate, up, down); the LM head stays BF16
+ENGINE_LINEARS = 8  # vLLM fuses them: 2 layers x (qkv, o, gate_up, down)
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, Path]:
+    dirs = {p.name: p for p in SWEEP.glob("*") if (p / "config.yaml").exists()} if SWEEP.exists() else {}
+    found = {prefix: next((p for n, p in dirs.items() if n.startswith(prefix + "-s0-")), None) for prefix in CELLS}
+    missing = [k for k, v in found.items() if v is None]
+    if missing:
+        msg = f"{SWEEP} lacks {missing}: run `make paper-smoke` first"
+        if os.environ.get("FP8RL_REQUIRE_PAPER_SMOKE"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return found
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def metrics(run: Path) -> dict[int, dict]:
+    rows = jsonl(run / "metrics.jsonl")
+    return {int(r["step"]): r for r in rows}
+
+
+def test_every_cell_ran_the_whole_path_to_done(runs):
+    """Each cell is DONE after its steps, through the driver (``driver.main``: its log line, the
+    attestation it wrote) and OpenRLHF's own loop (its ``Global step`` lines), with an
+    OpenRLHF evaluation and the final evaluation; on Slurm each ran as an array task."""
+    for prefix, run in runs.items():
+        status = json.loads((run / "status.json").read_text())
+        assert status["state"] == "DONE" and status["step"] == STEPS, (prefix, status)
+        logs = sorted((run / "openrlhf").glob("driver.*.log"))
+        text = "\n".join(p.read_text(errors="replace") for p in logs)
+        assert "[fp8rl driver] logging to" in (run / "openrlhf" / logs[0].name).read_text(errors="replace") \
+            or "[fp8rl driver]" in text
+        for step in range(1, STEPS + 1):
+            assert f"Global step {step}:" in text, (prefix, step)
+        rows = metrics(run)
+        assert sorted(rows) == list(range(1, STEPS + 1)), prefix  # each step logged once
+        evals = jsonl(run / "eval.jsonl")
+        assert any(e.get("source") != "final" for e in evals), prefix  # OpenRLHF's evaluation
+        assert any(e.get("source") == "final" for e in evals), prefix  # experiments.evaluate
+        summary = json.loads((run / "summary.json").read_text())
+        assert any(k.startswith("eval/smoke_eval/") for k in summary), prefix
+
+
+def test_vllm_generated_tokens_in_every_step(runs):
+    """Every step's rollout came from the engines: responses with tokens, graded by the reward."""
+    for prefix, run in runs.items():
+        for step, row in metrics(run).items():
+            assert row["rollout/response_len"] > 0, (prefix, step)
+            assert "rollout/reward_mean" in row, (prefix, step)
+        samples = jsonl(run / "openrlhf" / "dumps" / "samples.jsonl")
+        assert len(samples) >= STEPS * 4 * 4 and all(s["response"] for s in samples), prefix
+        assert len({s["score"] for s in samples}) == 2, prefix  # mixed rewards: training had signal
+
+
+def _syncs(run: Path) -> list[dict]:
+    return jsonl(run / "openrlhf" / "dumps" / "engine_syncs.jsonl")
+
+
+def test_engine_weights_after_every_sync_are_fp8_exactly_where_the_arm_says(runs):
+    """After every weight sync the engine's linear weights are float8_e4m3fn for FP8-rollout
+    cells (per tensor or per channel as the arm says) and bfloat16 for the BF16 cell."""
+    for prefix, run in runs.items():
+        quant = CELLS[prefix][0]
+        syncs = _syncs(run)
+        assert len(syncs) >= STEPS, prefix  # one per step (and one at the resume)
+        for s in syncs:
+            assert s["quantization"] == quant, prefix
+            want = "float8_e4m3fn" if quant else "bfloat16"
+            assert s["linear_dtypes"] == {want: ENGINE_LINEARS}, (prefix, s["linear_dtypes"])
+
+
+def test_the_policy_changed_between_steps(runs):
+    """Consecutive syncs carried other weights into the engines (training moved the policy)."""
+    for prefix, run in runs.items():
+        syncs = _syncs(run)
+        for a, b in itertools.pairwise(syncs):
+            if a["pid"] != b["pid"]:
+                continue  # the resumed engine's first sync re-sends the checkpoint's weights
+            changed = [n for n in a["digest"] if a["digest"][n] != b["digest"][n]]
+            assert any("proj" in n for n in changed), (prefix, a["sync"], b["sync"])
+
+
+def _fresh_engine_greedy(model: Path, quantization: str | None, prompts: list[str], out: Path) -> dict:
+    script = REPO / "tests" / "integration" / "support" / "fresh_engine.py"
+    subprocess.run([sys.executable, str(script), str(model), json.dumps(quantization), str(out)],
+                   input=json.dumps(prompts), text=True, check=True, timeout=300, cwd=REPO,
+                   env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+                        "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"})
+    return json.loads(out.read_text())
+
+
+def test_greedy_samples_after_the_last_sync_equal_a_fresh_engine_on_the_new_weights(runs, tmp_path):
+    """OpenRLHF's evaluation after the last step decoded greedily on the engine that had just
+    received the trained weights; a fresh vLLM engine built from the saved final checkpoint
+    (same quantization) decodes the same prompts to the same text. Also: its weights' digests
+    equal the last sync's, bit for bit."""
+    for prefix, run in runs.items():
+        quant = CELLS[prefix][0]
+        cfg_eval = {json.loads(ln)["input"] for ln in
+                    (REPO / "runs" / ".cache" / "openrlhf_data" / "smoke_eval.jsonl").read_text().splitlines()
+                    if ln.strip()} if (REPO / "runs" / ".cache" / "openrlhf_data" / "smoke_eval.jsonl").exists() else None
+        samples = jsonl(run / "openrlhf" / "dumps" / "samples.jsonl")
+        evals = [s for s in samples if cfg_eval is None or s["prompt"] in cfg_eval]
+        last = {}
+        for s in evals:  # the last evaluation's response per prompt
+            last[s["prompt"]] = s["response"]
+        assert len(last) >= 4, prefix
+        got = _fresh_engine_greedy(run / "checkpoint" / "final", quant, sorted(last), tmp_path / f"{prefix}.json")
+        assert got["digest"] == _syncs(run)[-1]["digest"], prefix
+        for prompt, response in got["responses"].items():
+            assert response == last[prompt], (prefix, prompt[-40:])
+
+
+def _dumps(run: Path) -> list[dict]:
+    return [torch.load(p, weights_only=False) for p in sorted((run / "openrlhf" / "dumps").glob("rank*-*.pt"))]
+
+
+def test_logged_clip_diagnostics_equal_counts_recomputed_from_the_loss_inputs(runs):
+    """``actor/clipfrac_*`` of every logged step equals the counts over that step's micro-batches,
+    recomputed here from the loss inputs the plugin dumped (ratio, advantages, mask, bounds)."""
+    for prefix, run in runs.items():
+        dumps = _dumps(run)
+        rows = metrics(run)
+        by_step: dict[int, list[dict]] = {}
+        for d in dumps:
+            by_step.setdefault(d["step"], []).append(d)
+        # the interrupted cell repeats the forwards of the step it was killed in: keep the last
+        for step in range(STEPS):
+            recs = by_step.get(step, [])
+            assert recs, (prefix, step)
+            n = dict.fromkeys(("neg", "neg_low", "neg_high", "pos", "pos_low", "pos_high"), 0)
+            per_attempt = recs[-(len(recs) // max(1, len({r.get("pid", 0) for r in recs}))):]
+            for r in per_attempt:
+                ratio, adv, mask = r["ratio"], r["advantages"], r["mask"].bool()
+                for side, sel in (("neg", mask & (adv < 0)), ("pos", mask & (adv > 0))):
+                    n[side] += int(sel.sum())
+                    n[f"{side}_low"] += int((sel & (ratio < r["low"])).sum())
+                    n[f"{side}_high"] += int((sel & (ratio > r["high"])).sum())
+            row = rows[step + 1]
+            for side in ("neg", "pos"):
+                if n[side] == 0:
+                    continue
+                for b in ("low", "high"):
+                    assert row[f"actor/clipfrac_{side}_{b}"] == pytest.approx(n[f"{side}_{b}"] / n[side]), \
+                        (prefix, step, side, b)
+
+
+def test_fp8_trainer_cells_ran_fp8_gemms_and_the_shadow_ran_bf16(runs):
+    """Counted at the dispatcher in the real DeepSpeed actor: FP8-trainer cells ran
+    ``_scaled_mm`` (3 per FP8 linear and micro-batch: forward, grad input, grad weight) and the
+    BF16 shadow pass none; BF16-trainer cells ran no ``_scaled_mm`` at all."""
+    for prefix, run in runs.items():
+        fp8_trainer = CELLS[prefix][1]
+        files = sorted((run / "openrlhf" / "dumps").glob("kernels-rank0-step*.json"))
+        assert len(files) == STEPS, prefix
+        for f in files:
+            k = json.loads(f.read_text())
+            scaled = sum(v for key, v in k["train"].items() if key.startswith("_scaled_mm"))
+            bf16 = sum(v for key, v in k["train"].items() if key.endswith("bfloat16"))
+            if fp8_trainer:
+                assert scaled > 0 and scaled % (3 * LINEARS) == 0, (prefix, f.name, k["train"])
+            else:
+                assert scaled == 0 and bf16 > 0, (prefix, f.name, k["train"])
+            shadow = k.get("shadow", {})
+            assert not any(key.startswith("_scaled_mm") for key in shadow), (prefix, f.name, shadow)
+            if CELLS[prefix][3] == "calibrated" and f.name.endswith(("step0.json", "step2.json")):
+                assert sum(shadow.values()) > 0, (prefix, f.name)  # the shadow ran, in BF16
+
+
+def test_the_driver_checked_every_policy_actor_before_training(runs):
+    """The driver's start-up check ran in every cell and read the FP8 conversion it expects."""
+    for prefix, run in runs.items():
+        for path in [run / "openrlhf" / "attestation.json"]:
+            att = json.loads(path.read_text())
+            assert att["checked"] and att["actors"], prefix
+            for a in att["actors"]:
+                assert a["loss"] == "Fp8rlPolicyLoss", prefix
+                assert a["fp8_layers"] == (LINEARS if CELLS[prefix][1] else 0), prefix
+
+
+def test_calibration_metrics_appear_on_calibration_steps_only(runs):
+    """Calibrated Clipping calibrates every second step here (steps 1 and 3): its
+    calibration-only values are logged there and nowhere else (no stale value repeated)."""
+    rows = metrics(runs["grpo-8b-tensorwise-calibrated"])
+    only = ("shadow/clipfrac_neg_low", "clip/low_raw", "clip/n_neg")
+    for key in only:
+        assert key in rows[1] and key in rows[3], key
+        assert key not in rows[2], key
+    assert "clip/low" in rows[2]  # the bounds in force are logged every step
+    for prefix in ("grpo-8b-bf16-vanilla", "dapo-8b-rowwise-tis"):
+        assert not any(k in r for r in metrics(runs[prefix]).values() for k in only), prefix
+
+
+def test_the_interrupted_cell_resumed_from_its_checkpoint(runs):
+    """The cell killed after its first checkpoint ran again (a second driver attempt), resumed
+    from the checkpoint (no step before it rerun) and logged every step exactly once."""
+    run = runs[INTERRUPTED]
+    logs = sorted((run / "openrlhf").glob("driver.*.log"))
+    assert len(logs) >= 2, [p.name for p in logs]
+    resumed = logs[-1].read_text(errors="replace")
+    assert "Global step 1:" not in resumed  # step 1 came from the checkpoint
+    assert f"Global step {STEPS}:" in resumed
+    rows = metrics(run)
+    assert sorted(rows) == list(range(1, STEPS + 1))
+    assert rows[STEPS]["clip/calibrations"] == 2  # the controller's count survived the restart
+
+
+def test_dapo_cells_crossed_an_episode_end(runs):
+    """24 prompts, 4 per step, up to 3 draw rounds: the episode plan gives 2 steps per episode,
+    so the DAPO cells' third step is in their second episode (the hang of issue 20)."""
+    for prefix in ("dapo-8b-rowwise-tis", "dapo-8b-rollout_only-vanilla"):
+        text = "\n".join(p.read_text(errors="replace") for p in (runs[prefix] / "openrlhf").glob("driver.*.log"))
+        assert "Episode [2/2]" in text, prefix
+        assert metrics(runs[prefix])[STEPS]
+
+
+def test_the_report_was_written(runs):
+    report = SWEEP / "report" / "report.md"
+    assert report.exists() and report.stat().st_size > 0
+    text = report.read_text()
+    assert all(prefix.split("-")[2] in text for prefix in CELLS)
