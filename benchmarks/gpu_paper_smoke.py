@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_paper_smoke.py [--recipes tensorwise blockwise] [--out report.json]
     python benchmarks/gpu_paper_smoke.py --dry-run     # CPU: the same path on a tiny model, no timings
+    python benchmarks/gpu_paper_smoke.py --whole-job   # make paper-smoke's job on one GPU (cluster extra)
 
 What the OpenRLHF plugin does to the policy, without OpenRLHF around it (the integration tier runs
 it inside OpenRLHF's own actor on CPU; this settles what only a GPU can): a random
@@ -153,8 +154,33 @@ def run_recipe(recipe: str, ckpt: Path, a, device, data, bf16_ref) -> dict:
     return out
 
 
+#: The whole smoke job on one GPU machine (``--whole-job``): the CPU job's sweep with GPUs instead.
+WHOLE_JOB = ["+sweep=paper_smoke", "scale=paper", "cluster=workstation", "gpus_per_node=1", "workers=1",
+             "openrlhf.device=cuda", "openrlhf.gpu_memory_utilization=0.5"]
+
+
+def whole_job(out: Path, dry_run: bool) -> int:
+    """``make paper-smoke``'s job on this machine's first GPU (``cluster=workstation``), then the
+    checks of its output (``tests/integration/test_int_paper_smoke.py``, partial: no interrupted
+    cell). Needs the cluster extra (OpenRLHF, vLLM, DeepSpeed) installed."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "experiments.launch", *WHOLE_JOB, f"output_dir={out}",
+           *(["dry_run=true"] if dry_run else [])]
+    print(" ".join(cmd), flush=True)
+    rc = subprocess.run(cmd, cwd=REPO).returncode
+    if rc or dry_run:
+        return rc
+    env = {**os.environ, "FP8RL_PAPER_SMOKE_DIR": str(out / "paper_smoke"), "FP8RL_PAPER_SMOKE_PARTIAL": "1"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "integration",
+                           "tests/integration/test_int_paper_smoke.py", "-k", "not interrupted"], cwd=REPO,
+                          env=env).returncode
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--whole-job", action="store_true",
+                   help="run the paper-smoke sweep on one GPU (cluster=workstation) and check its output")
     p.add_argument("--recipes", nargs="+", default=["tensorwise", "blockwise"])
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=4096)
@@ -170,6 +196,8 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny model, emulated block recipes, no timings")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
+    if a.whole_job:
+        return whole_job(Path(a.out or os.environ.get("OUT", "runs")) / "gpu_smoke_runs", a.dry_run)
     if a.dry_run:
         os.environ["DS_ACCELERATOR"] = "cpu"
         a.layers, a.hidden, a.intermediate, a.head_dim, a.vocab = 2, 128, 256, 32, 64

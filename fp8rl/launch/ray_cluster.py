@@ -12,7 +12,10 @@ batch script's node):
    ``nodes x gpus_per_node`` GPUs, with a deadline; past it, raise :class:`RayBootstrapError`
    naming how many nodes and GPUs joined and which hosts are missing;
 5. run the backend driver (any command) with ``RAY_ADDRESS`` set, and return its exit status;
-6. tear down in every case: stop the worker ``srun`` steps, ``ray stop`` on the head node.
+6. tear down in every case: stop the worker ``srun`` steps and the head, by process group --
+   ``ray start`` runs in a session of its own, and the Ray services and workers it starts stay in
+   its group -- so only this job's Ray goes, never another job's on a shared node (``ray stop
+   --force`` would stop every Ray on the machine).
 
 On a CPU node the same code runs a one-node Ray with zero GPUs (``gpus_per_node=0``).
 OpenRLHF's upstream Slurm example starts Ray the same way but sleeps fixed times instead of
@@ -114,14 +117,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def reap(state_file: str | os.PathLike, log=sys.stderr) -> None:
+    """Kill the Ray a previous attempt of this job left on this host (its process group).
+
+    Slurm cancels and requeues a task by signalling its own processes; Ray's services run in a
+    session of their own (``ray start``) and are not among them, so a killed attempt can leave
+    its Ray running. :func:`bootstrap` records the head's process group in ``state_file``; the next
+    attempt calls this first. Only a group that still runs a ``ray`` process is killed."""
+    import json
+
+    try:
+        state = json.loads(open(state_file, encoding="utf-8").read())
+    except (OSError, ValueError):
+        return
+    if state.get("host") != socket.gethostname():
+        return
+    pgid = int(state["pgid"])
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        members.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+            except (OSError, IndexError, ValueError):
+                continue
+    if members and any("ray" in m for m in members):
+        print(f"[ray_bootstrap] killing {len(members)} process(es) of a previous attempt's Ray (group {pgid})",
+              file=log)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def bootstrap(command: Sequence[str], *, gpus_per_node: int, port: int | None = None,
               deadline_s: float = 300.0, ray_bin: str | None = None, log=sys.stderr,
-              num_cpus: int | None = None) -> int:
+              num_cpus: int | None = None, state_file: str | os.PathLike | None = None) -> int:
     """Start Ray on the allocation, run ``command`` against it, tear down; returns its status.
 
     ``num_cpus``: logical CPUs per node (None: Ray counts them). A CPU job passes placeholder
     GPUs (``gpus_per_node``) and more logical CPUs than cores, so that OpenRLHF's actors (one
-    CPU each in Ray's bookkeeping) all get scheduled on a small machine."""
+    CPU each in Ray's bookkeeping) all get scheduled on a small machine. ``state_file``: where the
+    head's process group is recorded, and a previous attempt's Ray reaped first (:func:`reap`)."""
     if not command:
         raise RayBootstrapError("no driver command given (usage: ray_bootstrap.py [options] -- CMD ...)")
     ray_bin = ray_bin or shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
@@ -135,12 +175,19 @@ def bootstrap(command: Sequence[str], *, gpus_per_node: int, port: int | None = 
     address = f"{head_ip}:{port}"
     procs: list[subprocess.Popen] = []
     print(f"[ray_bootstrap] head {head} ({address}), {len(nodes)} node(s) x {gpus_per_node} GPU(s)", file=log)
+    if state_file is not None:
+        reap(state_file, log=log)
     try:
         procs.append(subprocess.Popen(
             [ray_bin, "start", "--head", f"--node-ip-address={head_ip}", f"--port={port}",
              f"--num-gpus={gpus_per_node}", *([f"--num-cpus={num_cpus}"] if num_cpus else []),
              "--block", "--disable-usage-stats", "--include-dashboard=false"],
             stdin=subprocess.DEVNULL, start_new_session=True))
+        if state_file is not None:
+            import json
+
+            with open(state_file, "w", encoding="utf-8") as f:
+                json.dump({"host": socket.gethostname(), "pgid": procs[0].pid}, f)
         for node in nodes[1:]:
             procs.append(subprocess.Popen(
                 ["srun", "--nodes=1", "--ntasks=1", "-w", node, "--overlap",
@@ -160,7 +207,7 @@ def bootstrap(command: Sequence[str], *, gpus_per_node: int, port: int | None = 
 
 
 def teardown(procs: list[subprocess.Popen], ray_bin: str, *, timeout_s: float = 30.0, log=sys.stderr) -> None:
-    """Stop the worker steps and the head (SIGTERM, then SIGKILL), then ``ray stop`` here."""
+    """Stop the worker steps and the head: SIGTERM to each process group, SIGKILL to what is left."""
     try:
         import ray
 
@@ -179,7 +226,10 @@ def teardown(procs: list[subprocess.Popen], ray_bin: str, *, timeout_s: float = 
         try:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            pass
+        try:  # the Ray services and workers this job started share the group; nothing else does
             os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=60, check=False)
-    print("[ray_bootstrap] Ray stopped", file=log)
+        except ProcessLookupError:
+            pass
+        p.wait()
+    print("[ray_bootstrap] Ray stopped (this job's processes only)", file=log)

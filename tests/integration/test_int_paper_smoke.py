@@ -47,9 +47,14 @@ ENGINE_LINEARS = 8  # vLLM fuses them: 2 layers x (qkv, o, gate_up, down)
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, Path]:
+    """The cells' run directories. ``FP8RL_PAPER_SMOKE_PARTIAL=1`` accepts a subset (the planted-bug
+    checks of docs/cluster.md run one cell with a bug planted and point ``FP8RL_PAPER_SMOKE_DIR``
+    at it)."""
     dirs = {p.name: p for p in SWEEP.glob("*") if (p / "config.yaml").exists()} if SWEEP.exists() else {}
     found = {prefix: next((p for n, p in dirs.items() if n.startswith(prefix + "-s0-")), None) for prefix in CELLS}
     missing = [k for k, v in found.items() if v is None]
+    if os.environ.get("FP8RL_PAPER_SMOKE_PARTIAL") and len(missing) < len(CELLS):
+        return {k: v for k, v in found.items() if v is not None}
     if missing:
         msg = f"{SWEEP} lacks {missing}: run `make paper-smoke` first"
         if os.environ.get("FP8RL_REQUIRE_PAPER_SMOKE"):
@@ -76,8 +81,9 @@ def test_every_cell_ran_the_whole_path_to_done(runs):
         assert status["state"] == "DONE" and status["step"] == STEPS, (prefix, status)
         logs = sorted((run / "openrlhf").glob("driver.*.log"))
         text = "\n".join(p.read_text(errors="replace") for p in logs)
-        assert "[fp8rl driver] logging to" in (run / "openrlhf" / logs[0].name).read_text(errors="replace") \
-            or "[fp8rl driver]" in text
+        # driver.main ran: it connected to the job's Ray and wrote the attestation of its start-up check
+        assert "Connected to Ray cluster" in text and (run / "openrlhf" / "attestation.json").exists(), prefix
+        assert "fp8rl.backends.openrlhf.driver" in (run / "openrlhf" / "command.sh").read_text()
         for step in range(1, STEPS + 1):
             assert f"Global step {step}:" in text, (prefix, step)
         rows = metrics(run)
@@ -113,8 +119,9 @@ def test_engine_weights_after_every_sync_are_fp8_exactly_where_the_arm_says(runs
         assert len(syncs) >= STEPS, prefix  # one per step (and one at the resume)
         for s in syncs:
             assert s["quantization"] == quant, prefix
-            want = "float8_e4m3fn" if quant else "bfloat16"
-            assert s["linear_dtypes"] == {want: ENGINE_LINEARS}, (prefix, s["linear_dtypes"])
+            # the embedding and the LM head have a (BF16) quant method too; the 8 linears are FP8 or not
+            want = {"float8_e4m3fn": ENGINE_LINEARS, "bfloat16": 2} if quant else {"bfloat16": ENGINE_LINEARS + 2}
+            assert s["linear_dtypes"] == want, (prefix, s["linear_dtypes"])
 
 
 def test_the_policy_changed_between_steps(runs):
@@ -155,8 +162,8 @@ def test_greedy_samples_after_the_last_sync_equal_a_fresh_engine_on_the_new_weig
         assert len(last) >= 4, prefix
         got = _fresh_engine_greedy(run / "checkpoint" / "final", quant, sorted(last), tmp_path / f"{prefix}.json")
         assert got["digest"] == _syncs(run)[-1]["digest"], prefix
-        for prompt, response in got["responses"].items():
-            assert response == last[prompt], (prefix, prompt[-40:])
+        for prompt, response in got["responses"].items():  # OpenRLHF's text keeps the end token
+            assert response == last[prompt].removesuffix("<eos>"), (prefix, prompt[-40:])
 
 
 def _dumps(run: Path) -> list[dict]:
@@ -172,13 +179,13 @@ def test_logged_clip_diagnostics_equal_counts_recomputed_from_the_loss_inputs(ru
         by_step: dict[int, list[dict]] = {}
         for d in dumps:
             by_step.setdefault(d["step"], []).append(d)
-        # the interrupted cell repeats the forwards of the step it was killed in: keep the last
         for step in range(STEPS):
             recs = by_step.get(step, [])
             assert recs, (prefix, step)
+            # the interrupted cell may have repeated the step it was killed in: the last attempt's
+            last_pid = max(recs, key=lambda r: r["time"])["pid"]
             n = dict.fromkeys(("neg", "neg_low", "neg_high", "pos", "pos_low", "pos_high"), 0)
-            per_attempt = recs[-(len(recs) // max(1, len({r.get("pid", 0) for r in recs}))):]
-            for r in per_attempt:
+            for r in (r for r in recs if r["pid"] == last_pid):
                 ratio, adv, mask = r["ratio"], r["advantages"], r["mask"].bool()
                 for side, sel in (("neg", mask & (adv < 0)), ("pos", mask & (adv > 0))):
                     n[side] += int(sel.sum())
@@ -193,26 +200,37 @@ def test_logged_clip_diagnostics_equal_counts_recomputed_from_the_loss_inputs(ru
                         (prefix, step, side, b)
 
 
-def test_fp8_trainer_cells_ran_fp8_gemms_and_the_shadow_ran_bf16(runs):
+def _kernels(run: Path) -> list[tuple[str, dict]]:
+    files = sorted((run / "openrlhf" / "dumps").glob("kernels-rank0-step*.json"))
+    return [(f.name, json.loads(f.read_text())) for f in files]
+
+
+def test_fp8_trainer_cells_ran_fp8_gemms(runs):
     """Counted at the dispatcher in the real DeepSpeed actor: FP8-trainer cells ran
-    ``_scaled_mm`` (3 per FP8 linear and micro-batch: forward, grad input, grad weight) and the
-    BF16 shadow pass none; BF16-trainer cells ran no ``_scaled_mm`` at all."""
+    ``_scaled_mm`` on FP8 operands (3 per FP8 linear and micro-batch: forward, grad input, grad
+    weight); BF16-trainer cells ran none, only BF16 GEMMs."""
     for prefix, run in runs.items():
         fp8_trainer = CELLS[prefix][1]
-        files = sorted((run / "openrlhf" / "dumps").glob("kernels-rank0-step*.json"))
-        assert len(files) == STEPS, prefix
-        for f in files:
-            k = json.loads(f.read_text())
-            scaled = sum(v for key, v in k["train"].items() if key.startswith("_scaled_mm"))
-            bf16 = sum(v for key, v in k["train"].items() if key.endswith("bfloat16"))
+        kernels = _kernels(run)
+        assert len(kernels) >= STEPS, prefix
+        for name, k in kernels:
+            scaled = sum(v for key, v in k["train"].items() if key.startswith("_scaled_mm:float8"))
             if fp8_trainer:
-                assert scaled > 0 and scaled % (3 * LINEARS) == 0, (prefix, f.name, k["train"])
+                assert scaled > 0 and scaled % (3 * LINEARS) == 0, (prefix, name, k["train"])
             else:
-                assert scaled == 0 and bf16 > 0, (prefix, f.name, k["train"])
+                bf16 = sum(v for key, v in k["train"].items() if key.endswith("bfloat16"))
+                assert scaled == 0 and bf16 > 0, (prefix, name, k["train"])
+
+
+def test_the_bf16_shadow_pass_ran_no_fp8_gemm(runs):
+    """The calibrated cell's BF16 shadow forwards (old and current policy, calibration steps)
+    ran GEMMs, none of them ``_scaled_mm``: the shadow really is BF16."""
+    for prefix, run in runs.items():
+        for name, k in _kernels(run):
             shadow = k.get("shadow", {})
-            assert not any(key.startswith("_scaled_mm") for key in shadow), (prefix, f.name, shadow)
-            if CELLS[prefix][3] == "calibrated" and f.name.endswith(("step0.json", "step2.json")):
-                assert sum(shadow.values()) > 0, (prefix, f.name)  # the shadow ran, in BF16
+            assert not any(key.startswith("_scaled_mm") for key in shadow), (prefix, name, shadow)
+            if CELLS[prefix][3] == "calibrated" and name.endswith(("step0.json", "step2.json")):
+                assert sum(shadow.values()) > 0, (prefix, name)  # the shadow ran
 
 
 def test_the_driver_checked_every_policy_actor_before_training(runs):
@@ -228,14 +246,23 @@ def test_the_driver_checked_every_policy_actor_before_training(runs):
 
 def test_calibration_metrics_appear_on_calibration_steps_only(runs):
     """Calibrated Clipping calibrates every second step here (steps 1 and 3): its
-    calibration-only values are logged there and nowhere else (no stale value repeated)."""
+    calibration-only values are logged on a step whose calibration succeeded and nowhere else --
+    never on step 2 (no stale value repeated)."""
     rows = metrics(runs["grpo-8b-tensorwise-calibrated"])
     only = ("shadow/clipfrac_neg_low", "clip/low_raw", "clip/n_neg")
-    for key in only:
-        assert key in rows[1] and key in rows[3], key
-        assert key not in rows[2], key
-    assert "clip/low" in rows[2]  # the bounds in force are logged every step
-    for prefix in ("grpo-8b-bf16-vanilla", "dapo-8b-rowwise-tis"):
+    others = [p for p in ("grpo-8b-bf16-vanilla", "dapo-8b-rowwise-tis") if p in runs]
+    done = 0.0
+    calibrated = []
+    for step in range(1, STEPS + 1):
+        new = rows[step]["clip/calibrations"] > done
+        done = rows[step]["clip/calibrations"]
+        for key in only:
+            assert (key in rows[step]) == new, (key, step, new)
+        if new:
+            calibrated.append(step)
+        assert "clip/low" in rows[step]  # the bounds in force are logged every step
+    assert calibrated and set(calibrated) <= {1, 3}, calibrated  # a calibration happened, on schedule
+    for prefix in others:
         assert not any(k in r for r in metrics(runs[prefix]).values() for k in only), prefix
 
 
@@ -250,13 +277,14 @@ def test_the_interrupted_cell_resumed_from_its_checkpoint(runs):
     assert f"Global step {STEPS}:" in resumed
     rows = metrics(run)
     assert sorted(rows) == list(range(1, STEPS + 1))
-    assert rows[STEPS]["clip/calibrations"] == 2  # the controller's count survived the restart
+    # the controller's counts survived the restart: two calibration steps (0 and 2), each counted
+    assert rows[STEPS]["clip/calibrations"] + rows[STEPS]["clip/degenerate_updates"] == 2
 
 
 def test_dapo_cells_crossed_an_episode_end(runs):
     """24 prompts, 4 per step, up to 3 draw rounds: the episode plan gives 2 steps per episode,
     so the DAPO cells' third step is in their second episode (the hang of issue 20)."""
-    for prefix in ("dapo-8b-rowwise-tis", "dapo-8b-rollout_only-vanilla"):
+    for prefix in [p for p in ("dapo-8b-rowwise-tis", "dapo-8b-rollout_only-vanilla") if p in runs]:
         text = "\n".join(p.read_text(errors="replace") for p in (runs[prefix] / "openrlhf").glob("driver.*.log"))
         assert "Episode [2/2]" in text, prefix
         assert metrics(runs[prefix])[STEPS]
@@ -266,4 +294,6 @@ def test_the_report_was_written(runs):
     report = SWEEP / "report" / "report.md"
     assert report.exists() and report.stat().st_size > 0
     text = report.read_text()
-    assert all(prefix.split("-")[2] in text for prefix in CELLS)
+    for arm in ("BF16", "FP8 tensorwise + calibrated", "FP8 rowwise + TIS", "FP8 rollout only"):
+        assert f"| {arm} |" in text, arm
+    assert "4 cells: 4 ok." in text

@@ -190,6 +190,28 @@ def test_duplicate_submission_runs_each_step_once(tmp_path, cancel_jobs):
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                     reason="ray is not installed (it is in the cluster extra; see docs/launch.md)")
 def test_launch_slurm_ray_bootstrap_one_node(tmp_path, cancel_jobs):
+    """A one-node Ray inside a real Slurm job, torn down with the job -- and only its own Ray:
+    another Ray on the same node (another user's, another cell's) keeps running."""
+    import shutil
+    import signal
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_bin = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
+    bystander = subprocess.Popen([ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                                  "--num-cpus=1", "--block", "--disable-usage-stats", "--include-dashboard=false"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _test_bootstrap_job(tmp_path, cancel_jobs)
+        assert bystander.poll() is None, "the job's teardown stopped another Ray on the node"
+    finally:
+        os.killpg(bystander.pid, signal.SIGTERM)
+        bystander.wait(timeout=60)
+
+
+def _test_bootstrap_job(tmp_path, cancel_jobs):
     out = tmp_path / "ray.out"
     driver = "import ray; ray.init(); print('RAY_RESOURCES', ray.cluster_resources().get('CPU'))"
     wrap = (f"{sys.executable} {REPO / 'slurm' / 'ray_bootstrap.py'} --gpus-per-node 0 --deadline-s 180 "

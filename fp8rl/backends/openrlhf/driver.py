@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[fp8rl driver] logging to {args.log}", flush=True)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
+        print(f"[fp8rl driver] pid {os.getpid()}, spec {args.spec}", flush=True)
     import ray
 
     from fp8rl.backends.openrlhf.plugin.binding import install_driver

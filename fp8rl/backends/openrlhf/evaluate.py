@@ -119,6 +119,7 @@ def vllm_generator(model_path: str, *, tp: int = 1, seed: int = 0, chat_template
                 for key, value in worker_env().items():
                     if key != "PYTHONPATH":
                         os.environ.setdefault(key, value)
+                os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
                 extra = {"enforce_eager": True, "gpu_memory_utilization": 0.05}
             state["llm"] = LLM(model=model_path, tensor_parallel_size=tp, dtype="bfloat16", seed=seed, **extra)
         llm = state["llm"]

@@ -19,6 +19,21 @@ from concurrent.futures import TimeoutError as FutureTimeout
 DEFAULT_TIMEOUT_S = 10.0
 #: Worker processes of the grading pool.
 DEFAULT_WORKERS = 4
+#: Environment variables that override the defaults (the CPU job sets them: on a loaded 2-core
+#: machine a fresh pool's first grading, which starts its processes, can take longer than 10 s).
+TIMEOUT_ENV, WORKERS_ENV = "FP8RL_GRADING_TIMEOUT_S", "FP8RL_GRADING_WORKERS"
+
+
+def default_timeout_s() -> float:
+    import os
+
+    return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S)
+
+
+def default_workers() -> int:
+    import os
+
+    return int(os.environ.get(WORKERS_ENV) or DEFAULT_WORKERS)
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
@@ -68,8 +83,10 @@ class GradingPool:
     in the new one).
     """
 
-    def __init__(self, workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOUT_S,
+    def __init__(self, workers: int | None = None, timeout_s: float | None = None,
                  grade_fn=_grade) -> None:
+        workers = default_workers() if workers is None else workers
+        timeout_s = default_timeout_s() if timeout_s is None else timeout_s
         if workers < 1 or timeout_s <= 0:
             raise ValueError(f"GradingPool needs workers >= 1 and timeout_s > 0, got {workers}, {timeout_s}")
         self.workers, self.timeout_s, self.grade_fn = workers, timeout_s, grade_fn

@@ -38,8 +38,9 @@ from fp8rl.backends.openrlhf.config import OpenRLHFRunConfig, data_plan
 #: Keys left out of the run identity (paths and caches do not change what a run computes).
 IDENTITY_EXCLUDE = ("openrlhf.data_dir", "openrlhf.final_eval",
                     "openrlhf.ray_deadline_s", "openrlhf.save_steps", "openrlhf.dump_loss_inputs")
-#: Logical CPUs of a CPU job's Ray node (more than cores: Ray books one CPU per OpenRLHF actor).
-CPU_JOB_LOGICAL_CPUS = 16
+#: Logical CPUs of a CPU job's Ray node (more than cores: Ray books one CPU per OpenRLHF actor; Ray
+#: starts about as many idle workers, so not many more).
+CPU_JOB_LOGICAL_CPUS = 6
 
 
 def config_dict(cfg: OpenRLHFRunConfig) -> dict:
@@ -153,9 +154,9 @@ def run_openrlhf(cfg: OpenRLHFRunConfig, overrides: Iterable[str] = (), *, progr
               "--log", str(log), "--", *args]
     if o.device == "cpu":  # placeholder GPUs: one per actor rank and per engine (plugin.cpu_support)
         rc = bootstrap(driver, gpus_per_node=lay.gpus + lay.vllm_engines * lay.vllm_tp,
-                       deadline_s=o.ray_deadline_s, num_cpus=CPU_JOB_LOGICAL_CPUS)
+                       deadline_s=o.ray_deadline_s, num_cpus=CPU_JOB_LOGICAL_CPUS, state_file=work / "ray.json")
     else:
-        rc = bootstrap(driver, gpus_per_node=gpn, deadline_s=o.ray_deadline_s)
+        rc = bootstrap(driver, gpus_per_node=gpn, deadline_s=o.ray_deadline_s, state_file=work / "ray.json")
     stats = ingest(rd.path, eval_sizes=_eval_sizes(cfg))
     reason = None
     if rc != 0:

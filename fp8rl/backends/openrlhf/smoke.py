@@ -10,7 +10,7 @@ model and data that this module writes, so that nothing is downloaded:
   advantages would all vanish and DAPO's dynamic filtering would drop every group. The warm
   start gives mixed rewards (the format is learned, the sums only partly), so both algorithms
   train on real signal. It is not a model of anything; it exercises the pipeline.
-- **problems** ``What is a+b?`` (``a, b`` in 0..9) as datasets ``smoke_train`` / ``smoke_eval``
+- **problems** ``What is a+b?`` (``a, b`` in 0..4: a task the warm start half learns) as datasets ``smoke_train`` / ``smoke_eval``
   whose ids ``fp8rl-smoke:<seed>:<count>`` (``sweeps/sweep/paper_smoke.yaml``) make
   ``data.prepare`` generate the rows instead of downloading them; they go through the same
   conversion (the paper's prompt template) as the paper's sets.
@@ -31,8 +31,8 @@ import string
 from pathlib import Path
 
 #: Settings of the model and its warm start (recorded in ``smoke.json``; a change rewrites).
-SETTINGS = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2, "max_positions": 512, "sft_steps": 120,
-            "batch": 16, "lr": 3e-3, "seed": 0, "max_operand": 9, "version": 1}
+SETTINGS = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2, "max_positions": 512, "sft_steps": 200,
+            "batch": 16, "lr": 3e-3, "seed": 0, "max_operand": 4, "version": 2}
 SPECIALS = ["<pad>", "<eos>"]
 
 
@@ -138,7 +138,11 @@ def model_path(model_id: str, data_dir: Path) -> str | None:
 def prepare_model(model_id: str, data_dir: Path) -> None:
     """Write the smoke model (cached) when the cell's model is :data:`MODEL_ID`."""
     if model_id == MODEL_ID:
-        write_model(Path(data_dir).absolute() / "smoke_model")
+        from fp8rl.runs.lock import exclusive
+
+        out = Path(data_dir).absolute() / "smoke_model"
+        with exclusive(out.parent / "smoke_model.lock"):  # cells that start together train it once
+            write_model(out)
 
 
 def dataset_rows(hf_id: str) -> list[dict]:

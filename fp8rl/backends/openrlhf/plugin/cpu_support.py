@@ -107,6 +107,9 @@ def worker_env() -> dict[str, str]:
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         "TOKENIZERS_PARALLELISM": "false",
+        # the reward's grading pool on a small shared machine: two processes, a patient deadline
+        "FP8RL_GRADING_WORKERS": os.environ.get("FP8RL_GRADING_WORKERS", "2"),
+        "FP8RL_GRADING_TIMEOUT_S": os.environ.get("FP8RL_GRADING_TIMEOUT_S", "60"),
     }
 
 

@@ -20,8 +20,8 @@ binding wraps, and the module dict of ``openrlhf.trainer.ray.ppo_actor`` that
 ``ActorPPOTrainer.__init__`` reads ``PolicyLoss`` from.
 
 This module imports the standard library only (on a CPU job, ``PluginSpec.device == "cpu"``, the
-hook also makes OpenRLHF's direct ``torch.cuda`` calls CPU-valid: ``cpu_support.apply_torch_cuda``,
-which imports torch); binding errors propagate as import errors of
+hook also makes OpenRLHF's direct ``torch.cuda`` calls CPU-valid -- ``cpu_support.apply_torch_cuda``
+-- when the process imports torch, not before: Ray's idle workers never do); binding errors propagate as import errors of
 the target module (the worker fails loudly instead of training without the plugin).
 """
 
@@ -40,10 +40,26 @@ def install_from_env() -> None:
     if not text:
         raise RuntimeError(f"{SPEC_ENV} is not set: the fp8rl driver sets it in the Ray runtime env")
     install_lazy(text)
-    if '"device": "cpu"' in text:  # the CPU job (plugin.cpu_support); imports torch, devices do not matter
-        from fp8rl.backends.openrlhf.plugin.cpu_support import apply_torch_cuda
+    if '"device": "cpu"' in text:  # the CPU job: OpenRLHF's torch.cuda calls made CPU-valid on import
+        after_import("torch", _apply_torch_cuda)
 
-        apply_torch_cuda()
+
+def _apply_torch_cuda(_torch) -> None:
+    from fp8rl.backends.openrlhf.plugin.cpu_support import apply_torch_cuda
+
+    apply_torch_cuda()
+
+
+def after_import(name: str, callback) -> None:
+    """Run ``callback(module)`` once ``name`` is imported (now, if it already is)."""
+    if name in sys.modules:
+        callback(sys.modules[name])
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _AfterImportFinder)), None)
+    if finder is None:
+        finder = _AfterImportFinder()
+        sys.meta_path.insert(0, finder)
+    finder.callbacks[name] = callback
 
 
 def install_lazy(spec_json: str) -> None:
@@ -86,6 +102,44 @@ class _BindingLoader(importlib.abc.Loader):
 
     def __getattr__(self, name):  # get_source, is_package, ... of the wrapped loader
         return getattr(self._loader, name)
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    """Wraps a loader: execute the module as usual, then run a callback on it."""
+
+    def __init__(self, loader, callback) -> None:
+        self._loader, self._callback = loader, callback
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        self._callback(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _AfterImportFinder(importlib.abc.MetaPathFinder):
+    """Finds modules with a pending :func:`after_import` callback and wraps their loaders."""
+
+    def __init__(self) -> None:
+        self.callbacks: dict = {}
+
+    def find_spec(self, fullname, path, target=None):
+        callback = self.callbacks.pop(fullname, None)
+        if callback is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _CallbackLoader(spec.loader, callback)
+                return spec
+        return None
 
 
 class _BindingFinder(importlib.abc.MetaPathFinder):

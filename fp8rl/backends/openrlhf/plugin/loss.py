@@ -163,17 +163,19 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
 def dump(directory: str, loss_fn, **tensors) -> None:
     """Write one micro-batch's loss inputs and bounds (``PluginSpec.dump_dir``; tests only).
 
-    File ``<directory>/rank<R>-<N>.pt`` (``N`` counts this rank's forwards): the controller step,
-    the tensors given (detached, on the CPU) and the bounds in force. The tests of the smoke job
-    recompute the logged clip fractions from these files."""
+    File ``<directory>/rank<R>-<pid>-<N>.pt`` (``N`` counts this process's forwards; a resumed
+    attempt is another process): the controller step, pid, time, the tensors given (detached, on
+    the CPU) and the bounds in force. The tests of the smoke job recompute the logged clip
+    fractions from these files."""
     import os
+    import time
 
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     n = loss_fn._fp8rl_dumps = getattr(loss_fn, "_fp8rl_dumps", 0) + 1
-    rec = {"step": int(loss_fn.step), "rank": rank, "n": n}
+    rec = {"step": int(loss_fn.step), "rank": rank, "n": n, "pid": os.getpid(), "time": time.time()}
     for k, v in tensors.items():
         rec[k] = v.detach().to("cpu").clone() if isinstance(v, torch.Tensor) else v
     os.makedirs(directory, exist_ok=True)
-    torch.save(rec, os.path.join(directory, f"rank{rank}-{n:05d}.pt"))
+    torch.save(rec, os.path.join(directory, f"rank{rank}-{os.getpid()}-{n:05d}.pt"))
