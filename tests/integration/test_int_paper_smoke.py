@@ -261,7 +261,10 @@ def test_calibration_metrics_appear_on_calibration_steps_only(runs):
         if new:
             calibrated.append(step)
         assert "clip/low" in rows[step]  # the bounds in force are logged every step
-    assert calibrated and set(calibrated) <= {1, 3}, calibrated  # a calibration happened, on schedule
+    # on schedule; a calibration can be skipped (degenerate: the one measured micro-batch held no
+    # A != 0 token, likely with the smoke's sparse rewards), which the controller counts instead
+    assert set(calibrated) <= {1, 3}, calibrated
+    assert rows[STEPS]["clip/calibrations"] + rows[STEPS]["clip/degenerate_updates"] == 2
     for prefix in others:
         assert not any(k in r for r in metrics(runs[prefix]).values() for k in only), prefix
 
