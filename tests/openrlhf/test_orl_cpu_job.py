@@ -117,7 +117,7 @@ def test_cpu_cells_get_the_cpu_layout_and_flags(tmp_path):
 def test_cpu_config_refuses_what_cannot_run_there(tmp_path):
     with pytest.raises(ValueError, match="flash-attn"):
         smoke_config(tmp_path, "grpo_bf16_vanilla", packing_samples=True)
-    with pytest.raises(ValueError, match="openrlhf.device"):
+    with pytest.raises(ValueError, match=r"openrlhf\.device"):
         smoke_config(tmp_path, "grpo_bf16_vanilla", device="tpu")
     with pytest.raises(ValueError, match="cpu_actors"):
         smoke_config(tmp_path, "grpo_bf16_vanilla", cpu_actors=0)

@@ -15,8 +15,8 @@ import traceback
 from pathlib import Path
 
 SUPPORT = Path(__file__).resolve().parent
-STANDINS = SUPPORT / "standins"
 REPO = SUPPORT.parents[2]
+STANDINS = REPO / "fp8rl" / "backends" / "openrlhf" / "plugin" / "cpu_standins"  # flash-attn only
 VOCAB = ["<pad>", "<eos>", *"0123456789+-=*/ abcdefghijklmnopqrstuvwxyz().,"]
 
 
@@ -254,3 +254,181 @@ def bound_modules(_trainer) -> dict:
     return {n: getattr(sys.modules.get(n), "_fp8rl_spec_json", None) is not None
             for n in ("openrlhf.trainer.ppo_trainer", "openrlhf.trainer.ppo_utils.samples_generator",
                       "openrlhf.trainer.ray.ppo_actor")}
+
+
+# ------------------------------------------------------------------------------------------
+# episode ends and resumes (test_int_episode_end): a scripted rollout engine, per-rank records
+# ------------------------------------------------------------------------------------------
+
+#: The scripted reward (written next to the prompts): a group labelled ``keep`` scores 0, 1, 0, 1,
+#: ... (its mean lies inside DAPO's ``(0, 1)``: kept), a ``drop`` group scores 0 throughout
+#: (filtered). The engine ends the k-th response of a group in ``y`` for odd k, else ``n``.
+SCRIPTED_REWARD = '''
+def reward_func(queries, prompts, labels):
+    r = [1.0 if label == "keep" and q.rstrip().endswith("y") else 0.0 for q, label in zip(queries, labels)]
+    v = r[0] if len(r) == 1 else r
+    return {"rewards": v, "scores": v, "extra_logs": {}}
+'''
+
+
+def scripted_engine(reward_file: str, n_samples: int):
+    """A rollout engine for ``SamplesGenerator`` with vLLM stood in. What ``SamplesGenerator`` calls
+    on an engine, as OpenRLHF 0.11.2's ``RolloutRayActor`` does it: ``generate_responses`` gathers
+    ``num_samples`` runs of OpenRLHF's own ``SingleTurnAgentExecutor.execute`` (prompt
+    tokenization, the response record, rollout log-prob alignment, the reward function loaded by
+    path), as ``vllm_engine.py:183-206``; ``get_num_unfinished_requests`` is 0. vLLM's part, the
+    ``generate`` the executor awaits, returns a scripted ``RequestOutput``-shaped answer: 3-10
+    letters fixed by the prompt and the sample's index in its group, log-prob -1 per token
+    (without importing vLLM in this actor). A synchronous actor (each request's executors run
+    under ``asyncio.run``): Ray runs one caller's tasks in submission order, so requests complete
+    in dispatch order (an async actor may start them out of order). Which rank a kept group
+    reaches still follows the order ``SamplesGenerator`` collects finished requests in
+    (``ray.wait(..., num_returns=1)``, any ready one), as with vLLM: not an RNG, not reproducible."""
+    import asyncio
+    import types
+    import zlib
+
+    import ray
+
+    letters = [VOCAB.index(c) for c in "abcdefghijklmnopqrstuvwx"]
+    yes, no = VOCAB.index("y"), VOCAB.index("n")
+
+    class ScriptedVllm:  # what the executor awaits of its ``llm_engine``
+        def __init__(self):
+            self.calls: dict = {}
+
+        async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+            key = tuple(prompt_token_ids)
+            k = self.calls.get(key, 0) % n_samples
+            self.calls[key] = self.calls.get(key, 0) + 1
+            h = zlib.crc32(bytes(str((key, k)), "ascii"))
+            body = [letters[(h >> (3 * i)) % len(letters)] for i in range(2 + h % 8)]
+            tokens = [*body, yes if k % 2 else no]
+            logprobs = [{t: types.SimpleNamespace(logprob=-1.0)} for t in tokens] if sampling_params.logprobs else None
+            out = types.SimpleNamespace(token_ids=tokens, finish_reason="stop", logprobs=logprobs)
+            return types.SimpleNamespace(outputs=[out])
+
+    class ScriptedEngine:  # no async method: a synchronous Ray actor
+        def __init__(self):
+            from openrlhf.utils.agent import SingleTurnAgentExecutor
+
+            self.executor, self.vllm = SingleTurnAgentExecutor(reward_file), ScriptedVllm()
+            self.log: list[str] = []
+
+        def get_num_unfinished_requests(self) -> int:
+            return 0
+
+        def requests(self) -> list[str]:
+            """The prompts of every ``generate_responses`` so far, in the order they ran."""
+            return list(self.log)
+
+        def generate_responses(self, prompt, label, sampling_params, max_length, hf_tokenizer,
+                               num_samples=1, images=None):
+            self.log.append(prompt)
+            async def gather():
+                return await asyncio.gather(*[
+                    self.executor.execute(prompt=prompt, label=label, sampling_params=sampling_params,
+                                          max_length=max_length, hf_tokenizer=hf_tokenizer, llm_engine=self.vllm,
+                                          images=images) for _ in range(num_samples)])
+
+            return asyncio.run(gather())
+
+    return ray.remote(ScriptedEngine).options(num_cpus=0).remote()
+
+
+def skip_weight_sync(trainer) -> None:
+    """``PPOTrainer.broadcast_to_vllm`` (after every step, and when a resumed ``fit`` starts) does
+    nothing: the scripted engine has no weights. Without a rollout engine (``vllm_engines=None``)
+    the sampler could not generate; with one, the sync needs NCCL (OpenRLHF's
+    ``stateless_init_process_group`` is PyNccl-only)."""
+    trainer.broadcast_to_vllm = lambda: None
+
+
+def dropped_tails(_trainer) -> list:
+    """The episode tails the plugin dropped in this trainer process (empty without the plugin)."""
+    mod = sys.modules.get("fp8rl.backends.openrlhf.plugin.binding.trainer")
+    return list(mod.DROPPED_TAILS) if mod is not None else []
+
+
+def sample_id(sequence, attention_mask) -> int:
+    """A sample's identity across runs: CRC-32 of its unpadded tokens."""
+    import zlib
+
+    import torch
+
+    return zlib.crc32(sequence[attention_mask.bool()].to(torch.int64).numpy().tobytes())
+
+
+def record_micro_batches(actor, path: str) -> None:
+    """Record, as JSON lines appended to ``path`` (readable while the actor is stuck), every
+    ``ppo_train`` of this rank (``fit_start``: the replay buffer's samples, in buffer order, and
+    the micro-batches its loader yields; ``fit_end``) and every micro-batch it trained
+    (``micro``: its samples, in order). Instance wrappers around the bound methods: the code
+    under test runs unchanged."""
+    import json
+
+    import torch.distributed as dist
+
+    trainer, rank, fit = actor.trainer, dist.get_rank(), {"n": 0}
+    inner_ppo_train, inner_training_step = trainer.ppo_train, trainer.training_step
+
+    def write(rec: dict) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps({"rank": rank, **rec}) + "\n")
+
+    def ppo_train(kl_ctl):
+        fit["n"] += 1
+        buf = trainer.replay_buffer
+        write({"event": "fit_start", "fit": fit["n"], "buffer": [sample_id(i.sequences, i.attention_mask)
+                                                                  for i in buf.items],
+               "planned": len(buf) // buf.sample_batch_size})
+        status = inner_ppo_train(kl_ctl)
+        write({"event": "fit_end", "fit": fit["n"]})
+        return status
+
+    def training_step(experience, kl_ctl, step, loss_batch_info=None):
+        ids = [sample_id(s, m) for s, m in zip(experience.sequences, experience.attention_mask, strict=True)]
+        out = inner_training_step(experience, kl_ctl, step, loss_batch_info)
+        write({"event": "micro", "fit": fit["n"], "step": step, "ids": ids})
+        return out
+
+    trainer.ppo_train, trainer.training_step = ppo_train, training_step
+
+
+def read_records(path: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_or_hang(ref, records: Path, *, deadline_s: float, grace_s: float, poll_s: float = 1.0) -> dict:
+    """Wait for ``ref`` (``PPOTrainer.fit``) with a bound: ``finished``, ``error``, ``timeout``
+    (past ``deadline_s``), or ``hung``: a rank is inside a ``ppo_train`` and no rank has recorded
+    anything for ``grace_s`` (a micro-batch of the tiny model takes about a second; a rank left
+    alone in a collective waits out the 60-minute process-group timeout). ``open``: the
+    ``[rank, fit]`` inside a ``ppo_train`` when it was declared hung."""
+    import time
+
+    import ray
+
+    t0 = last_change = time.perf_counter()
+    seen = -1
+    while True:
+        done, _ = ray.wait([ref], timeout=poll_s)
+        now = time.perf_counter()
+        if done:
+            try:
+                ray.get(ref)
+                return {"outcome": "finished", "seconds": now - t0}
+            except Exception as e:
+                return {"outcome": "error", "seconds": now - t0, "error": error_record(e)}
+        recs = read_records(records)
+        if len(recs) != seen:
+            seen, last_change = len(recs), now
+        open_fits = {(r["rank"], r["fit"]) for r in recs if r["event"] == "fit_start"} - {
+            (r["rank"], r["fit"]) for r in recs if r["event"] == "fit_end"}
+        if open_fits and now - last_change > grace_s:
+            return {"outcome": "hung", "seconds": now - t0, "stalled_s": now - last_change,
+                    "open": sorted(list(k) for k in open_fits)}
+        if now - t0 > deadline_s:
+            return {"outcome": "timeout", "seconds": now - t0}

@@ -226,8 +226,138 @@ def cli_parse(out: Path, lines: list) -> dict:
     return {"parsed": parsed, "errors": errors}
 
 
+#: The episode of ``episode_end_*``: 11 prompts whose groups DAPO's filter keeps, 2 it drops. With
+#: 4 prompts x 4 samples a step, each episode trains 2 full steps (8 groups, 8 or 9 prompts drawn
+#: and refilled) and ends with the prompts exhausted after 3 more kept groups: the partial batch.
+EPISODE_LABELS = ["keep"] * 11 + ["drop"] * 2
+
+
+def _dapo_cell(out: Path, ckpt: Path, ckpt_dir: Path, episodes: int):
+    """The DAPO main-table cell's arguments (dynamic filtering on), shrunk to 2 CPU ranks:
+    4 prompts x 4 samples a step, 2 optimizer steps of 2 micro-batches of 2 samples per rank;
+    rollout micro-batches of one prompt group (as the paper's 8 x 8); a checkpoint every step."""
+    prompts = out / "train.jsonl"
+    prompts.write_text("".join(json.dumps({"input": f"{i}+{i}=", "label": lab}) + "\n"
+                               for i, lab in enumerate(EPISODE_LABELS)))
+    reward = out / "scripted_reward.py"
+    from scenario_kit import SCRIPTED_REWARD
+
+    reward.write_text(SCRIPTED_REWARD)
+    flags = [f for f in cell_flags(ckpt, ckpt_dir, world=2, algorithm="dapo") if f != "--data.apply_chat_template"]
+    flags += ["--rollout.micro_batch_size", "4", "--train.num_episodes", str(episodes),
+              "--data.max_samples", str(len(EPISODE_LABELS)), "--ckpt.save_steps", "1", "--ckpt.max_num", "10"]
+    args = openrlhf_args(flags)
+    args.data.prompt_dataset, args.reward.remote_url, args.logger.tensorboard_dir = str(prompts), str(reward), None
+    assert args.algo.dynamic_filtering_enable and args.rollout.n_samples_per_prompt == 4
+    return args, str(reward)
+
+
+def _own_ray(gpus: int, runtime_env: dict) -> None:
+    """``start_ray`` in a Ray of this scenario's own even where a Ray is already running on the
+    machine (``ray.init`` would join it, and refuse the resources)."""
+    import os
+
+    os.environ["RAY_ADDRESS"] = "local"
+    start_ray(gpus, runtime_env)
+
+
+def _dapo_run(out: Path, name: str, args, ckpt: Path, engine, spec=None, *, deadline_s: float = 420,
+              grace_s: float = 60) -> dict:
+    """One ``train_ppo_ray``-shaped run: the real ``PPOTrainer`` actor (by value, as OpenRLHF ships
+    it), the real ``RayActorGroup`` of two ``PolicyModelActor`` ranks (ZeRO-3, gloo) and its
+    ``fit`` over the prompt file, generating through ``engine`` (``scripted_engine``); bounded by
+    ``wait_or_hang``. ``spec``: the trainer's plugin spec when it differs from the job's."""
+    import ray
+    from openrlhf.trainer.ppo_trainer import PPOTrainer
+    from openrlhf.trainer.ray.launcher import RayActorGroup
+    from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
+    from openrlhf.utils import get_strategy
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from scenario_kit import (
+        dropped_tails,
+        read_records,
+        record_micro_batches,
+        skip_weight_sync,
+        wait_or_hang,
+    )
+
+    from fp8rl.backends.openrlhf.plugin.spec import SPEC_ENV
+
+    records = out / f"{name}.records.jsonl"
+    before = len(ray.get(engine.requests.remote()))
+    t0 = time.perf_counter()
+    pg = placement_group([{"GPU": 1, "CPU": 1}] * 2, strategy="PACK")
+    ray.get(pg.ready())
+    group = RayActorGroup(1, 2, PolicyModelActor, pg=pg, num_gpus_per_actor=1)
+    opts = {"runtime_env": {"env_vars": {SPEC_ENV: spec.to_json()}}} if spec is not None else {}
+    trainer = PPOTrainer.options(**opts).remote(
+        str(ckpt), get_strategy(args), group, None, None, None, [engine], do_sample=True, max_len=64,
+        max_new_tokens=16, temperature=1.0, top_p=1.0)
+    ray.get(trainer.__ray_call__.remote(skip_weight_sync))
+    max_steps = ray.get(trainer.get_max_steps.remote())
+    ray.get(group.async_init_model_from_pretrained(get_strategy(args), str(ckpt), max_steps, None))
+    ray.get([a.__ray_call__.remote(record_micro_batches, str(records)) for a in group._actor_handlers])
+    t_init = time.perf_counter() - t0
+    res = wait_or_hang(trainer.fit.remote(), records, deadline_s=deadline_s, grace_s=grace_s)
+    res.update(init_s=t_init, records=read_records(records), requests=ray.get(engine.requests.remote())[before:])
+    if res["outcome"] == "finished":
+        res["dropped"] = ray.get(trainer.__ray_call__.remote(dropped_tails))
+    for a in [trainer, *group._actor_handlers]:
+        ray.kill(a)
+    remove_placement_group(pg)
+    return res
+
+
+def episode_end_upstream(out: Path) -> dict:
+    """OpenRLHF 0.11.2 alone (the plugin installed nowhere: the job's setup hook stops at the CPU
+    stand-ins): a DAPO cell's run over one episode, on two ranks, up to the episode's end."""
+    from scenario_kit import scripted_engine
+
+    from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
+
+    ckpt = tiny_checkpoint(out / "ckpt")
+    args, reward = _dapo_cell(out, ckpt, out / "run", episodes=1)
+    env = actor_env(PluginSpec())
+    env["env_vars"]["FP8RL_TEST_HOOK"] = "cpu_cuda.apply"  # the driver's hook replaced: no plugin
+    _own_ray(2, env)
+    engine = scripted_engine(reward, args.rollout.n_samples_per_prompt)
+    return {"upstream": _dapo_run(out, "upstream", args, ckpt, engine)}
+
+
+def episode_end_resume(out: Path) -> dict:
+    """The same cell with the plugin (FP8 tensorwise, calibrated clipping), two episodes, a
+    checkpoint every step: an uninterrupted run; then a fresh run (``--ckpt.load_enable``, as a
+    requeued job) resuming from the checkpoint directory as a job killed during step 2 leaves it:
+    the uninterrupted run's ``global_step1`` tag, ``latest`` naming it. (A separate run stopped
+    after step 1 would not do as the reference: nothing seeds the PPO trainer process, so each
+    fresh run draws its own prompt order; a resume continues the one in its checkpoint.)"""
+    import shutil
+
+    from scenario_kit import scripted_engine
+
+    from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
+
+    ckpt = tiny_checkpoint(out / "ckpt")
+    args, reward = _dapo_cell(out, ckpt, out / "full", episodes=2)
+    spec = PluginSpec(clip_method="calibrated", clip_options={"period": 1},
+                      eps_low=float(args.actor.eps_clip_low_high[0]), eps_high=float(args.actor.eps_clip_low_high[1]),
+                      trainer_recipe="tensorwise")
+    _own_ray(2, actor_env(spec))
+    engine = scripted_engine(reward, args.rollout.n_samples_per_prompt)
+    res = {"full": _dapo_run(out, "full", args, ckpt, engine)}
+    if res["full"]["outcome"] != "finished":
+        return res
+    saved, requeued = Path(args.ckpt.path) / "_actor", out / "requeued" / "ds" / "_actor"
+    shutil.copytree(saved / "global_step1", requeued / "global_step1")
+    (requeued / "latest").write_text("global_step1")
+    args.ckpt.path = str(requeued.parent)
+    res["resumed"] = _dapo_run(out, "resumed", args, ckpt, engine)
+    return res
+
+
 SCENARIOS = {"policy_recipes": policy_recipes, "ppo_train": ppo_train,
-             "cli_parse": cli_parse}
+             "cli_parse": cli_parse, "episode_end_upstream": episode_end_upstream,
+             "episode_end_resume": episode_end_resume}
 
 
 def main() -> int:

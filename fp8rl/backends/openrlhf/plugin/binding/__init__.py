@@ -16,17 +16,22 @@ upstream object (0.11.2)                       process                 what the 
 ``ActorPPOTrainer.__init__``                   PPO actors              after upstream: FP8 guard, controller state
                                                                        restored from the loaded checkpoint
 ``ActorPPOTrainer.ppo_train``                  PPO actors              controller step, BF16 shadow of the old
-                                                                       policy, step metrics from global counts
+                                                                       policy, step metrics from global counts;
+                                                                       runs on the rank's own RNG stream (the
+                                                                       replay-buffer shuffle resumes exactly)
 ``ActorPPOTrainer.training_step``              PPO actors              BF16 shadow of the current policy on the
                                                                        measured micro-batch (calibration steps)
 ``DeepspeedStrategy._ds_init_train_model``     PPO actors              the policy's Linears -> FP8 right before
                                                                        ``deepspeed.initialize`` (+ FP8 guard)
-``DeepspeedStrategy.save_ckpt`` / ``load_ckpt`` PPO actors             controller state + step in DeepSpeed's
-                                                                       client state, and back
+``DeepspeedStrategy.save_ckpt`` / ``load_ckpt`` PPO actors             controller state + step, every rank's
+                                                                       RNG stream in DeepSpeed's client state,
+                                                                       and back
 ``BasePPOTrainer.init_checkpoint_states`` /    PPO trainer actor       count the steps done (from the checkpoint on
 ``train_step``                                                         resume, then per step)
 ``SamplesGenerator.generate_samples``          PPO trainer actor       reports the prompts exhausted once the cell's
-                                                                       ``steps`` are done (OpenRLHF has no step limit)
+                                                                       ``steps`` are done (OpenRLHF has no step limit);
+                                                                       drops the partial batch at an episode's end
+                                                                       (unevenly split over the DP ranks, it hangs)
 ``vllm_engine.RolloutRayActor`` (attribute)    driver                  engine kwargs: vLLM online FP8 quantization,
                                                                        our worker extension
 ``RayActorGroup.async_init_model_from_pretrained``  driver             waits for the policy actors, then asks each
@@ -58,6 +63,14 @@ sample are computed under ``fp8_disabled`` before the first update (stored in th
 micro-batch is the first one of the *second* optimizer step (the first where the ratio carries
 the noise an update exposes, as in the mini backend; with one optimizer step per rollout, the
 first micro-batch). The loss calibrates there (``loss``), on the tokens of all DP ranks.
+
+Whole steps only (``trainer``): the last rollout batch of an episode, short when the prompts run
+out mid-batch (DAPO's dynamic filtering at every episode end), is dropped rather than trained:
+``RayActorGroup.async_run_method_batch`` deals its rollout micro-batches out in chunks of
+``ceil(n / ranks)``, so the DP ranks would run different numbers of micro-batches and hang in a
+collective; the data plan counts whole steps. Exact resumes (``actor``): ``ppo_train``'s shuffle
+draws from the rank's torch CPU generator, which OpenRLHF does not checkpoint; the plugin gives
+``ppo_train`` a stream of its own and checkpoints every rank's.
 """
 
 from __future__ import annotations

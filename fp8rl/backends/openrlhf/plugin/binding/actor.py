@@ -1,6 +1,20 @@
 """The binding in the PPO actors: FP8 conversion and checkpoints (``DeepspeedStrategy``), our
 loss and the calibration schedule (``ActorPPOTrainer``). See the package docstring for why these
-objects are reached in Ray's by-value ``PolicyModelActor``."""
+objects are reached in Ray's by-value ``PolicyModelActor``.
+
+**The replay-buffer shuffle resumes exactly.** ``ActorPPOTrainer.ppo_train`` builds a fresh
+``DataLoader(replay_buffer, shuffle=True)`` each step; its ``RandomSampler`` (generator ``None``)
+draws its seed, and the loader iterator its base seed, from the process's global torch CPU
+generator, seeded once with ``--train.seed`` in ``setup_distributed``. So the order of the
+micro-batches of step ``k`` depends on every draw since start-up, and OpenRLHF's checkpoint keeps
+none of it (client state: episode, global step, consumed prompts, the prompt loader's state): a
+requeued run re-seeds and shuffles step ``k + 1`` as an uninterrupted run shuffled its first step.
+The plugin runs ``ppo_train`` on a CPU-generator stream of its own (the global state swapped in
+and out around it; a fresh run's first stream state is the global one, so it shuffles as
+upstream), saves every rank's stream state with each checkpoint (:data:`RNG_KEY`, all ranks
+gathered: ZeRO-3 writes one client state per rank, ZeRO-1/2 rank 0's only) and a resumed rank
+continues its own stream at its first ``ppo_train``.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +44,8 @@ from fp8rl.backends.openrlhf.plugin.spec import STATE_KEY, PluginSpec, check_ver
 log = logging.getLogger(__name__)
 #: strategy -> weak reference to the ActorPPOTrainer built on it (whose controller ``save_ckpt`` saves)
 _TRAINERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: DeepSpeed client-state key of the policy ranks' ``ppo_train`` RNG streams (``{"ranks": [state, ...]}``).
+RNG_KEY = "fp8rl_rng"
 
 
 def bind_strategy(ds_module, spec: PluginSpec) -> None:
@@ -55,12 +71,14 @@ def bind_strategy(ds_module, spec: PluginSpec) -> None:
         if trainer is not None:
             state = dict(bound.arguments.get("client_state") or {})
             state[STATE_KEY] = controller_state(trainer)
+            state[RNG_KEY] = gather_rng_streams(trainer)  # a collective: every rank saves together
             bound.arguments["client_state"] = state
         return orig["save_ckpt"](*bound.args, **bound.kwargs)
 
     def load_ckpt(self, model, load_dir, *args, **kwargs):
         load_path, states = orig["load_ckpt"](self, model, load_dir, *args, **kwargs)
-        self._fp8rl_checkpoint = {"path": load_path, "state": (states or {}).get(STATE_KEY)}
+        self._fp8rl_checkpoint = {"path": load_path, "state": (states or {}).get(STATE_KEY),
+                                  "rng": (states or {}).get(RNG_KEY)}
         return load_path, states
 
     cls._ds_init_train_model, cls.save_ckpt, cls.load_ckpt = _ds_init_train_model, save_ckpt, load_ckpt
@@ -69,6 +87,52 @@ def bind_strategy(ds_module, spec: PluginSpec) -> None:
 def controller_state(trainer) -> dict:
     """What a checkpoint keeps of the plugin: the clip controller's state and its step."""
     return {"clipper": trainer.actor_loss_fn.clipper.state_dict(), "step": int(trainer._fp8rl_step)}
+
+
+def _world():
+    """``(rank, world size)`` of the default process group (``(0, 1)`` without one)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def rng_stream(trainer) -> torch.Tensor:
+    """The CPU-generator state this rank's next ``ppo_train`` starts from."""
+    state = getattr(trainer, "_fp8rl_rng", None)
+    return (state if state is not None else resumed_rng_stream(trainer.strategy)).clone()
+
+
+def gather_rng_streams(trainer) -> dict:
+    """Every rank's :func:`rng_stream`, in global rank order (an all-gather: call on all ranks)."""
+    import torch.distributed as dist
+
+    mine = rng_stream(trainer)
+    _, world = _world()
+    if world == 1:
+        return {"ranks": [mine]}
+    ranks = [None] * world
+    dist.all_gather_object(ranks, mine)
+    return {"ranks": ranks}
+
+
+def resumed_rng_stream(strategy) -> torch.Tensor:
+    """This rank's stream from the loaded checkpoint; the global CPU-generator state without one."""
+    ck = getattr(strategy, "_fp8rl_checkpoint", None)
+    if ck is None or ck["path"] is None:
+        return torch.get_rng_state()
+    rank, world = _world()
+    ranks = (ck.get("rng") or {}).get("ranks")
+    if ranks is None:
+        log.warning("checkpoint %s has no %r: the replay-buffer order after this resume differs from an "
+                    "uninterrupted run's (written without the plugin's RNG streams)", ck["path"], RNG_KEY)
+        return torch.get_rng_state()
+    if len(ranks) != world:
+        log.warning("checkpoint %s holds the RNG streams of %d ranks, this job has %d: the replay-buffer order "
+                    "after this resume differs from an uninterrupted run's", ck["path"], len(ranks), world)
+        return torch.get_rng_state()
+    return ranks[rank]
 
 
 def bind_ppo_actor(ppo_actor, spec: PluginSpec) -> None:
@@ -100,6 +164,15 @@ def bind_ppo_actor(ppo_actor, spec: PluginSpec) -> None:
         return _training_step(self, experience, kl_ctl, step, loss_batch_info, orig["training_step"])
 
     cls.__init__, cls.ppo_train, cls.training_step = __init__, ppo_train, training_step
+    cpu = _originals(cls, ("_init_vllm_sync_group", "broadcast_to_vllm"))
+    if spec.device == "cpu":  # no NCCL, no CUDA IPC: the tensors go through Ray (binding.cpu_sync)
+        from fp8rl.backends.openrlhf.plugin.binding import cpu_sync
+
+        _check_params(cpu["_init_vllm_sync_group"], ("self", "backend"), "ActorPPOTrainer._init_vllm_sync_group")
+        _check_params(cpu["broadcast_to_vllm"], ("self",), "ActorPPOTrainer.broadcast_to_vllm")
+        cls._init_vllm_sync_group, cls.broadcast_to_vllm = cpu_sync.init_vllm_sync_group, cpu_sync.broadcast_to_vllm
+    else:
+        cls._init_vllm_sync_group, cls.broadcast_to_vllm = cpu["_init_vllm_sync_group"], cpu["broadcast_to_vllm"]
 
 
 def _init_trainer(trainer, strategy, spec: PluginSpec) -> None:
@@ -138,10 +211,22 @@ def _shadow_log_probs(trainer, experience) -> torch.Tensor:
     """BF16 log-probs ``[B, T]`` of ``experience`` under the current weights (``fp8_disabled``, no grad)."""
     from fp8rl.quant.convert import fp8_disabled
 
-    with torch.no_grad(), fp8_disabled(trainer.actor.model):
+    counter = getattr(trainer, "_fp8rl_kernels", None)  # diagnostic dumps only (plugin.kernels)
+    with torch.no_grad(), fp8_disabled(trainer.actor.model), _counting(counter, "shadow"):
         return trainer.actor(experience.sequences, experience.action_mask,
                              attention_mask=experience.attention_mask,
                              ring_attn_group=trainer.strategy.ring_attn_group)
+
+
+def _counting(counters: dict | None, phase: str):
+    """``plugin.kernels.count_matmuls`` into ``counters[phase]`` (a no-op without counters)."""
+    import contextlib
+
+    if counters is None:
+        return contextlib.nullcontext()
+    from fp8rl.backends.openrlhf.plugin.kernels import count_matmuls
+
+    return count_matmuls(counters[phase])
 
 
 def _ppo_train(self, kl_ctl, orig_ppo_train):
@@ -156,6 +241,10 @@ def _ppo_train(self, kl_ctl, orig_ppo_train):
     self._fp8rl_shadow = loss.clipper.needs_shadow(step)
     self._fp8rl_micro = 0
     items = self.replay_buffer.items
+    if loss.spec.dump_dir:  # which GEMMs this step ran (plugin.kernels; the smoke job's tests)
+        from collections import Counter
+
+        self._fp8rl_kernels = {"train": Counter(), "shadow": Counter()}
     if self._fp8rl_shadow:  # the old policy's BF16 shadow forward, in micro-batches
         t0 = time.perf_counter()
         size = max(1, int(self.micro_train_batch_size))
@@ -169,9 +258,14 @@ def _ppo_train(self, kl_ctl, orig_ppo_train):
         metrics.shadow_s += time.perf_counter() - t0
     loss.step_metrics = metrics
     self._fp8rl_metrics = metrics
+    outer_rng = torch.get_rng_state()
+    torch.set_rng_state(rng_stream(self))  # the replay-buffer shuffle draws from this rank's stream
     try:
-        status = orig_ppo_train(self, kl_ctl)
+        with _counting(getattr(self, "_fp8rl_kernels", None), "train"):
+            status = orig_ppo_train(self, kl_ctl)
     finally:
+        self._fp8rl_rng = torch.get_rng_state()
+        torch.set_rng_state(outer_rng)
         loss.step_metrics = None
         for item in items:
             item.info.pop(SHADOW_OLD_KEY, None)
@@ -183,6 +277,12 @@ def _ppo_train(self, kl_ctl, orig_ppo_train):
     status = dict(status)
     status.update(metrics.finalize(reduce_sum if active else None, loss.all_gather))
     status.update(loss.clipper.metrics(step))
+    counters = getattr(self, "_fp8rl_kernels", None)
+    if counters is not None:
+        from fp8rl.backends.openrlhf.plugin.kernels import write_counts
+
+        write_counts(loss.spec.dump_dir, dist.get_rank() if dist.is_initialized() else 0, step, counters)
+        self._fp8rl_kernels = None
     self._fp8rl_step = step + 1
     return status
 

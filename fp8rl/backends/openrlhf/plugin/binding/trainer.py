@@ -1,14 +1,35 @@
-"""The binding in the PPO trainer actor: stop after exactly the cell's steps.
+"""The binding in the PPO trainer actor: stop after exactly the cell's steps; train whole steps only.
 
 OpenRLHF 0.11.2 has no step limit; ``PPOTrainer`` (by value in its Ray worker) reaches its base
-class ``BasePPOTrainer`` and ``SamplesGenerator`` by reference."""
+class ``BasePPOTrainer`` and ``SamplesGenerator`` by reference.
+
+**The last partial rollout batch of an episode is dropped** (``generate_samples``). When the
+prompts run out mid-batch (with DAPO's dynamic filtering at every episode end: dropped groups are
+refilled until the prompt loader is empty), ``SamplesGenerator.generate_samples`` returns the
+groups kept so far, fewer than ``rollout.batch_size x n_samples_per_prompt`` samples.
+``RemoteExperienceMaker.split_rollout_samples`` cuts them into rollout micro-batches and
+``RayActorGroup.async_run_method_batch`` deals those out in chunks of ``ceil(len / DP ranks)``,
+so the ranks' replay buffers differ in size (with fewer chunks than ranks it raises), each rank's
+``ppo_train`` runs ``len(buffer) // micro_train_batch_size`` micro-batches, and the rank with
+more waits in a collective (the step's loss normaliser, ZeRO-3's gathers) that the other never
+enters: the job hangs until the process-group timeout (60 minutes). Dropping the remainder keeps
+every step a full step of ``prompts_per_step`` prompts, the unit ``config.data_plan`` counts
+(``size // (prompts_per_step x rounds)`` whole steps per episode), and equal on every rank;
+carrying it into the next episode would need the sample buffer checkpointed (OpenRLHF saves only
+the prompt loader's state) and would train the groups one policy update late.
+"""
 
 from __future__ import annotations
+
+import logging
 
 from fp8rl.backends.openrlhf.plugin.binding.common import _check_params, _originals
 from fp8rl.backends.openrlhf.plugin.spec import PluginSpec, check_version
 
+log = logging.getLogger(__name__)
 _STEPS_DONE = {"n": 0}
+#: The episode tails dropped in this process: ``{"samples", "full", "steps_done"}`` each.
+DROPPED_TAILS: list[dict] = []
 
 
 def bind_ppo_trainer(ppo_trainer, spec: PluginSpec) -> None:
@@ -32,8 +53,40 @@ def bind_ppo_trainer(ppo_trainer, spec: PluginSpec) -> None:
     cls.init_checkpoint_states, cls.train_step = init_checkpoint_states, train_step
 
 
+def full_step_samples(args) -> int:
+    """Samples of one full step: ``rollout.batch_size`` prompt groups of ``n_samples_per_prompt``."""
+    return int(args.rollout.batch_size) * int(args.rollout.n_samples_per_prompt)
+
+
+def whole_steps_only(args, generated: tuple) -> tuple:
+    """``generate_samples``'s 4-tuple with a short batch at the end of the prompts dropped.
+
+    ``(samples, pass_rate, prompts_consumed, exhausted)``: a batch shorter than a full step comes
+    back as ``([], pass_rate, prompts_consumed, True)``, so ``PPOTrainer.fit`` ends the episode
+    without a step (its prompt count still advances). A short batch before the prompts are
+    exhausted comes only from ``--rollout.vllm_generate_batch_size`` below the rollout batch,
+    which fp8rl's command never sets; it raises instead of training unevenly split steps.
+    """
+    samples, pass_rate, consumed, exhausted = generated
+    full = full_step_samples(args)
+    if not samples or len(samples) >= full:
+        return generated
+    if not exhausted:
+        raise RuntimeError(
+            f"SamplesGenerator returned {len(samples)} samples, fewer than one step's {full}, before the "
+            "prompts ran out (--rollout.vllm_generate_batch_size below --rollout.batch_size?); fp8rl trains "
+            "whole steps only: an uneven batch leaves the DP ranks with different numbers of micro-batches")
+    n = max(1, int(args.rollout.n_samples_per_prompt))
+    log.warning("fp8rl: the prompts ran out mid-batch: dropping the episode's last partial rollout batch "
+                "(%d of %d prompt groups, %d samples); every step trains a full batch",
+                len(samples) // n, int(args.rollout.batch_size), len(samples))
+    DROPPED_TAILS.append({"samples": len(samples), "full": full, "steps_done": _STEPS_DONE["n"]})
+    return [], pass_rate, consumed, True
+
+
 def bind_samples_generator(samples_generator, spec: PluginSpec) -> None:
-    """``SamplesGenerator.generate_samples`` reports the prompts exhausted once ``max_steps`` are done.
+    """``SamplesGenerator.generate_samples``: whole steps only, and the prompts "exhausted" once
+    ``max_steps`` are done.
 
     ``PPOTrainer.fit`` then leaves every remaining episode at once, closes its loggers and the
     driver saves the final model, as at the natural end of the data.
@@ -46,6 +99,6 @@ def bind_samples_generator(samples_generator, spec: PluginSpec) -> None:
     def generate_samples(self, **generate_kwargs):
         if spec.max_steps is not None and _STEPS_DONE["n"] >= spec.max_steps:
             return [], None, 0, True
-        return orig(self, **generate_kwargs)
+        return whole_steps_only(self.args, orig(self, **generate_kwargs))
 
     cls.generate_samples = generate_samples
