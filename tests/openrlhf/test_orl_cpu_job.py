@@ -3,7 +3,7 @@ layout and flags, the driver's runtime env, the smoke model and data ids, the en
 
 The whole CPU job runs in the integration tier (``make paper-smoke``,
 ``tests/integration/test_int_paper_smoke.py``); the quantizer is also checked there inside vLLM's
-CPU build against its compiled dynamic quantizers.
+CPU build against the same reference.
 """
 
 from __future__ import annotations

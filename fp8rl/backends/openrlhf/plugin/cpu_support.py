@@ -21,9 +21,10 @@ OpenRLHF, DeepSpeed, Ray or vLLM is replaced; three gaps are filled, each here a
    is installed into ``vllm._custom_ops`` in every vLLM process by :func:`vllm_plugin`, a
    ``vllm.general_plugins`` entry point (``pyproject.toml``), which vLLM loads in the engine
    process, the engine-core process and every worker. It acts only on vLLM's CPU platform and
-   only where the stub is found; everywhere else it does nothing. The dynamic quantizers
-   (``dynamic_scaled_fp8_quant``, ``dynamic_per_token_scaled_fp8_quant``) are real compiled
-   ops in the CPU build and are left alone (tests compare our body against them).
+   only where the stub is found; everywhere else it does nothing. The CPU build's dynamic
+   quantizers are stubs too, but no engine path reaches them (online FP8 computes its weight
+   scale in torch and calls the static path; activations go through vLLM's torch-native
+   ``QuantFP8``): left alone.
 3. **flash-attn** (CUDA only) is imported by OpenRLHF's actor module although only packed samples
    use it: :func:`import_standins` puts an import stand-in (``cpu_standins/``, every function
    raises) on the path of the driver and the workers when flash-attn is missing; packed samples
@@ -133,7 +134,7 @@ def static_scaled_fp8_quant(out, inp, scale, group_shape=None):
     ``scale``: one element (per tensor), ``[M]`` / ``[M, 1]`` per row (``group_shape`` ``(1, -1)``),
     ``[N]`` / ``[1, N]`` per column (``(-1, 1)``), or ``[M / gm, N / gn]`` per group. The
     division, the clamp and the cast's rounding are vLLM's kernels' (fp32 arithmetic); the
-    integration tier checks it against the CPU build's compiled dynamic quantizers.
+    integration tier checks it inside vLLM against a reference.
     """
     import torch
 
@@ -183,7 +184,7 @@ def patch_vllm_static_quant() -> bool:
 
     def scaled_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None,
                          use_per_token_if_dynamic=False, output=None, group_shape=None):
-        if scale is None:  # dynamic scales: the CPU build's compiled ops
+        if scale is None:  # dynamic scales: upstream's path (no engine path on CPU reaches it)
             return orig(input, scale, num_token_padding, scale_ub, use_per_token_if_dynamic, output, group_shape)
         assert input.ndim == 2
         shape = input.shape
