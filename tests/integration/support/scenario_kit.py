@@ -131,7 +131,7 @@ def start_ray(gpus: int, runtime_env: dict) -> None:
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=8, num_gpus=gpus, include_dashboard=False, object_store_memory=300 * 2**20,
+    ray.init(address="local", num_cpus=8, num_gpus=gpus, include_dashboard=False, object_store_memory=300 * 2**20,
              runtime_env=runtime_env, log_to_driver=bool(os.environ.get("FP8RL_INTEGRATION_VERBOSE")))
 
 
