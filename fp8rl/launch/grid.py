@@ -44,18 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import CompactHydraException
-
 from fp8rl.launch.configs import build_dataclass
+from fp8rl.launch.errors import SweepError
 from fp8rl.launch.profiles import ClusterProfile, ProfileError, Resources, load_profile
 from fp8rl.launch.schema import LAUNCH_KEYS
 
 _SWEEP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_REPORTED = 25
 
-
-class SweepError(CompactHydraException):
-    """An invalid sweep: printed by Hydra without a traceback, exit status 1."""
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ class LocalLauncher(Launcher):
         need = max((c.resources.gpus_per_node for c in cells if c.resources is not None), default=0)
         have = visible_gpus()
         if have < need:
-            from fp8rl.launch.grid import SweepError
+            from fp8rl.launch.errors import SweepError
 
             shown = os.environ.get("CUDA_VISIBLE_DEVICES")
             seen = f"{have} CUDA GPU(s) (torch.cuda.device_count()" + (

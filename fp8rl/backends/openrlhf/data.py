@@ -62,7 +62,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-TEMPLATE = "{problem}\n\nLet's think step by step and output the final answer within \\boxed{{}}."
+from fp8rl.backends.openrlhf.prompts import TEMPLATE
 
 _DAPO_PREFIX = re.compile(r"^\s*Solve the following math problem step by step\..*?\n\n", re.S)
 _DAPO_SUFFIX = re.compile(r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$", re.S)

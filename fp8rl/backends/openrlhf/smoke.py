@@ -88,7 +88,7 @@ def write_model(out: Path, s: dict = SETTINGS, log=print) -> Path:
     model = Qwen3ForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=s["lr"])
     rng = random.Random(s["seed"] + 1)
-    from fp8rl.backends.openrlhf.data import TEMPLATE
+    from fp8rl.backends.openrlhf.prompts import TEMPLATE
 
     def example() -> tuple[list[int], int]:
         a, b = rng.randint(0, s["max_operand"]), rng.randint(0, s["max_operand"])
