@@ -131,15 +131,7 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
         callback = self.callbacks.pop(fullname, None)
         if callback is None:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _CallbackLoader(spec.loader, callback)
-                return spec
-        return None
+        return _spec_with_loader(self, fullname, path, target, lambda loader: _CallbackLoader(loader, callback))
 
 
 class _BindingFinder(importlib.abc.MetaPathFinder):
@@ -150,12 +142,17 @@ class _BindingFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname not in TARGETS:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _BindingLoader(spec.loader, self.spec_json)
-                return spec
-        return None
+        return _spec_with_loader(self, fullname, path, target, lambda loader: _BindingLoader(loader, self.spec_json))
+
+
+def _spec_with_loader(me, fullname, path, target, wrap):
+    """The spec the other finders give for ``fullname``, its loader wrapped by ``wrap``."""
+    for finder in sys.meta_path:
+        if finder is me or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(fullname, path, target)
+        if spec is not None:
+            if spec.loader is not None:
+                spec.loader = wrap(spec.loader)
+            return spec
+    return None
