@@ -3,13 +3,20 @@
 1. launches ``+sweep=paper_smoke scale=paper`` -- on the local Slurm cluster
    (``cluster=local``, one array task per cell) when one answers (``sinfo``), otherwise with the
    local launcher (``launcher=local``: the same cells in this machine's processes, no Slurm);
-2. interrupts one cell (``--interrupt``, default the GRPO tensorwise calibrated cell) once it
+2. launches the cell it will interrupt once more, alone and never interrupted, as the sweep
+   ``paper_smoke_reference`` (``+smoke_cell=grpo_rowwise_calibrated``): the reference its resumed
+   twin's metrics must equal (rollouts are seeded, ``plugin.binding.rollout``);
+3. interrupts one cell (``--interrupt``, default the GRPO rowwise calibrated cell) once it
    has written a checkpoint: on Slurm ``scontrol requeue`` of its array task (what a preemption
    does: the task is killed and queued again, the job resumes from the checkpoint); without
    Slurm, SIGKILL of the process that owns the run, then a second launch of the sweep, which
    resumes it;
-3. waits for every cell to end (``--deadline-s``) and checks each is DONE with its steps;
-4. writes the report (``python -m analysis.report runs/paper_smoke``).
+4. waits for every cell to end (``--deadline-s``) and checks each is DONE with its steps;
+5. writes the report (``python -m analysis.report runs/paper_smoke``).
+
+Every driver process runs under coverage (``FP8RL_DRIVER_COVERAGE``, ``backends.openrlhf.run``),
+its data in ``OUT/paper_smoke_coverage/``: the integration tests check that ``driver.main`` ran
+whole.
 
 Prints each phase with its wall time and exits non-zero when a cell did not end DONE, so CI
 fails loudly. Run it with the integration venv's interpreter (OpenRLHF, DeepSpeed, Ray and
@@ -28,8 +35,16 @@ import sys
 import time
 from pathlib import Path
 
+from fp8rl.backends.openrlhf.run import DRIVER_COVERAGE_ENV
+
 SWEEP = ["+sweep=paper_smoke", "scale=paper"]
-INTERRUPT = "grpo-8b-tensorwise-calibrated"
+INTERRUPT = "grpo-8b-rowwise-calibrated"
+#: The smoke cell of :data:`INTERRUPT`.
+INTERRUPT_CELL = "grpo_rowwise_calibrated"
+#: The sweep's cells (``sweeps/smoke_cell/``).
+CELLS = ("grpo_bf16_vanilla", "grpo_rowwise_calibrated", "dapo_tensorwise_tis", "dapo_rollout_only_vanilla")
+#: The uninterrupted twin of the interrupted cell: its own sweep directory, one cell.
+REFERENCE = [f"+smoke_cell={INTERRUPT_CELL}", "sweep_name=paper_smoke_reference"]
 
 
 def slurm_up() -> bool:
@@ -42,9 +57,10 @@ def slurm_up() -> bool:
         return False
 
 
-def launch_args(slurm: bool, out: str) -> list[str]:
+def launch_args(slurm: bool, out: str, extra: tuple[str, ...] = ()) -> list[str]:
     where = ["cluster=local", "wait=false"] if slurm else ["launcher=local"]
-    return [sys.executable, "-m", "experiments.launch", *SWEEP, *where, f"output_dir={out}", "progress=false"]
+    return [sys.executable, "-m", "experiments.launch", *SWEEP, *where, f"output_dir={out}", "progress=false",
+            *extra]
 
 
 def run_dirs(sweep_dir: Path) -> list[Path]:
@@ -90,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=1500.0, help="give up after this many seconds")
     p.add_argument("--no-slurm", action="store_true", help="use the local launcher even if Slurm answers")
     p.add_argument("--no-report", action="store_true")
+    p.add_argument("--cell", action="append", default=[], choices=CELLS, metavar="CELL",
+                   help=f"run only this smoke cell (repeatable; default all four: {', '.join(CELLS)}); "
+                        "the planted-bug checks of docs/cluster.md run one")
     args = p.parse_args(argv)
+    if args.cell and INTERRUPT_CELL not in args.cell:
+        args.interrupt = ""  # the interrupted cell (and its reference) are not among those run
     t0 = time.monotonic()
 
     def log(msg: str) -> None:
@@ -98,8 +119,17 @@ def main(argv: list[str] | None = None) -> int:
 
     slurm = not args.no_slurm and slurm_up()
     sweep_dir = Path(args.out) / "paper_smoke"
+    reference_dir = Path(args.out) / "paper_smoke_reference"
+    os.environ[DRIVER_COVERAGE_ENV] = str((Path(args.out) / "paper_smoke_coverage").resolve())
     log(f"launching {' '.join(SWEEP)} on {'the local Slurm cluster (cluster=local)' if slurm else 'this machine (launcher=local, no Slurm)'}")
-    first = subprocess.Popen(launch_args(slurm, args.out), start_new_session=not slurm)
+    only = (f"+smoke_cell={','.join(args.cell)}",) if args.cell else ()
+    expected = len(args.cell) or len(CELLS)
+    first = subprocess.Popen(launch_args(slurm, args.out, only), start_new_session=not slurm)
+    reference = None
+    if args.interrupt:
+        log(f"launching its uninterrupted reference: {' '.join(REFERENCE)}")
+        reference = subprocess.Popen(launch_args(slurm, args.out, (*REFERENCE, "workers=1")),
+                                     start_new_session=not slurm)
     done_interrupt = not args.interrupt
     relaunch: subprocess.Popen | None = None
     while True:
@@ -115,9 +145,12 @@ def main(argv: list[str] | None = None) -> int:
                     first.wait()
                     log("first launch ended; relaunching the sweep (DONE cells are skipped, the "
                         "interrupted one resumes)")
-                    relaunch = subprocess.Popen(launch_args(slurm, args.out))
+                    relaunch = subprocess.Popen(launch_args(slurm, args.out, only))
         launcher_done = (relaunch or first).poll() is not None
-        terminal = dirs and all(s in ("DONE", "FAILED") for s in states.values()) and len(dirs) == 4
+        ref_states = [state(d).get("state") for d in run_dirs(reference_dir)] if reference else ["DONE"]
+        terminal = (dirs and all(s in ("DONE", "FAILED") for s in states.values()) and len(dirs) == expected
+                    and ref_states and all(s in ("DONE", "FAILED") for s in ref_states)
+                    and (slurm or reference is None or reference.poll() is not None))
         if done_interrupt and terminal and (slurm or launcher_done):
             break
         if not slurm and launcher_done and done_interrupt and not terminal:
@@ -125,11 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         if time.monotonic() - t0 > args.deadline_s:
             log(f"deadline of {args.deadline_s:.0f} s passed; states: {states}")
             return 1
-    for proc in (first, relaunch):
+    for proc in (first, relaunch, reference):
         if proc is not None and proc.poll() is None:
             proc.wait(timeout=120)
     bad = []
-    for d in run_dirs(sweep_dir):
+    for d in run_dirs(sweep_dir) + (run_dirs(reference_dir) if reference else []):
         st = state(d)
         attempts = len(list((d / "openrlhf").glob("driver.*.log")))
         log(f"{d.name}: {st.get('state')} at step {st.get('step')} ({attempts} attempt(s))"

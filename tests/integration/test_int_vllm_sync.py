@@ -38,6 +38,29 @@ def test_fp8_engine_weight_sync_through_layerwise_reload(vllm_cpu):
             assert sync["changed"] == sync["params"] == 27  # every weight and scale was rewritten
             assert sync["same_storage"]  # in place: CUDA graphs keep valid pointers
             assert len(sync["fp8_params"]) == 8  # 2 layers x (qkv, o, gate_up, down)
+            # what every GEMM computes (8 linears + the LM head) equals the fresh engine's, and moved
+            assert sync["probes"] == sync["probe_changed"] == 9 and sync["probe_differ"] == []
+
+
+def test_bf16_engine_weight_sync_on_cpu(vllm_cpu):
+    """A BF16 engine on CPU syncs through the layer-wise reload too. Where vLLM's CPU build packs
+    BF16 linear weights into its GEMM kernel (oneDNN on AVX512 CPUs, SGL kernels on AMX) it leaves
+    empty parameters behind and OpenRLHF's ``model.load_weights`` route fails; on a build that
+    keeps them (plain AVX2) it works. Either way the plugin's route makes every GEMM compute what
+    a fresh engine on the new weights computes, twice in a row."""
+    got = vllm_cpu("sync", recipes=["bf16"])["bf16"]
+    qkv = got["layers"]["model.layers.0.self_attn.qkv_proj"]
+    assert qkv["method"] == "UnquantizedLinearMethod"
+    packed = qkv["weight_shape"] == [0]
+    up = got["upstream_route"]
+    if packed:
+        assert not up["ok"] and up["type"] == "AttributeError" and "weight_loader" in up["message"], up
+    else:
+        assert up["ok"], up
+    for sync in got["syncs"]:
+        assert sync["sent"] == sync["loaded"] == 25 and not sync["open"]
+        assert sync["differ"] == [] and sync["fp8_params"] == []
+        assert sync["probes"] == sync["probe_changed"] == 9 and sync["probe_differ"] == []
 
 
 def test_rollout_recipes_resolve_to_vllm_online_fp8(vllm_cpu):
@@ -152,3 +175,18 @@ def test_cpu_builds_static_fp8_quantizer_gets_a_body_that_matches_the_reference(
     for case in ("per_tensor", "per_token", "per_channel", "per_group", "padding"):
         assert r[case]["equal_reference"] and r[case]["scale_returned"], case
     assert r["padding"]["shape"] == [80, 96] and r["per_tensor"]["shape"] == [64, 96]
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "rowwise", "tensorwise"])
+def test_which_engines_answer_a_seeded_request_whatever_its_batch(vllm_cpu, recipe):
+    """Seeded requests (as the plugin's rollouts send them) sampled all together and one at a time:
+    BF16 and ``fp8_per_channel`` engines give the same tokens and log-probs -- their GEMMs treat
+    each row alone (per-token activation scales for rowwise) -- while ``fp8_per_tensor`` does not:
+    one activation scale over the whole batch makes a request's logits depend on its batch-mates.
+    This is why the smoke job's exact-resume check runs on the rowwise cell (docs/cluster.md)."""
+    r = vllm_cpu("batching", recipe=recipe)
+    assert r["distinct"] > 1  # sampling, not a constant answer
+    if recipe == "tensorwise":
+        assert r["quantization"] == "fp8_per_tensor" and r["logprobs_equal"] < r["requests"], r
+    else:
+        assert r["tokens_equal"] == r["logprobs_equal"] == r["requests"], r

@@ -99,7 +99,7 @@ def test_cpu_rollout_refuses_blockwise_naming_why():
 
 
 def test_cpu_cells_get_the_cpu_layout_and_flags(tmp_path):
-    cfg = smoke_config(tmp_path, "grpo_tensorwise_calibrated", cpu_actors=2, cpu_engines=1)
+    cfg = smoke_config(tmp_path, "grpo_rowwise_calibrated", cpu_actors=2, cpu_engines=1)
     lay = layout_for(cfg, 1, 0)  # the profile's GPUs do not matter on CPU
     assert (lay.gpus, lay.vllm_engines, lay.vllm_tp, lay.colocate_all) == (2, 1, 1, False)
     args = build_args(cfg, lay, paths(tmp_path))
@@ -110,7 +110,7 @@ def test_cpu_cells_get_the_cpu_layout_and_flags(tmp_path):
     assert f["vllm.sync_backend"] == ["gloo"] and f["ds.attn_implementation"] == ["eager"]
     assert "vllm.enforce_eager" in f and f["actor.num_gpus_per_node"] == ["2"]
     assert all(tok in args for tok in CPU_FLAGS)
-    gpu = smoke_config(tmp_path, "grpo_tensorwise_calibrated", device="cuda")
+    gpu = smoke_config(tmp_path, "grpo_rowwise_calibrated", device="cuda")
     assert "--vllm.sync_backend" not in build_args(gpu, layout_for(gpu, 1, 1), paths(tmp_path))
 
 
@@ -126,7 +126,7 @@ def test_cpu_config_refuses_what_cannot_run_there(tmp_path):
 
 
 def test_spec_of_a_smoke_cell_carries_device_and_dump_dir(tmp_path):
-    cfg = smoke_config(tmp_path, "dapo_rowwise_tis")
+    cfg = smoke_config(tmp_path, "dapo_tensorwise_tis")
     spec = PluginSpec.from_config(cfg, run_dir=tmp_path / "run")
     assert spec.device == "cpu" and spec.dump_dir == f"{tmp_path / 'run'}/openrlhf/dumps"
     assert PluginSpec.from_json(spec.to_json()) == spec
@@ -194,3 +194,17 @@ def test_engine_digests_see_dtypes_and_every_change():
     b = engine_weights(m)
     changed = [n for n in a["digest"] if a["digest"][n] != b["digest"][n]]
     assert changed == ["1.weight"]
+
+
+def test_cpu_job_asks_deepspeed_for_torchs_adamw():
+    """DeepSpeed's CPU FusedAdam does not resume bit for bit (``cpu_support`` gap 5): the CPU job's
+    AdamW config gets DeepSpeed's ``torch_adam`` option; Muon and optimizer-less configs stay."""
+    from fp8rl.backends.openrlhf.plugin.cpu_support import torch_adam
+
+    cfg = {"zero_optimization": {"stage": 3},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999]}}}
+    out = torch_adam(cfg)
+    assert out["optimizer"]["params"] == {"lr": 1e-4, "betas": [0.9, 0.999], "torch_adam": True}
+    assert "torch_adam" not in cfg["optimizer"]["params"] and out["zero_optimization"] is cfg["zero_optimization"]
+    muon = {"optimizer": {"type": "Muon", "params": {"lr": 0.02}}}
+    assert torch_adam(muon) is muon and torch_adam({"bf16": {}}) == {"bf16": {}}

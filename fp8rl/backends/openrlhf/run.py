@@ -21,6 +21,10 @@ before the cell's ``steps`` (dynamic filtering kept fewer groups than the episod
 A requeued job resumes: OpenRLHF reloads its DeepSpeed checkpoint (``--ckpt.load_enable``) and
 the plugin its controller state; each attempt logs to ``openrlhf/driver.<attempt>.log``, and
 ingestion keeps the last occurrence of every step.
+
+With ``FP8RL_DRIVER_COVERAGE=DIR`` in the environment (``make paper-smoke`` sets it) the driver
+process runs under ``coverage run --parallel-mode --source=fp8rl``, its data files in ``DIR``: the
+CPU smoke job measures what of ``driver.main`` ran (``tests/integration/test_int_paper_smoke.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fp8rl.backends.openrlhf.config import OpenRLHFRunConfig, data_plan
+
+#: Environment variable: a directory for coverage data of the driver process (see the module docstring).
+DRIVER_COVERAGE_ENV = "FP8RL_DRIVER_COVERAGE"
 
 #: Keys left out of the run identity (paths and caches do not change what a run computes).
 IDENTITY_EXCLUDE = ("openrlhf.data_dir", "openrlhf.final_eval",
@@ -150,7 +157,7 @@ def run_openrlhf(cfg: OpenRLHFRunConfig, overrides: Iterable[str] = (), *, progr
     attempt = len(log_files(rd.path)) + 1
     log = work / f"driver.{attempt}.log"
     (work / "command.sh").write_text(command_line(args, python=sys.executable) + "\n")
-    driver = [sys.executable, "-m", "fp8rl.backends.openrlhf.driver", "--spec", str(spec_file),
+    driver = [*driver_python(), "-m", "fp8rl.backends.openrlhf.driver", "--spec", str(spec_file),
               "--log", str(log), "--", *args]
     if o.device == "cpu":  # placeholder GPUs: one per actor rank and per engine (plugin.cpu_support)
         rc = bootstrap(driver, gpus_per_node=lay.gpus + lay.vllm_engines * lay.vllm_tp,
@@ -177,6 +184,23 @@ def run_openrlhf(cfg: OpenRLHFRunConfig, overrides: Iterable[str] = (), *, progr
         subprocess.run([sys.executable, "-m", "experiments.evaluate", str(rd.path)], check=True)
     rd.set_status(DONE, stats["last_step"])
     return {**(rd.summary() or summary), "run_dir": str(rd.path)}
+
+
+def driver_python() -> list[str]:
+    """The interpreter command of the driver: ``python``, or ``python -m coverage run ...`` when
+    :data:`DRIVER_COVERAGE_ENV` names a directory (created here)."""
+    where = os.environ.get(DRIVER_COVERAGE_ENV)
+    if not where:
+        return [sys.executable]
+    try:
+        import coverage  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError(f"{DRIVER_COVERAGE_ENV}={where} asks for the driver's coverage, but the coverage "
+                           "package is not installed here: pip install coverage (the integration extra has "
+                           "it), or unset the variable") from e
+    Path(where).mkdir(parents=True, exist_ok=True)
+    return [sys.executable, "-m", "coverage", "run", "--parallel-mode", f"--data-file={Path(where) / '.coverage'}",
+            "--source=fp8rl"]
 
 
 #: Errors the plugin raises in the workers (quoted into a FAILED run's reason).

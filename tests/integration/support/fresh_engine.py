@@ -4,9 +4,10 @@
 
 ``QUANTIZATION_JSON`` is ``null`` (BF16) or a vLLM online FP8 shorthand (``"fp8_per_tensor"``...),
 as the plugin injects it into OpenRLHF's engines. Writes ``{"responses": {prompt: text},
-"digest": {param: sha256[:16]}}``: the digests are computed by the same function the plugin's
-worker extension logs after every weight sync (``binding.vllm_worker.engine_weights``), so a
-test can compare the engine that trained with one built from scratch on the same weights.
+"digest": {param: sha256[:16]}, "probe": {layer: sha256[:16]}}``: computed by the same function
+the plugin's worker extension logs after every weight sync (``binding.vllm_worker.engine_weights``),
+so a test can compare the engine that trained with one built from scratch on the same weights
+(the probes also where vLLM's CPU build packed a BF16 weight into its GEMM kernel).
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ def main() -> int:
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, skip_special_tokens=False))
     responses = {p: o.outputs[0].text for p, o in zip(prompts, outs, strict=True)}
 
-    def digest(worker):
-        return engine_weights(worker.model_runner.model)["digest"]
+    def weights(worker):
+        return engine_weights(worker.model_runner.model, worker.vllm_config)
 
-    result = {"responses": responses, "digest": llm.collective_rpc(digest)[0]}
+    w = llm.collective_rpc(weights)[0]
+    result = {"responses": responses, "digest": w["digest"], "probe": w["probe"]}
     with open(out, "w", encoding="utf-8") as f:
         json.dump(result, f)
     return 0

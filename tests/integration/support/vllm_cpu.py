@@ -94,7 +94,7 @@ def describe(model) -> dict:
         qm = getattr(mod, "quant_method", None)
         if qm is not None and hasattr(mod, "weight"):
             out[name] = {"method": type(qm).__name__, "weight": str(mod.weight.dtype),
-                         "weight_class": type(mod.weight).__name__,
+                         "weight_class": type(mod.weight).__name__, "weight_shape": list(mod.weight.shape),
                          "weight_loader": hasattr(mod.weight, "weight_loader"),
                          "scale_shape": list(mod.weight_scale.shape) if hasattr(mod, "weight_scale") else None}
     return out
@@ -108,6 +108,8 @@ def sync(out: Path, ckpt: str, recipes: list) -> dict:
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from fp8rl.backends.openrlhf.plugin.binding.vllm_worker import engine_weights
 
     src = Path(ckpt)
     new1 = perturbed_checkpoint(src, out / "new1", seed=1)
@@ -132,27 +134,37 @@ def sync(out: Path, ckpt: str, recipes: list) -> dict:
             r["upstream_route"] = {"ok": False, "type": type(e).__name__, "message": str(e)[:300],
                                    "at": f"{Path(frame.filename).name}:{frame.lineno} {frame.line}"}
 
-        ext = resolve_obj_by_qualname(extra["worker_extension_cls"])  # what vLLM does with the kwarg
+        # what vLLM does with the kwarg (a BF16 engine gets the extension on CPU jobs only)
+        ext = resolve_obj_by_qualname(extra.get("worker_extension_cls",
+                                                "fp8rl.backends.openrlhf.plugin.binding.Fp8WorkerWrap"))
         cfg, _ = engine_config(src, recipe)
         model = load_model(cfg)
         ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
         runner = type("Runner", (), {"get_model": lambda self, m=model: m})()
         worker = type("Worker", (ext,), {})()
         worker.model_runner, worker.vllm_config, worker.model_config = runner, cfg, cfg.model_config
+        worker.device = torch.device("cpu")
         r["syncs"] = []
+        probes = [engine_weights(model, cfg)["probe"]]
         for i, new in enumerate((new1, new2), start=1):
             before = params(model)
             for k, (n, w) in enumerate(new):
-                worker._fp8rl_sync().load(n, w, last=k == len(new) - 1)
+                worker._fp8rl_load(n, w, k == len(new) - 1)  # the extension's route choice
             fresh_cfg, _ = engine_config(out / f"new{i}", recipe)
-            fresh = params(load_model(fresh_cfg))
+            fresh_model = load_model(fresh_cfg)
+            fresh = params(fresh_model)
             mine = params(model)
+            probe_before, probe = probes[-1], engine_weights(model, cfg)["probe"]
+            probes.append(probe)
+            fresh_probe = engine_weights(fresh_model, fresh_cfg)["probe"]
             r["syncs"].append({
                 "sent": len(new), "loaded": worker._fp8rl_sync().loaded, "open": worker._fp8rl_sync().open,
                 "params": len(mine),
                 "differ": sorted(n for n in fresh if not torch.equal(mine[n].float(), fresh[n].float())),
                 "changed": sum(not torch.equal(mine[n].float(), before[n].float()) for n in mine),
                 "same_storage": all(p.data_ptr() == ptrs[n] for n, p in model.named_parameters()),
+                "probes": len(probe), "probe_differ": sorted(n for n in probe if probe[n] != fresh_probe[n]),
+                "probe_changed": sum(probe[n] != probe_before[n] for n in probe),
                 "fp8_params": sorted(n for n, p in mine.items() if p.dtype == torch.float8_e4m3fn)})
         r["extension_attrs"] = sorted(a for a in dir(ext) if not a.startswith("__"))
     return res
@@ -215,6 +227,40 @@ def quant_ops(out: Path, ckpt: str) -> dict:
     return res
 
 
+def batching(out: Path, ckpt: str, recipe: str) -> dict:
+    """Does a request's output depend on its batch-mates? One engine (vLLM's own ``LLM``, the
+    rollout recipe's kwargs as the plugin injects them) samples 4 prompts x 4 samples, each request
+    seeded as the plugin seeds it (``binding.rollout.request_seed``), once all together and once one
+    request at a time; returns whether tokens and log-probs agree and how many samples differ."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    from vllm import LLM, SamplingParams
+
+    from fp8rl.backends.openrlhf.plugin.binding.rollout import request_seed
+    from fp8rl.backends.openrlhf.plugin.fp8_rollout import rollout_engine_kwargs
+    from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
+
+    extra = rollout_engine_kwargs(PluginSpec(rollout_recipe=recipe))
+    llm = LLM(model=ckpt, dtype="bfloat16", enforce_eager=True, max_model_len=256, seed=0, **extra)
+    prompts = [[2 + (7 * i + 3 * t) % 60 for t in range(12 + i)] for i in range(4)]
+    reqs = [(p, request_seed(0, "train", 0, k, j)) for k, p in enumerate(prompts) for j in range(4)]
+
+    def generate(batch):
+        outs = llm.generate([{"prompt_token_ids": p} for p, _ in batch],
+                            [SamplingParams(temperature=1.0, max_tokens=16, seed=s, logprobs=1, ignore_eos=True)
+                             for _, s in batch], use_tqdm=False)
+        return [(list(o.outputs[0].token_ids), [next(iter(lp.values())).logprob for lp in o.outputs[0].logprobs])
+                for o in outs]
+
+    together = generate(reqs)
+    alone = [generate([r])[0] for r in reqs]
+    return {"quantization": extra.get("quantization"), "requests": len(reqs),
+            "tokens_equal": sum(a[0] == b[0] for a, b in zip(together, alone, strict=True)),
+            "logprobs_equal": sum(a[1] == b[1] for a, b in zip(together, alone, strict=True)),
+            "distinct": len({tuple(a[0]) for a in together})}
+
+
 def main() -> int:
     import torch
 
@@ -225,7 +271,8 @@ def main() -> int:
     from scenario_kit import tiny_checkpoint
 
     ckpt = tiny_checkpoint(out / "ckpt", hidden=128)
-    result = {"sync": sync, "configs": configs, "quant_ops": quant_ops}[name](out, str(ckpt), **params_)
+    scenarios = {"sync": sync, "configs": configs, "quant_ops": quant_ops, "batching": batching}
+    result = scenarios[name](out, str(ckpt), **params_)
     torch.save(result, out / "result.pt")
     return 0
 

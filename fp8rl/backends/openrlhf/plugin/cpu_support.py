@@ -34,6 +34,14 @@ OpenRLHF, DeepSpeed, Ray or vLLM is replaced; three gaps are filled, each here a
    the command builder (``command.build_args``, CPU layout) gives separate placeholder GPUs for
    the engines instead of colocation and sleep mode, and eager attention (no flash-attn); the
    plugin's worker extension goes into every engine, BF16 ones too.
+5. **DeepSpeed's CPU FusedAdam does not resume exactly**: its C++ optimizer (``cpu_adam.h``,
+   ``IncrementStep``) keeps ``beta ** t`` as a running float product within a process but
+   recomputes it with ``pow`` after a restart, so the first update after a resume rounds
+   differently (measured on the smoke job: half the fp32 master weights one ulp off the
+   uninterrupted run after one step; the GPU FusedAdam computes the bias correction from the step
+   on every call). :func:`torch_adam` asks DeepSpeed for ``torch.optim.AdamW`` instead (its
+   ``torch_adam`` option), whose bias correction is a function of the saved step: a resumed CPU
+   job repeats the uninterrupted one bit for bit.
 
 What the CPU job does not cover: ``fp8_per_block`` rollout (vLLM's CPU block-FP8 kernel needs
 AMX and keeps activations in BF16, so it is no W8A8 rollout; refused by
@@ -49,6 +57,16 @@ import os
 FP8_E4M3_MAX = 448.0
 #: Rollout recipes the CPU job can run as W8A8 FP8 (vLLM's CPU ``TorchFP8ScaledMM`` kernels).
 CPU_ROLLOUT_RECIPES = ("tensorwise", "rowwise")
+
+
+def torch_adam(ds_config: dict) -> dict:
+    """``ds_config`` with DeepSpeed's Adam/AdamW optimizer built as ``torch.optim.AdamW``/``Adam``
+    (``"torch_adam": true`` in its params; see gap 5 above). Other optimizers (Muon) and configs
+    without an optimizer (evaluation models) come back unchanged. Pure: returns a new dict."""
+    opt = ds_config.get("optimizer")
+    if not isinstance(opt, dict) or str(opt.get("type", "")).lower() not in ("adam", "adamw"):
+        return ds_config
+    return {**ds_config, "optimizer": {**opt, "params": {**opt.get("params", {}), "torch_adam": True}}}
 
 
 class _CpuDevice(str):

@@ -97,6 +97,10 @@ class PluginSpec:
         dump_dir: when set, the loss writes each micro-batch's inputs and bounds there
             (``loss.dump``), so that tests recompute the logged diagnostics from them; None in
             production cells.
+        seed: the cell's seed (``--train.seed``); when set, the PPO trainer actor seeds the prompt
+            order and every vLLM request, and takes the groups in dispatch order, so that a run and
+            its resume from a checkpoint roll out the same samples (``binding.rollout``). None:
+            upstream's unseeded rollout.
     """
 
     clip_method: str = "vanilla"
@@ -110,6 +114,7 @@ class PluginSpec:
     max_steps: int | None = None
     device: str = "cuda"
     dump_dir: str | None = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -140,7 +145,7 @@ class PluginSpec:
                    trainer_recipe=cfg.fp8.trainer_recipe, rollout_recipe=cfg.fp8.rollout_recipe,
                    trainer_impl=cfg.fp8.impl, trainer_emulate=bool(cfg.fp8.emulate), max_steps=cfg.steps,
                    device=cfg.openrlhf.device,
-                   dump_dir=f"{run_dir}/openrlhf/dumps" if dump else None)
+                   dump_dir=f"{run_dir}/openrlhf/dumps" if dump else None, seed=int(cfg.seed))
 
     def make_clipper(self):
         from fp8rl.rl.clipping import make_clipper

@@ -26,12 +26,18 @@ upstream object (0.11.2)                       process                 what the 
 ``DeepspeedStrategy.save_ckpt`` / ``load_ckpt`` PPO actors             controller state + step, every rank's
                                                                        RNG stream in DeepSpeed's client state,
                                                                        and back
+``DeepspeedStrategy.get_ds_train_config``      PPO actors (CPU job)    DeepSpeed's ``torch_adam`` option: the
+                                                                       CPU FusedAdam does not resume exactly
+                                                                       (``cpu_support``)
 ``BasePPOTrainer.init_checkpoint_states`` /    PPO trainer actor       count the steps done (from the checkpoint on
 ``train_step``                                                         resume, then per step)
 ``SamplesGenerator.generate_samples``          PPO trainer actor       reports the prompts exhausted once the cell's
                                                                        ``steps`` are done (OpenRLHF has no step limit);
                                                                        drops the partial batch at an episode's end
                                                                        (unevenly split over the DP ranks, it hangs)
+``SamplesGenerator.__init__`` /                PPO trainer actor       seeded rollouts (``rollout``): the prompt
+``_generate_vllm`` / ``generate_eval_samples``                         sampler's seed, one seeded request per
+                                                                       sample, groups in dispatch order
 ``vllm_engine.RolloutRayActor`` (attribute)    driver                  engine kwargs: vLLM online FP8 quantization,
                                                                        our worker extension
 ``RayActorGroup.async_init_model_from_pretrained``  driver             waits for the policy actors, then asks each

@@ -51,8 +51,9 @@ RNG_KEY = "fp8rl_rng"
 def bind_strategy(ds_module, spec: PluginSpec) -> None:
     check_version()
     cls, actor_cls = ds_module.DeepspeedStrategy, ds_module.Actor
-    orig = _originals(cls, ("_ds_init_train_model", "save_ckpt", "load_ckpt"))
+    orig = _originals(cls, ("_ds_init_train_model", "save_ckpt", "load_ckpt", "get_ds_train_config"))
     _check_params(orig["_ds_init_train_model"], ("self", "model", "cfg"), "DeepspeedStrategy._ds_init_train_model")
+    _check_params(orig["get_ds_train_config"], ("self", "optim_dict"), "DeepspeedStrategy.get_ds_train_config")
     save_sig = inspect.signature(orig["save_ckpt"])
     _check_params(orig["save_ckpt"], ("self", "model", "save_dir", "tag", "max_num", "max_mem", "client_state"),
                   "DeepspeedStrategy.save_ckpt")
@@ -82,6 +83,14 @@ def bind_strategy(ds_module, spec: PluginSpec) -> None:
         return load_path, states
 
     cls._ds_init_train_model, cls.save_ckpt, cls.load_ckpt = _ds_init_train_model, save_ckpt, load_ckpt
+    cls.get_ds_train_config = orig["get_ds_train_config"]
+    if spec.device == "cpu":  # torch's AdamW: DeepSpeed's CPU FusedAdam does not resume exactly (cpu_support)
+        from fp8rl.backends.openrlhf.plugin.cpu_support import torch_adam
+
+        def get_ds_train_config(self, *args, **kwargs):
+            return torch_adam(orig["get_ds_train_config"](self, *args, **kwargs))
+
+        cls.get_ds_train_config = get_ds_train_config
 
 
 def controller_state(trainer) -> dict:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 
 from fp8rl.backends.openrlhf.plugin.binding.common import _check_params, _originals
+from fp8rl.backends.openrlhf.plugin.binding.rollout import bind_seeded_rollout
 from fp8rl.backends.openrlhf.plugin.spec import PluginSpec, check_version
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def whole_steps_only(args, generated: tuple) -> tuple:
 
 def bind_samples_generator(samples_generator, spec: PluginSpec) -> None:
     """``SamplesGenerator.generate_samples``: whole steps only, and the prompts "exhausted" once
-    ``max_steps`` are done.
+    ``max_steps`` are done; seeded rollouts in dispatch order (``rollout``) when the spec has a seed.
 
     ``PPOTrainer.fit`` then leaves every remaining episode at once, closes its loggers and the
     driver saves the final model, as at the natural end of the data.
@@ -102,3 +103,4 @@ def bind_samples_generator(samples_generator, spec: PluginSpec) -> None:
         return whole_steps_only(self.args, orig(self, **generate_kwargs))
 
     cls.generate_samples = generate_samples
+    bind_seeded_rollout(samples_generator, spec, steps_done=lambda: _STEPS_DONE["n"])

@@ -1,0 +1,221 @@
+"""The binding in the PPO trainer actor: seeded rollouts, in dispatch order (a resume repeats them).
+
+OpenRLHF 0.11.2 makes a rollout irreproducible in three places, all in the PPO trainer actor:
+
+1. the prompt order: the prompt loader's ``RandomSampler`` draws its seed from the process's
+   global torch RNG, which nothing seeds in the PPO trainer actor (``--train.seed`` reaches the
+   DeepSpeed actors only), so two runs of one cell train on different prompt orders;
+2. the samples: ``SamplingParams`` carry no seed, so vLLM draws from the engine's one generator,
+   in whatever order requests reach its batches;
+3. the order of the groups: ``SamplesGenerator._generate_vllm`` takes them in completion order
+   (``ray.wait``), which decides the micro-batches, the replay-buffer shuffle's input and, under
+   dynamic filtering, which prompt a filtered group's replacement is dispatched after.
+
+With :attr:`PluginSpec.seed` set (every cell's ``seed``), the binding fixes all three:
+
+1. the prompt sampler's generator is seeded with ``seed`` when ``SamplesGenerator`` is built,
+   before any iteration (a resumed run then loads the sampler state of its checkpoint, as
+   upstream does);
+2. every sample is its own request with its own seed, :func:`request_seed` of ``(seed, purpose,
+   steps done, k, j)`` -- ``purpose`` ``train`` or ``eval``, ``k`` the prompt's dispatch index in
+   this generation call (replacements included), ``j`` the sample index -- so a sample is the same
+   whatever else the engine batches it with, *when the engine's arithmetic is batch-invariant*
+   (BF16 and ``fp8_per_channel`` engines are, measured on vLLM 0.29's CPU build;
+   ``fp8_per_tensor`` is not: its activation scale is one amax over the whole batch, so a
+   request's logits depend on its batch-mates -- docs/cluster.md);
+3. groups are taken in dispatch order (``ray.get`` of the oldest pending group); a filtered
+   group's replacement is dispatched when the filtered group is reached in that order.
+
+:func:`generate_vllm` is upstream's ``_generate_vllm`` with these changes and nothing else: same
+prompt collection (``_collect_prompt_batch``), same engine choice per prompt (fewest unfinished
+requests, a prompt's samples on one engine), same ``SamplingParams`` fields, same experience
+conversion (``_process_response_into_experience``) and the same dynamic-filtering rule. Its
+cost: ``n`` Ray calls per prompt instead of one, and a replacement dispatched no earlier than the
+groups dispatched before the filtered one have returned (GRPO, without filtering, waits for all
+groups either way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import logging
+from collections import deque
+
+from fp8rl.backends.openrlhf.plugin.binding.common import (
+    UpstreamChangedError,
+    _check_params,
+    _originals,
+)
+from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
+
+log = logging.getLogger(__name__)
+
+#: ``purpose`` values of :func:`request_seed`.
+PURPOSES = ("train", "eval")
+
+
+def request_seed(seed: int, purpose: str, step: int, k: int, j: int) -> int:
+    """The vLLM request seed of sample ``j`` of the ``k``-th prompt dispatched in one generation call.
+
+    ``step``: training steps done (the checkpoint's on resume). A 63-bit integer from SHA-256, so
+    that neighbouring ``(k, j)`` give unrelated random streams (``seed + k`` would make sample
+    ``j`` of prompt ``k`` and sample ``j - 1`` of prompt ``k + 1`` share one)."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"request_seed purpose={purpose!r} must be one of {PURPOSES}")
+    if min(step, k, j) < 0:
+        raise ValueError(f"request_seed needs step, k, j >= 0, got {(step, k, j)}")
+    digest = hashlib.sha256(f"fp8rl:{int(seed)}:{purpose}:{int(step)}:{int(k)}:{int(j)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def seed_prompt_sampler(loader, seed: int) -> None:
+    """Seed the shuffle of OpenRLHF's prompt loader (a ``StatefulDataLoader`` over a ``RandomSampler``
+    whose generator upstream seeds from the unseeded global RNG; a ``DistributedSampler`` is
+    already seeded with ``--train.seed``)."""
+    import torch
+
+    sampler = getattr(loader, "sampler", None)
+    if type(sampler).__name__ == "DistributedSampler":
+        return
+    generator = getattr(sampler, "generator", None)
+    if not isinstance(generator, torch.Generator):
+        raise UpstreamChangedError(
+            f"OpenRLHF's prompt loader samples with {type(sampler).__name__} (generator "
+            f"{type(generator).__name__}), not a RandomSampler with a torch.Generator: fp8rl cannot seed "
+            "its order; the binding was written for openrlhf 0.11.2")
+    generator.manual_seed(int(seed))
+
+
+def _get(refs):
+    """``ray.get`` (unit tests stand in for it)."""
+    import ray
+
+    return ray.get(refs)
+
+
+def _sampling_params(**kwargs):
+    """``vllm.SamplingParams(**kwargs)`` (unit tests stand in for it)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(**kwargs)
+
+
+def _engine_order(engines, n_prompts: int, n_samples: int) -> list[int]:
+    """Upstream's engine choice: each prompt to the engine with the fewest unfinished requests."""
+    pending = _get([e.get_num_unfinished_requests.remote() for e in engines])
+    heap = [(count, i) for i, count in enumerate(pending)]
+    heapq.heapify(heap)
+    order = []
+    for _ in range(n_prompts):
+        load, i = heapq.heappop(heap)
+        order.append(i)
+        heapq.heappush(heap, (load + n_samples, i))
+    return order
+
+
+def dispatch(generator, prompts, labels, images, first_k: int, seeds, **generate_kwargs) -> list[list]:
+    """Send every sample of every prompt as its own seeded request; one list of refs per prompt.
+
+    ``seeds(k, j)`` gives the request seed of sample ``j`` of the prompt dispatched ``k``-th
+    (``first_k`` is the index of ``prompts[0]``). The ``SamplingParams`` fields are upstream's."""
+    args = generator.args
+    n = generate_kwargs.get("n_samples_per_prompt", args.rollout.n_samples_per_prompt)
+    common = dict(
+        temperature=generate_kwargs.get("temperature", 1.0),
+        top_p=generate_kwargs.get("top_p", 1.0),
+        top_k=generate_kwargs.get("top_k", -1),
+        max_tokens=generate_kwargs.get("max_new_tokens"),
+        min_tokens=generate_kwargs.get("min_new_tokens", 1),
+        skip_special_tokens=generate_kwargs.get("skip_special_tokens", False),
+        logprobs=1 if args.algo.advantage.is_correction_level != "off" else None,
+    )
+    images = images if images is not None else [None] * len(prompts)
+    engines = generator.vllm_engines
+    groups = []
+    for i, (engine_idx, prompt, label, img) in enumerate(
+            zip(_engine_order(engines, len(prompts), n), prompts, labels, images, strict=True)):
+        engine = engines[engine_idx]
+        groups.append([
+            engine.generate_responses.remote(
+                prompt=prompt, label=label, sampling_params=_sampling_params(**common, seed=seeds(first_k + i, j)),
+                max_length=generate_kwargs.get("max_len", 2048), hf_tokenizer=generator.tokenizer,
+                num_samples=1, images=img)
+            for j in range(n)])
+    return groups
+
+
+def generate_vllm(generator, samples_module, spec: PluginSpec, purpose: str, step: int,
+                  dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
+    """Seeded ``SamplesGenerator._generate_vllm``: ``(experiences, prompts_consumed, exhausted)``."""
+    collect = samples_module._collect_prompt_batch
+
+    def seeds(k: int, j: int) -> int:
+        return request_seed(spec.seed, purpose, step, k, j)
+
+    prompts, labels, images, exhausted = collect(dataloader_iter, num_prompts)
+    if not prompts:
+        return [], 0, True
+    pending = deque(dispatch(generator, prompts, labels, images, 0, seeds, **generate_kwargs))
+    dispatched = consumed = len(prompts)
+    accepted = []
+    while pending:
+        group = [resp for out in _get(pending.popleft()) for resp in out]
+        experiences = [generator._process_response_into_experience(r, **generate_kwargs) for r in group]
+        if dynamic_filtering and all(e.scores is not None for e in experiences):
+            scores = [e.scores[0].item() for e in experiences]
+            low, high = generator.args.algo.dynamic_filtering_range
+            if not low < sum(scores) / len(scores) < high:
+                experiences = []
+        if experiences:
+            accepted.extend(experiences)
+        elif dynamic_filtering:
+            new_prompts, new_labels, new_images, exhausted = collect(dataloader_iter, 1)
+            consumed += len(new_prompts)
+            if new_prompts:
+                pending.extend(dispatch(generator, new_prompts, new_labels, new_images, dispatched, seeds,
+                                        **generate_kwargs))
+                dispatched += len(new_prompts)
+    return accepted, consumed, exhausted
+
+
+def bind_seeded_rollout(samples_module, spec: PluginSpec, steps_done) -> None:
+    """Bind :func:`generate_vllm` and the sampler seed into ``SamplesGenerator`` (no-op without a seed).
+
+    ``steps_done()``: training steps done in this process (``trainer``'s count, restored on resume).
+    ``generate_samples`` is wrapped by ``trainer.bind_samples_generator``, which sets the purpose
+    ``train``; ``generate_eval_samples`` sets ``eval`` here."""
+    cls = samples_module.SamplesGenerator
+    names = ("__init__", "_generate_vllm", "generate_eval_samples")
+    if spec.seed is None:  # upstream's rollout (a rebinding starts from the originals)
+        saved = _originals(cls, ())
+        for n in (n for n in names if n in saved):
+            setattr(cls, n, saved[n])
+        return
+    orig = _originals(cls, names)
+    _check_params(orig["__init__"], ("self", "strategy", "prompts_dataloader", "eval_dataloader", "tokenizer",
+                                     "vllm_engines"), "SamplesGenerator.__init__")
+    _check_params(orig["_generate_vllm"], ("self", "dataloader_iter", "num_prompts", "dynamic_filtering"),
+                  "SamplesGenerator._generate_vllm")
+    for name in ("_collect_prompt_batch",):
+        if not callable(getattr(samples_module, name, None)):
+            raise UpstreamChangedError(f"openrlhf.trainer.ppo_utils.samples_generator.{name} is gone")
+
+    def __init__(self, strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines):
+        orig["__init__"](self, strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
+        if prompts_dataloader is not None:
+            seed_prompt_sampler(prompts_dataloader, spec.seed)
+
+    def _generate_vllm(self, dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs):
+        purpose = getattr(self, "_fp8rl_purpose", "train")
+        return generate_vllm(self, samples_module, spec, purpose, steps_done(), dataloader_iter, num_prompts,
+                             dynamic_filtering, **generate_kwargs)
+
+    def generate_eval_samples(self, **generate_kwargs):
+        self._fp8rl_purpose = "eval"
+        try:
+            return orig["generate_eval_samples"](self, **generate_kwargs)
+        finally:
+            self._fp8rl_purpose = "train"
+
+    cls.__init__, cls._generate_vllm, cls.generate_eval_samples = __init__, _generate_vllm, generate_eval_samples

@@ -1,0 +1,219 @@
+"""Seeded rollouts in dispatch order (``plugin.binding.rollout``) around OpenRLHF 0.11.2's real
+``SamplesGenerator`` source.
+
+``samples_generator.py`` is executed from the installed wheel with its heavy imports stubbed
+(``ray``, ``vllm``, the engine module, ``Experience`` as a record); upstream's own
+``_collect_prompt_batch``, ``_process_response_into_experience`` and ``_generate_vllm`` run as
+written. The engines are stand-ins that answer deterministically from a request's seed and
+complete in an order the test chooses (what real vLLM engines under Ray do on their own time).
+They prove the logic only; the real path -- Ray, vLLM 0.29's CPU engines, a resumed run repeating
+an uninterrupted one's metrics -- is ``tests/integration/test_int_paper_smoke.py``'s.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+import types
+
+import pytest
+import torch
+from orl_helpers import openrlhf_dir
+
+from fp8rl.backends.openrlhf.plugin import PluginSpec
+from fp8rl.backends.openrlhf.plugin.binding import rollout
+from fp8rl.backends.openrlhf.plugin.binding import trainer as trainer_binding
+from fp8rl.backends.openrlhf.plugin.binding.common import UpstreamChangedError
+
+ns = types.SimpleNamespace
+
+
+class Ref:
+    """An object ref: resolved by the stub ``ray.get``."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+class Engine:
+    """Answers ``generate_responses`` from the request's seed (``None``: a fresh random draw, as
+    vLLM's shared generator gives); records every request."""
+
+    def __init__(self, log):
+        self.log = log
+        self.get_num_unfinished_requests = ns(remote=lambda: Ref(0))
+        self.generate_responses = ns(remote=self._generate)
+
+    def _generate(self, *, prompt, label, sampling_params, max_length, hf_tokenizer, num_samples=1, images=None):
+        out = []
+        for _ in range(num_samples):
+            seed = sampling_params.seed
+            g = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, ())))
+            tokens = torch.randint(0, 50, (6,), generator=g).tolist()
+            score = float(tokens[0] % 2)  # mixed rewards
+            self.log.append({"prompt": prompt, "seed": seed, "num_samples": num_samples})
+            out.append({"prompt": prompt, "label": label, "observation_tokens": [1, 2, *tokens],
+                        "action_ranges": [(2, 8)], "reward": score, "scores": score, "rollout_log_probs": None,
+                        "truncated": False, "extra_logs": {}})
+        return Ref(out)
+
+
+def load_samples_generator(monkeypatch, completion=reversed):
+    """Upstream ``samples_generator`` with stubs; ``ray.wait`` returns the pending ref that
+    ``completion`` puts first (default: the last dispatched completes first)."""
+    path = openrlhf_dir() / "trainer" / "ppo_utils" / "samples_generator.py"
+
+    def wait(pending, num_returns=1, timeout=None):
+        first = next(iter(completion(list(pending))))
+        return [first], [r for r in pending if r is not first]
+
+    class Experience:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    class SamplingParams:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+            self.seed = kw.get("seed")
+
+    stubs = {
+        "ray": types.SimpleNamespace(get=lambda r: [x.value for x in r] if isinstance(r, list) else r.value,
+                                     wait=wait),
+        "vllm": types.SimpleNamespace(SamplingParams=SamplingParams),
+        "tqdm": types.SimpleNamespace(tqdm=lambda *a, **k: types.SimpleNamespace(update=lambda *a: None,
+                                                                                  set_postfix=lambda *a: None)),
+        "openrlhf.trainer.ppo_utils.experience": types.SimpleNamespace(Experience=Experience),
+        "openrlhf.trainer.ray.vllm_engine": types.SimpleNamespace(batch_vllm_engine_call=lambda *a, **k: None),
+        "openrlhf.utils.logging_utils": types.SimpleNamespace(init_logger=lambda name: __import__("logging")
+                                                              .getLogger(name)),
+    }
+    for name, mod in stubs.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    spec = importlib.util.spec_from_file_location("orl_samples_generator", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(rollout, "_get", stubs["ray"].get)
+    monkeypatch.setattr(rollout, "_sampling_params", SamplingParams)
+    return module
+
+
+def _args(dynamic=False):
+    return ns(rollout=ns(batch_size=3, n_samples_per_prompt=4, vllm_generate_batch_size=None),
+              algo=ns(dynamic_filtering_enable=dynamic, dynamic_filtering_range=[0.0, 1.0],
+                      advantage=ns(is_correction_level="off")),
+              vllm=ns(enable_sleep=False))
+
+
+def _generator(module, log, prompts, dynamic=False, engines=2):
+    loader = [(None, [p], [f"label {p}"], [None]) for p in prompts]  # upstream's batches of one prompt
+    strategy = ns(args=_args(dynamic))
+    gen = module.SamplesGenerator(strategy, None, None, tokenizer=None,
+                                  vllm_engines=[Engine(log) for _ in range(engines)])
+    return gen, iter(loader)
+
+
+def _key(experiences):
+    return [(e.prompts[0], tuple(e.sequences[0].tolist())) for e in experiences]
+
+
+def test_request_seeds_are_distinct_stable_and_checked():
+    seeds = {rollout.request_seed(7, p, s, k, j) for p in rollout.PURPOSES for s in range(3)
+             for k in range(5) for j in range(4)}
+    assert len(seeds) == 2 * 3 * 5 * 4 and all(0 <= x < 2**63 for x in seeds)
+    assert rollout.request_seed(7, "train", 1, 2, 3) == rollout.request_seed(7, "train", 1, 2, 3)
+    assert rollout.request_seed(7, "train", 1, 2, 3) != rollout.request_seed(8, "train", 1, 2, 3)
+    with pytest.raises(ValueError, match="purpose"):
+        rollout.request_seed(7, "test", 0, 0, 0)
+    with pytest.raises(ValueError, match=">= 0"):
+        rollout.request_seed(7, "train", 0, -1, 0)
+
+
+def test_seeded_groups_come_in_dispatch_order_whatever_order_the_engines_finish(monkeypatch):
+    """Every sample is its own request with ``request_seed(seed, purpose, step, k, j)``; the
+    experiences come back prompt by prompt in dispatch order, samples in order, and are the
+    same whichever order the engines complete in. Upstream (unbound) takes completion order."""
+    runs = {}
+    for name, completion in (("reverse", reversed), ("forward", iter)):
+        module = load_samples_generator(monkeypatch, completion)
+        upstream_gen, it = _generator(module, [], ["p0", "p1", "p2"])
+        upstream = upstream_gen._generate_vllm(it, 3, False)[0]
+        monkeypatch.setitem(trainer_binding._STEPS_DONE, "n", 5)
+        trainer_binding.bind_samples_generator(module, PluginSpec(seed=3))
+        log = []
+        gen, it = _generator(module, log, ["p0", "p1", "p2"])
+        experiences, consumed, exhausted = gen._generate_vllm(it, 3, False)
+        assert (consumed, exhausted) == (3, False)
+        assert [e.prompts[0] for e in experiences] == [p for p in ("p0", "p1", "p2") for _ in range(4)]
+        assert [r["seed"] for r in log] == [rollout.request_seed(3, "train", 5, k, j) for k in range(3)
+                                            for j in range(4)]
+        assert all(r["num_samples"] == 1 for r in log)
+        runs[name] = _key(experiences)
+        if name == "reverse":  # upstream's order follows completion: the last prompt first
+            assert upstream[0].prompts[0] == "p2"
+    assert runs["reverse"] == runs["forward"]
+
+
+def test_dynamic_filtering_replacements_are_deterministic(monkeypatch):
+    """Under dynamic filtering a filtered group's replacement is the next prompt, seeded by its
+    dispatch index; the kept groups and their order do not depend on completion order."""
+    kept = {}
+    for name, completion in (("reverse", reversed), ("forward", iter)):
+        module = load_samples_generator(monkeypatch, completion)
+        monkeypatch.setitem(trainer_binding._STEPS_DONE, "n", 0)
+        trainer_binding.bind_samples_generator(module, PluginSpec(seed=11))
+        log = []
+        gen, it = _generator(module, log, [f"p{i}" for i in range(8)], dynamic=True)
+        experiences, consumed, _ = gen._generate_vllm(it, 3, True)
+        kept[name] = _key(experiences)
+        assert consumed == len({r["prompt"] for r in log}) >= 3
+        groups = [experiences[i:i + 4] for i in range(0, len(experiences), 4)]
+        assert all(0.0 < sum(e.scores[0].item() for e in g) / 4 < 1.0 for g in groups)  # mixed groups only
+    assert kept["reverse"] == kept["forward"] and kept["forward"]
+
+
+def test_eval_requests_have_their_own_seeds(monkeypatch):
+    module = load_samples_generator(monkeypatch)
+    monkeypatch.setitem(trainer_binding._STEPS_DONE, "n", 2)
+    trainer_binding.bind_samples_generator(module, PluginSpec(seed=3))
+    log = []
+    gen, _ = _generator(module, log, [])
+    gen.eval_dataloader = [(None, ["q0"], ["l"], [None])]
+    gen.generate_eval_samples(n_samples_per_prompt=1, temperature=0.0)
+    assert [r["seed"] for r in log] == [rollout.request_seed(3, "eval", 2, 0, 0)]
+    assert gen._fp8rl_purpose == "train"
+
+
+def test_without_a_seed_the_binding_leaves_upstream_rollout(monkeypatch):
+    module = load_samples_generator(monkeypatch)
+    upstream = module.SamplesGenerator._generate_vllm
+    trainer_binding.bind_samples_generator(module, PluginSpec(seed=1))
+    assert module.SamplesGenerator._generate_vllm is not upstream
+    trainer_binding.bind_samples_generator(module, PluginSpec())  # rebinding starts from the originals
+    assert module.SamplesGenerator._generate_vllm is upstream
+    log = []
+    gen, it = _generator(module, log, ["p0"])
+    gen._generate_vllm(it, 1, False)
+    assert [r["num_samples"] for r in log] == [4] * 4 and {r["seed"] for r in log} == {None}  # one call, unseeded
+
+
+def test_the_prompt_order_is_seeded_and_resumes_from_the_sampler_state():
+    """``seed_prompt_sampler`` seeds the loader's ``RandomSampler`` generator: two loaders seeded
+    alike shuffle alike; a loader whose sampler has no generator is refused (upstream moved)."""
+    data = list(range(20))
+
+    def order(seed):
+        loader = torch.utils.data.DataLoader(
+            data, batch_size=1, sampler=torch.utils.data.RandomSampler(data, generator=torch.Generator()))
+        torch.manual_seed(int(torch.randint(0, 10**6, ())) + seed)  # the global RNG must not matter
+        rollout.seed_prompt_sampler(loader, seed)
+        return [int(b) for b in itertools.chain.from_iterable(loader)]
+
+    assert order(5) == order(5) and order(5) != order(6)
+    with pytest.raises(UpstreamChangedError, match="RandomSampler"):
+        rollout.seed_prompt_sampler(torch.utils.data.DataLoader(data, shuffle=True), 5)
+
+
+def test_spec_seed_round_trips():
+    spec = PluginSpec(seed=9)
+    assert PluginSpec.from_json(spec.to_json()).seed == 9 and PluginSpec().seed is None
