@@ -56,3 +56,47 @@ def test_report_lists_damaged_run_and_writes_the_rest(tmp_path, capsys, name, co
     text = "\n".join(p.read_text() for p in (d / "report").glob("*.md"))
     row = next(ln for ln in text.splitlines() if bad.name in ln and "damaged" in ln)
     assert name in row, text
+
+
+def _launch(args: list[str], capsys) -> int:
+    """``python -m experiments.launch ARGS`` in this process; returns the exit status."""
+    import sys
+
+    import experiments.launch as launch
+
+    old = sys.argv
+    sys.argv = ["experiments/launch.py", *args]
+    try:
+        launch.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = old
+    capsys.readouterr()
+    return code
+
+
+def test_moved_sweep_resumes_with_other_checkpoint_every(tmp_path, capsys):
+    """A sweep directory moved elsewhere, relaunched from there with another checkpoint cadence:
+    its interrupted cell resumes (not "a different config"), every step logged once, and
+    provenance says what changed."""
+    import json
+    import shutil
+
+    from fp8rl.runs import RunDir
+
+    cell = ["+sweep=smoke", "fp8=bf16", "clip=vanilla", "steps=2", "workers=1", "progress=false"]
+    assert _launch([*cell, f"output_dir={tmp_path}/a"], capsys) == 0
+    (run,) = [p for p in (tmp_path / "a" / "smoke").iterdir() if (p / "status.json").exists()]
+    rd = RunDir(run)
+    rd.set_status("PREEMPTED", 2, "interrupted")  # as if stopped after its last checkpoint
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    assert _launch([*cell, f"output_dir={tmp_path}/b", "checkpoint_every=2"], capsys) == 0
+    moved = RunDir(tmp_path / "b" / "smoke" / run.name)
+    assert moved.state == "DONE"
+    assert [r["step"] for r in moved.read_metrics()] == [1, 2]
+    changed = json.loads(moved.provenance_path.read_text())["extra"]["changed_on_resume"]
+    assert changed["checkpoint_every"] == {"before": 1, "now": 2}
+    assert changed["output_dir"]["now"] == str(tmp_path / "b" / "smoke")
+    assert "mini.cache_dir" in changed
