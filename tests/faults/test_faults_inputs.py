@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,96 @@ def test_valid_neighbour_accepted(capsys, tmp_path, overrides):
     res = _launch_in_process([*overrides, "dry_run=true", f"output_dir={tmp_path}/runs"], capsys)
     assert res.code == 0, res.err + res.out
     assert "dry run" in res.out
+
+
+# --- cluster profiles -----------------------------------------------------------------------
+
+_STRING_FIELDS = ("partition", "account", "qos", "constraint", "exclude", "container",
+                  "container_mounts", "python")
+_CONTROL = {"newline": "\n#SBATCH --x=1", "cr": "\r", "nul": "\x00", "escape": "\x1b[2J", "tab": "\t"}
+
+
+def _profile_raw(**extra) -> dict:
+    return {"partition": "gpu", "resources": {"default": {"nodes": 1, "time_min": 5}}, **extra}
+
+
+@pytest.mark.parametrize("kind", sorted(_CONTROL))
+@pytest.mark.parametrize("where", [*_STRING_FIELDS, "setup[1]", "additional_parameters.comment",
+                                   "additional_parameters key"])
+def test_profile_control_characters_refused(where, kind):
+    from fp8rl.launch.profiles import ProfileError, parse_profile
+
+    bad = "x" + _CONTROL[kind]
+    if where == "setup[1]":
+        raw = _profile_raw(setup=["module load cuda", bad])
+    elif where == "additional_parameters.comment":
+        raw = _profile_raw(additional_parameters={"comment": bad})
+    elif where == "additional_parameters key":
+        raw = _profile_raw(additional_parameters={bad: "1"})
+    else:
+        raw = _profile_raw(**{where: bad})
+    with pytest.raises(ProfileError) as e:
+        parse_profile(raw, name="mine", path="/p/mine.yaml")
+    msg = str(e.value)
+    assert "control character" in msg and "/p/mine.yaml" in msg, msg
+    field = where.split(" ")[0].split("[")[0]
+    assert field in msg, msg
+
+
+@pytest.fixture
+def _slurm_env():
+    import importlib.util
+
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("_faults_slurm_conftest", repo / "tests" / "slurm" / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    cluster, reason = mod.find_cluster()
+    if cluster is None:
+        if mod.slurm_required():
+            pytest.fail(f"FP8RL_REQUIRE_SLURM is set and no local Slurm cluster: {reason}", pytrace=False)
+        pytest.skip(f"no local Slurm cluster: {reason}")
+    return cluster
+
+
+@pytest.mark.slurm
+def test_every_profile_field_reaches_a_valid_sbatch_script(_slurm_env, tmp_path, capsys, monkeypatch):
+    """A profile using every field goes through the launcher's real submitit path; the sbatch
+    script submitit writes carries each field, and the local Slurm accepts it (``sbatch
+    --test-only``: checked, not queued)."""
+    import subprocess
+
+    import yaml
+    from submitit.slurm.slurm import SlurmExecutor
+
+    part = _slurm_env.partition
+    prof = tmp_path / "every.yaml"
+    prof.write_text(yaml.safe_dump({
+        "partition": part, "account": None, "qos": None, "constraint": None, "exclude": None,  # one node here: no real value to exclude or constrain
+        "array_parallelism": 1, "setup": ["export FP8RL_FAULTS_SETUP=1", "echo set up"],
+        "container": "nvcr.io/nvidia/pytorch:24.05-py3", "container_mounts": "/data:/data",
+        "python": "python3 -X faulthandler", "signal_delay_s": 45, "max_num_timeout": 2,
+        "additional_parameters": {"comment": "fp8rl_faults"},
+        "resources": {"default": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": None,
+                                  "time_min": 7}},
+    }))
+    scripts: list[str] = []
+
+    def dry(self, path):  # write nothing to the queue: let Slurm check the script, fake the id
+        scripts.append(Path(path).read_text())
+        chk = subprocess.run(["sbatch", "--test-only", str(path)], capture_output=True, text=True, timeout=30)
+        assert chk.returncode == 0, chk.stderr + scripts[-1]
+        return ["echo", "Submitted batch job 424242"]
+
+    monkeypatch.setattr(SlurmExecutor, "_make_submission_command", dry)
+    res = _launch_in_process(["+sweep=smoke", "fp8=bf16", "launcher=slurm", f"cluster={prof}",
+                              f"output_dir={tmp_path}/runs"], capsys)
+    assert res.code == 0, res.err + res.out
+    (script,) = scripts
+    for line in (f"#SBATCH --partition={part}", "#SBATCH --array=0-1%1",
+                 "#SBATCH --signal=USR2@45", "#SBATCH --comment=fp8rl_faults", "#SBATCH --time=7",
+                 "#SBATCH --cpus-per-task=1", "export FP8RL_FAULTS_SETUP=1",
+                 "--container-image=nvcr.io/nvidia/pytorch:24.05-py3", "--container-mounts=/data:/data",
+                 "python3 -X faulthandler -u -m submitit.core._submit"):
+        assert line in script, f"{line!r} not in the sbatch script:\n{script}"
