@@ -65,8 +65,8 @@ def remove_stale_temps(rd: RunDir) -> list[Path]:
             if is_temp(p):
                 p.unlink()
                 removed.append(p)
-                _say(f"{rd.path.name}: removed {p.relative_to(rd.path)}, the temporary file of a write "
-                     "the previous attempt was killed in (never the file it was replacing; ignored)")
+                _say(f"{rd.path.name}: removed {p.relative_to(rd.path)}, the unfinished temporary file of "
+                     "a write the previous attempt was killed in (the file it was to replace is intact)")
     return removed
 
 
