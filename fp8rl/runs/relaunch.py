@@ -38,7 +38,7 @@ from fp8rl.runs.rundir import EVAL_FILE, METRICS_FILE, SAMPLES_DIR, SUMMARY_FILE
 #: What a run writes after ``RunDir.init``; a restart from step 0 discards it.
 OUTPUTS: tuple[str, ...] = (METRICS_FILE, EVAL_FILE, SUMMARY_FILE, SAMPLES_DIR, TENSORBOARD_DIR)
 #: Names of the temporary files of atomic writes (see :func:`is_temp`).
-TEMP_NAMES = (re.compile(r"[^.].*\.tmp\w+"), re.compile(r"\..+\.\w+\.tmp"))
+TEMP_NAMES = (re.compile(r"[^.].*\.tmp[a-z0-9_]{8}"), re.compile(r"\..+\.[a-z0-9_]{8}\.tmp"))
 #: The folder outputs are moved into before they are deleted.
 DISCARDED_DIR = ".discarded"
 
@@ -50,7 +50,7 @@ def _say(msg: str) -> None:
 def is_temp(path: Path) -> bool:
     """A temporary file of an atomic write: ``<name>.tmp<random>`` (``mkstemp`` with the
     destination's name and ``.tmp`` as prefix, as checkpoints are written) or
-    ``.<name>.<random>.tmp`` (``atomic_write_text``)."""
+    ``.<name>.<random>.tmp`` (``atomic_write_text``); ``<random>`` is ``mkstemp``'s 8 characters."""
     return path.is_file() and any(p.fullmatch(path.name) for p in TEMP_NAMES)
 
 

@@ -156,6 +156,7 @@ def test_a_restart_finishes_a_discard_a_kill_interrupted(tmp_path):
     from fp8rl.runs.relaunch import discard_outputs
 
     rd = _run_dir(tmp_path)
+    assert discard_outputs(rd) == [] and list(rd.samples_dir.iterdir()) == []  # a new run: nothing
     (rd.path / ".discarded").mkdir()  # killed after moving metrics.jsonl, before the rest
     (rd.path / ".discarded" / "metrics.jsonl").write_text('{"step": 1}\n')
     rd.eval_path.write_text('{"step": 0}\n')
@@ -175,10 +176,11 @@ def test_only_temporary_files_of_atomic_writes_are_removed(tmp_path, capsys):
     rd = _run_dir(tmp_path)
     rd.checkpoint_dir.mkdir()
     keep = [rd.checkpoint_dir / "state.pt", rd.metrics_path, rd.path / "owner.json"]
-    stale = [rd.checkpoint_dir / "state.pt.tmpa1b2c3d4", rd.path / ".status.json.x_9z.tmp"]
+    keep.append(rd.path / "notes.tmpl")  # not a temporary file of ours
+    stale = [rd.checkpoint_dir / "state.pt.tmpa1b2c3d4", rd.path / ".status.json.x_9zk0p1.tmp"]
     for p in keep + stale:
         p.write_text("x")
     assert sorted(remove_stale_temps(rd)) == sorted(stale)
     assert all(p.exists() for p in keep) and not any(p.exists() for p in stale)
     err = capsys.readouterr().err
-    assert "checkpoint/state.pt.tmpa1b2c3d4" in err and ".status.json.x_9z.tmp" in err
+    assert "checkpoint/state.pt.tmpa1b2c3d4" in err and ".status.json.x_9zk0p1.tmp" in err
