@@ -33,7 +33,8 @@ Conventions chosen here (the design left them open):
 - **Resume**: :meth:`RunDir.truncate_after` drops rows with ``step > k`` (and a truncated last
   line) from ``metrics.jsonl`` and ``eval.jsonl`` so that a run resumed from the checkpoint
   of step ``k`` logs no step twice. The metrics writer additionally refuses a step that is not
-  larger than the last one it saw in the file.
+  larger than the last one it saw in the file. Without a checkpoint a relaunch starts again
+  from step 0 (``fp8rl.runs.relaunch``).
 - **Config conflicts**: :meth:`RunDir.init` on a directory holding a *different* config raises
   :class:`RunDirConflict` (the hash collided or someone reused a directory); the same config is
   a resume and passes. Keys that say how a run is launched and logged (``DEFAULT_EXCLUDE``:

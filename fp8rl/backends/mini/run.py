@@ -9,7 +9,9 @@
    ``RunOwned`` naming the owner when another process runs it), then returns the stored
    summary if that run is DONE (a sweep asking again skips it);
 3. otherwise writes ``config.yaml``/``overrides.txt`` (a resume checks the config is the same),
-   provenance, and runs the trainer, which resumes from ``checkpoint/`` when there is one.
+   provenance, and runs the trainer, which resumes from ``checkpoint/`` when there is one and
+   otherwise starts from step 0, dropping what an attempt killed before its first checkpoint
+   logged (``fp8rl.runs.relaunch``).
 
 The SFT cache is ``mini.cache_dir`` or ``<output_dir>/.cache/sft``.
 """

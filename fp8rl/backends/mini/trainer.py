@@ -67,7 +67,9 @@ Determinism: all randomness of step k (prompt choice, sampling, mini-batch shuff
 from generators seeded by ``(seed, k)``; every evaluation from ``(seed, "eval")`` (paired
 evaluations). A run resumed from
 the checkpoint of step k therefore continues exactly as the uninterrupted run (the checkpoint
-also stores torch/python RNG states for code that would use the global streams).
+also stores torch/python RNG states for code that would use the global streams); a run killed
+before its first checkpoint restarts from step 0 and drops what it had logged, and temporary
+files of writes a kill interrupted are removed (``fp8rl.runs.relaunch``).
 
 Non-finite values: a mini-batch whose loss or gradient norm is not finite is skipped (no
 optimizer step; ``train/skipped_updates``), the step counts as bad; ``max_bad_steps``
@@ -495,13 +497,18 @@ class MiniTrainer:
     def run(self, *, progress: bool = False) -> dict:
         """Train to ``cfg.steps`` (resuming from a checkpoint if present); returns the summary."""
         from fp8rl.runs import DONE, FAILED, PREEMPTED, RUNNING
+        from fp8rl.runs.relaunch import discard_outputs, remove_stale_temps
 
         cfg, rd = self.cfg, self.run_dir
         t_start = time.perf_counter()
+        if rd is not None:
+            remove_stale_temps(rd)  # of writes a kill interrupted (a checkpoint's included)
         resumed = self.load_checkpoint()
         if rd is not None:
             if resumed:
                 rd.truncate_after(self.step)
+            else:  # killed before its first checkpoint, or a new run: start from step 0
+                discard_outputs(rd)
             rd.set_status(RUNNING, self.step)
         mw = rd.metrics_writer() if rd is not None else None
         ew = rd.eval_writer() if rd is not None else None
