@@ -23,13 +23,17 @@ Conventions chosen here (the design left them open):
   and "null" means "not finite" (a metric that was not measured is simply absent).
   numpy / torch scalars are converted with ``.item()``; other non-JSON types raise.
 - **Atomic files** (``config.yaml``, ``status.json``, ``summary.json``, ``provenance.json``)
-  are written to a temporary file in the same directory and moved with ``os.replace``, so a
-  reader sees the old or the new file, never half of one.
-- **JSONL files** are append-only and flushed after every line (not fsynced: a crash of the
-  machine may lose the last lines, a crash of the process does not). A reader tolerates a
-  truncated last line (the writer died mid-line) and drops it; a corrupt line elsewhere is an
-  error. A writer opening a file whose last line is truncated cuts that fragment off first,
-  so the next row does not get glued onto it.
+  are written to a temporary file in the same directory, fsynced and moved with
+  ``os.replace``, so a reader sees the old or the new file, never half of one.
+- **JSONL files** are append-only; each line is written whole and fsynced (a crash of the
+  process or of the machine loses no logged row), and a failed write is cut back off. A
+  reader tolerates a truncated last line (the writer died mid-line) and drops it; a corrupt
+  line elsewhere is an error. A writer opening a file whose last line is truncated cuts that
+  fragment off first, so the next row does not get glued onto it.
+- **Disk full, read-only run directory, symlinks** (``fp8rl.runs.safe_io``): a write that
+  fails for want of space or permission raises ``RunDirWriteError`` (one line: the path and
+  what to do; the run stays resumable); a symlink in place of a run file is refused
+  (``RunDirSymlink``), never followed, when the run reads or writes it.
 - **Resume**: :meth:`RunDir.truncate_after` drops rows with ``step > k`` (and a truncated last
   line) from ``metrics.jsonl`` and ``eval.jsonl`` so that a run resumed from the checkpoint
   of step ``k`` logs no step twice. The metrics writer additionally refuses a step that is not
@@ -72,6 +76,7 @@ from fp8rl.runs.jsonl import (  # noqa: F401  (re-exported: the run directory's 
     truncate_jsonl_after,
 )
 from fp8rl.runs.metrics import STEP
+from fp8rl.runs.safe_io import refuse_symlink
 
 CONFIG_FILE = "config.yaml"
 OVERRIDES_FILE = "overrides.txt"
@@ -104,6 +109,15 @@ SLURM_VARS: tuple[str, ...] = (
 
 class RunDirConflict(RuntimeError):
     """The run directory already holds a different config."""
+
+
+class RunDirDamaged(ValueError):
+    """A run file is not what fp8rl wrote (truncated, emptied or overwritten)."""
+
+    def __init__(self, path: Path, what: str, detail: object) -> None:
+        detail = " ".join(str(detail).split())  # parsers' messages span lines
+        super().__init__(f"{path} is damaged (not {what}: {detail}); restore it from a copy, or delete "
+                         "the run directory to run the cell again from scratch")
 
 
 def utc_now() -> str:
@@ -220,9 +234,9 @@ class RunDir:
         if any(not isinstance(o, str) or "\n" in o for o in overrides):
             raise ValueError(f"overrides must be single-line strings, got {overrides!r}")
         text = yaml.safe_dump(to_jsonable(config), sort_keys=False, default_flow_style=False)
-        if self.config_path.exists():
-            existing = _what_runs(yaml.safe_load(self.config_path.read_text(encoding="utf-8")))
-            new = _what_runs(yaml.safe_load(text))
+        existing = self.config()
+        if existing is not None:
+            existing, new = _what_runs(existing), _what_runs(yaml.safe_load(text))
             if existing != new:
                 diffs = _diff_keys(existing, new)
                 shown = ", ".join(diffs[:5]) + (" ..." if len(diffs) > 5 else "")
@@ -241,9 +255,16 @@ class RunDir:
 
     def config(self) -> dict | None:
         """The logged config, or None if there is none."""
+        refuse_symlink(self.config_path)
         if not self.config_path.exists():
             return None
-        return yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+        try:
+            config = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise RunDirDamaged(self.config_path, "YAML", e) from e
+        if not isinstance(config, dict):
+            raise RunDirDamaged(self.config_path, "a YAML mapping", f"it holds {type(config).__name__}")
+        return config
 
     def overrides(self) -> list[str]:
         if not self.overrides_path.exists():
@@ -330,9 +351,11 @@ class RunDir:
         return JsonlWriter(self.eval_path, require=(STEP,), monotonic=False)
 
     def read_metrics(self) -> list[dict]:
+        refuse_symlink(self.metrics_path)
         return read_jsonl(self.metrics_path)
 
     def read_eval(self) -> list[dict]:
+        refuse_symlink(self.eval_path)
         return read_jsonl(self.eval_path)
 
     def truncate_after(self, step: int) -> dict:
@@ -369,11 +392,16 @@ def _what_runs(config: object) -> object:
 
 
 def _read_json(path: Path) -> dict | None:
+    """A run's JSON file, None when missing; a symlink or a damaged file is refused."""
+    refuse_symlink(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise RunDirDamaged(path, "JSON", e) from e
 
 
 def _diff_keys(a: object, b: object, prefix: str = "") -> list[str]:
