@@ -342,13 +342,13 @@ class RunDir:
         return self.state == DONE
 
     # jsonl
-    def metrics_writer(self) -> JsonlWriter:
+    def metrics_writer(self, *, fsync: bool = True) -> JsonlWriter:
         """Writer for ``metrics.jsonl``: rows need ``step``, strictly increasing."""
-        return JsonlWriter(self.metrics_path, require=(STEP,), monotonic=True)
+        return JsonlWriter(self.metrics_path, require=(STEP,), monotonic=True, fsync=fsync)
 
-    def eval_writer(self) -> JsonlWriter:
+    def eval_writer(self, *, fsync: bool = True) -> JsonlWriter:
         """Writer for ``eval.jsonl``: rows need ``step`` (see ``fp8rl.runs.metrics.eval_row``)."""
-        return JsonlWriter(self.eval_path, require=(STEP,), monotonic=False)
+        return JsonlWriter(self.eval_path, require=(STEP,), monotonic=False, fsync=fsync)
 
     def read_metrics(self) -> list[dict]:
         refuse_symlink(self.metrics_path)

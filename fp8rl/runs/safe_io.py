@@ -152,8 +152,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     atomic_write_with(path, lambda f: f.write(data))
 
 
-def append_bytes(fd: int, path: str | os.PathLike, data: bytes) -> None:
-    """Append ``data`` to the ``O_APPEND`` file ``fd`` (``path`` names it in errors) and fsync.
+def append_bytes(fd: int, path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> None:
+    """Append ``data`` to the ``O_APPEND`` file ``fd`` (``path`` names it in errors) and fsync
+    (unless ``fsync=False``: fabricated data that need not survive a machine crash).
 
     All or nothing: when a write or the fsync fails, the file is truncated back to the size it
     had, so a reader never meets a torn line.
@@ -164,7 +165,8 @@ def append_bytes(fd: int, path: str | os.PathLike, data: bytes) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if fsync:
+                os.fsync(fd)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, size)
