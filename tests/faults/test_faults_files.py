@@ -196,6 +196,20 @@ def test_checkpoint_on_a_full_disk_keeps_the_previous_one_and_resumes(run, monke
     _resumes_with_nothing_lost(cfg, rd, ref)
 
 
+@pytest.mark.parametrize("err, words", [(errno.EROFS, "read-only"), (errno.EACCES, "permission denied")])
+def test_a_read_only_run_directory_is_refused_clearly_and_resumes_later(run, monkeypatch, err, words):
+    cfg, rd, ref = run
+    metrics, ckpt = rd.metrics_path.read_bytes(), (rd.checkpoint_dir / "state.pt").read_bytes()
+    _fail_fsync(monkeypatch, err)  # as root, chmod does not stop writes: inject what a read-only mount says
+    with pytest.raises(OSError) as e:
+        _run(cfg)
+    msg = _one_line(e.value)
+    assert words in msg and str(rd.path) in msg and "relaunch" in msg
+    assert rd.metrics_path.read_bytes() == metrics and (rd.checkpoint_dir / "state.pt").read_bytes() == ckpt
+    monkeypatch.undo()
+    _resumes_with_nothing_lost(cfg, rd, ref)
+
+
 # --- checkpoints: damaged, crafted ------------------------------------------------------------
 
 
