@@ -25,13 +25,37 @@ from fp8rl.runs.safe_io import (
 
 __all__ = [
     "JsonlWriter",
+    "RunDirDamaged",
     "atomic_write_json",
     "atomic_write_text",
     "dumps",
+    "read_json",
     "read_jsonl",
     "to_jsonable",
     "truncate_jsonl_after",
 ]
+
+
+class RunDirDamaged(ValueError):
+    """A run file is not what fp8rl wrote (truncated, emptied or overwritten)."""
+
+    def __init__(self, path: Path, what: str, detail: object) -> None:
+        detail = " ".join(str(detail).split())  # parsers' messages span lines
+        super().__init__(f"{path} is damaged (not {what}: {detail}); restore it from a copy, or delete "
+                         "the run directory to run the cell again from scratch")
+
+
+def read_json(path: Path) -> dict | None:
+    """A run's JSON file, None when missing; a symlink or a damaged file is refused."""
+    refuse_symlink(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise RunDirDamaged(path, "JSON", e) from e
 
 
 def to_jsonable(obj: object) -> object:

@@ -30,10 +30,9 @@ Conventions chosen here (the design left them open):
   reader tolerates a truncated last line (the writer died mid-line) and drops it; a corrupt
   line elsewhere is an error. A writer opening a file whose last line is truncated cuts that
   fragment off first, so the next row does not get glued onto it.
-- **Disk full, read-only run directory, symlinks** (``fp8rl.runs.safe_io``): a write that
-  fails for want of space or permission raises ``RunDirWriteError`` (one line: the path and
-  what to do; the run stays resumable); a symlink in place of a run file is refused
-  (``RunDirSymlink``), never followed, when the run reads or writes it.
+- **Disk full, read-only, symlinks, damage** (``fp8rl.runs.safe_io``): ``RunDirWriteError``
+  names the path and the fix, the run stays resumable; a symlinked run file is refused, never
+  followed (``RunDirSymlink``); a damaged one is refused naming it (``RunDirDamaged``).
 - **Resume**: :meth:`RunDir.truncate_after` drops rows with ``step > k`` (and a truncated last
   line) from ``metrics.jsonl`` and ``eval.jsonl`` so that a run resumed from the checkpoint
   of step ``k`` logs no step twice. The metrics writer additionally refuses a step that is not
@@ -54,7 +53,6 @@ Conventions chosen here (the design left them open):
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import platform
 import socket
@@ -68,9 +66,11 @@ import yaml
 
 from fp8rl.runs.jsonl import (  # noqa: F401  (re-exported: the run directory's file helpers)
     JsonlWriter,
+    RunDirDamaged,
     atomic_write_json,
     atomic_write_text,
     dumps,
+    read_json,
     read_jsonl,
     to_jsonable,
     truncate_jsonl_after,
@@ -109,15 +109,6 @@ SLURM_VARS: tuple[str, ...] = (
 
 class RunDirConflict(RuntimeError):
     """The run directory already holds a different config."""
-
-
-class RunDirDamaged(ValueError):
-    """A run file is not what fp8rl wrote (truncated, emptied or overwritten)."""
-
-    def __init__(self, path: Path, what: str, detail: object) -> None:
-        detail = " ".join(str(detail).split())  # parsers' messages span lines
-        super().__init__(f"{path} is damaged (not {what}: {detail}); restore it from a copy, or delete "
-                         "the run directory to run the cell again from scratch")
 
 
 def utc_now() -> str:
@@ -307,7 +298,7 @@ class RunDir:
         return prov
 
     def provenance(self) -> dict | None:
-        return _read_json(self.provenance_path)
+        return read_json(self.provenance_path)
 
     # status
     def set_status(self, state: str, step: int, reason: str | None = None) -> None:
@@ -331,7 +322,7 @@ class RunDir:
 
     def status(self) -> dict | None:
         """``status.json`` as a dict, or None if the run never wrote one."""
-        return _read_json(self.status_path)
+        return read_json(self.status_path)
 
     @property
     def state(self) -> str | None:
@@ -378,7 +369,7 @@ class RunDir:
         atomic_write_json(self.summary_path, summary)
 
     def summary(self) -> dict | None:
-        return _read_json(self.summary_path)
+        return read_json(self.summary_path)
 
 
 def _what_runs(config: object) -> object:
@@ -389,19 +380,6 @@ def _what_runs(config: object) -> object:
     if not isinstance(config, dict):
         return config
     return {k: v for k, v in config.items() if k not in DEFAULT_EXCLUDE}
-
-
-def _read_json(path: Path) -> dict | None:
-    """A run's JSON file, None when missing; a symlink or a damaged file is refused."""
-    refuse_symlink(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise RunDirDamaged(path, "JSON", e) from e
 
 
 def _diff_keys(a: object, b: object, prefix: str = "") -> list[str]:
