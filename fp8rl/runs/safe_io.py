@@ -71,7 +71,7 @@ class RunDirSymlink(OSError):
 
     def __init__(self, path: str | os.PathLike) -> None:
         super().__init__(
-            f"{path} is a symlink, not a file of this run: refusing to write through it (its target "
+            f"{path} is a symlink, not a file of this run: refusing to read or write through it (its target "
             "is left untouched); remove the link (copy the file in its place if it is the run's) "
             "and relaunch")
         self.errno, self.path = errno.ELOOP, Path(path)

@@ -38,7 +38,7 @@ class CheckpointRefused(RuntimeError):
 
     def __init__(self, path: Path, why: str) -> None:
         super().__init__(
-            f"{path}: refused to resume from it: {why}. Restore it from a copy, or delete the run "
+            f"{path}: refused to resume: {why}. Restore it from a copy, or delete the run "
             "directory to run the cell again from scratch (resume only run directories you wrote)")
 
 
