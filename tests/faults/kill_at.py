@@ -26,6 +26,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 
 def _die(sig: signal.Signals) -> None:
@@ -36,7 +37,6 @@ def _die(sig: signal.Signals) -> None:
 
 def install(point: str, sig: signal.Signals) -> None:
     """Patch the function where ``point`` lies so that it sends ``sig`` there."""
-    from fp8rl.backends.mini import sft
     from fp8rl.backends.mini.trainer import CHECKPOINT_FILE, MiniTrainer
     from fp8rl.runs import jsonl
     from fp8rl.runs.rundir import METRICS_FILE, RunDir
@@ -53,11 +53,13 @@ def install(point: str, sig: signal.Signals) -> None:
 
         MiniTrainer.train_step = step_then_die
     elif name == "checkpoint":
-        atomic_save, seen = sft._atomic_save, [0]
+        from fp8rl.backends.mini import checkpoint
 
-        def save_then_die(write, dest):
-            if dest.name != CHECKPOINT_FILE:
-                return atomic_save(write, dest)
+        atomic_write_with, seen = checkpoint.atomic_write_with, [0]
+
+        def save_then_die(path, write, **kw):
+            if Path(path).name != CHECKPOINT_FILE:
+                return atomic_write_with(path, write, **kw)
             seen[0] += 1
 
             def write_then_die(f):
@@ -66,20 +68,19 @@ def install(point: str, sig: signal.Signals) -> None:
                     f.flush()
                     _die(sig)
 
-            return atomic_save(write_then_die, dest)
+            return atomic_write_with(path, write_then_die, **kw)
 
-        sft._atomic_save = save_then_die
+        checkpoint.atomic_write_with = save_then_die
     elif name == "metrics":
         write = jsonl.JsonlWriter.write
 
         def append_then_die(self, row):
             if self.path.name == METRICS_FILE and row.get("step") == k:
                 line = json.dumps(jsonl.to_jsonable(row), allow_nan=False) + "\n"
-                self._f.write(line[: len(line) // 2])
-                self._f.flush()
+                data = line.encode()
+                os.write(self._fd, data[: len(data) // 2])
                 _die(sig)
-                self._f.write(line[len(line) // 2:])
-                self._f.flush()
+                os.write(self._fd, data[len(data) // 2:])
                 self.last_step = k
                 return None
             return write(self, row)
