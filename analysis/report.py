@@ -17,6 +17,9 @@ Reads the sweep directories (never trains, never needs a GPU), then writes into 
     tables/cells.csv          one row per cell: sweep, run, axes, state, steps logged, why it is not ok
     tables/surges.csv         per run: diagnostics including the surge onset step
 
+The report is built in a staging directory and moved in file by file (``analysis.staging``): a
+report killed while it writes leaves no half-written file in ``--out``, and a rerun completes it.
+
 A progress bar (tqdm, on stderr) is shown while collecting sweeps of 50 runs or more
 (``--progress`` / ``--no-progress`` force it). The exit code is 0 even when cells are
 missing (that is what the report is for); it is 2 when no run directory could be read at all.
@@ -36,6 +39,7 @@ from analysis.clip_tables import calibration_table, mechanism_table
 from analysis.collect import Collection, collect
 from analysis.figures import FIGURE_NAMES, figure_spec, plot_figure
 from analysis.paired import paired_accuracy_table
+from analysis.staging import write_staged
 from analysis.surge import SurgeRule
 from analysis.tables import accuracy_table, diagnostics_table, run_diagnostics, trajectory_table
 from fp8rl.runs import metrics as M
@@ -200,7 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures = None if args.figures is None else [f.strip() for f in args.figures.split(",") if f.strip()]
     rule = SurgeRule.for_length(_run_length(coll), k=args.surge_k, m=args.surge_m,
                                 warmup=args.surge_warmup)
-    path = write_report(coll, out, rule=rule, smooth=args.smooth, progress=show, figures=figures)
+    path = write_staged(out, lambda staging: write_report(coll, staging, rule=rule, smooth=args.smooth,
+                                                          progress=show, figures=figures))
     n_bad = len(coll.problems)
     print(f"{path}: {len(coll.runs)} cells, {n_bad} missing/failed/incomplete "
           f"({time.perf_counter() - t0:.1f} s)")

@@ -8,6 +8,10 @@ and PyYAML (no torch), so analysis runs anywhere.
 - :mod:`fp8rl.runs.identity`: ``run_name``, ``config_hash``, ``run_dir_name``.
 - :mod:`fp8rl.runs.rundir`: ``RunDir`` (config, provenance, status, JSONL writers, resume,
   summary) and ``read_jsonl``.
+- :mod:`fp8rl.runs.relaunch`: what a relaunch keeps and drops of a killed attempt (stale
+  temporary files, the outputs of an attempt without checkpoint).
+- :mod:`fp8rl.runs.safe_io`: atomic, symlink-refusing writes; ``RunDirWriteError`` (disk full,
+  read-only) and ``RunDirSymlink``.
 - :mod:`fp8rl.runs.manifest`: a sweep's ``manifest.json`` (``Cell``, ``write_manifest``,
   ``read_manifest``).
 - :mod:`fp8rl.runs.synthetic`: fabricated sweeps with known curves, for tests, benchmarks and
@@ -35,8 +39,10 @@ from fp8rl.runs.rundir import (
     JsonlWriter,
     RunDir,
     RunDirConflict,
+    RunDirDamaged,
     read_jsonl,
 )
+from fp8rl.runs.safe_io import RunDirSymlink, RunDirWriteError
 
 __all__ = [
     "AXES",
@@ -54,6 +60,9 @@ __all__ = [
     "Manifest",
     "RunDir",
     "RunDirConflict",
+    "RunDirDamaged",
+    "RunDirSymlink",
+    "RunDirWriteError",
     "canonical_json",
     "config_hash",
     "eval_key",

@@ -1,6 +1,6 @@
 """JSON and JSONL files of a run directory: strict JSON, atomic writes, append-only JSONL.
 
-The conventions (non-finite numbers as ``null``, atomic replace, line-by-line flushed JSONL that
+The conventions (non-finite numbers as ``null``, atomic replace, line-by-line fsynced JSONL that
 tolerates a truncated last line, truncation for resume) are described in
 ``fp8rl.runs.rundir``'s docstring, which uses these helpers; ``analysis`` reads with them.
 """
@@ -8,25 +8,54 @@ tolerates a truncated last line, truncation for resume) are described in
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from fp8rl.runs.metrics import STEP
+from fp8rl.runs.safe_io import (
+    append_bytes,
+    atomic_write_bytes,
+    open_nofollow,
+    refuse_symlink,
+    writing,
+)
 
 __all__ = [
     "JsonlWriter",
+    "RunDirDamaged",
     "atomic_write_json",
     "atomic_write_text",
     "dumps",
+    "read_json",
     "read_jsonl",
     "to_jsonable",
     "truncate_jsonl_after",
 ]
+
+
+class RunDirDamaged(ValueError):
+    """A run file is not what fp8rl wrote (truncated, emptied or overwritten)."""
+
+    def __init__(self, path: Path, what: str, detail: object) -> None:
+        detail = " ".join(str(detail).split())  # parsers' messages span lines
+        super().__init__(f"{path} is damaged (not {what}: {detail}); restore it from a copy, or delete "
+                         "the run directory to run the cell again from scratch")
+
+
+def read_json(path: Path) -> dict | None:
+    """A run's JSON file, None when missing; a symlink or a damaged file is refused."""
+    refuse_symlink(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise RunDirDamaged(path, "JSON", e) from e
 
 
 def to_jsonable(obj: object) -> object:
@@ -64,20 +93,9 @@ def dumps(obj: object, **kwargs) -> str:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    """Atomically replace ``path`` with ``text`` (``fp8rl.runs.safe_io.atomic_write_bytes``:
+    temporary file, fsync, ``os.replace``; a symlink at ``path`` is refused)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | os.PathLike, obj: object) -> None:
@@ -143,42 +161,35 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
-def _repair_tail(path: Path) -> None:
-    """Cut a truncated last line off ``path`` (or terminate a complete one with a newline)."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
+def _repair_tail(fd: int, path: Path) -> None:
+    """Cut a truncated last line off the file ``fd`` (or terminate a complete one with a newline)."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
         return
-    if size == 0:
-        return
-    with open(path, "rb+") as f:
-        f.seek(-1, os.SEEK_END)
-        if f.read(1) == b"\n":
-            return
-        # find the start of the last line
-        chunk = 1 << 16
-        pos = size
-        start = 0
-        while pos > 0:
-            read = min(chunk, pos)
-            pos -= read
-            f.seek(pos)
-            buf = f.read(read)
-            idx = buf.rfind(b"\n")
-            if idx >= 0:
-                start = pos + idx + 1
-                break
-        f.seek(start)
-        tail = f.read()
-        if _parse_tail(tail) is not None:
-            f.seek(0, os.SEEK_END)
-            f.write(b"\n")
+    # find the start of the last line
+    chunk = 1 << 16
+    pos = size
+    start = 0
+    while pos > 0:
+        read = min(chunk, pos)
+        pos -= read
+        idx = os.pread(fd, read, pos).rfind(b"\n")
+        if idx >= 0:
+            start = pos + idx + 1
+            break
+    with writing(path):
+        if _parse_tail(os.pread(fd, size - start, start)) is not None:
+            append_bytes(fd, path, b"\n")
         else:
-            f.truncate(start)
+            os.ftruncate(fd, start)
+            os.fsync(fd)
 
 
 class JsonlWriter:
-    """Append-only JSONL writer: one object per line, flushed after each line.
+    """Append-only JSONL writer: one object per line, written whole and fsynced.
+
+    A write that fails (disk full) leaves the file as it was before it (no torn line) and raises
+    ``RunDirWriteError``; a symlink in place of the file is refused (``RunDirSymlink``).
 
     Args:
         path: the ``.jsonl`` file (created with its parent directory if missing).
@@ -186,29 +197,37 @@ class JsonlWriter:
         monotonic: if True, each row's ``step`` must be larger than the previous row's,
             including the last row already in the file (catches a step logged twice after a
             resume without :meth:`RunDir.truncate_after`).
+        fsync: fsync every line (default; ``False`` for fabricated data such as
+            ``fp8rl.runs.synthetic``'s, where a machine crash loses nothing of value).
 
     Values follow :func:`to_jsonable`: non-finite floats become ``null``.
     Use as a context manager or call :meth:`close`.
     """
 
     def __init__(
-        self, path: str | os.PathLike, *, require: Iterable[str] = (STEP,), monotonic: bool = False
+        self, path: str | os.PathLike, *, require: Iterable[str] = (STEP,), monotonic: bool = False,
+        fsync: bool = True,
     ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with writing(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.require = tuple(require)
-        self.monotonic = monotonic
-        _repair_tail(self.path)
-        self.last_step: int | None = None
-        if monotonic:
-            rows = read_jsonl(self.path)
-            steps = [r[STEP] for r in rows if isinstance(r.get(STEP), int)]
-            self.last_step = max(steps) if steps else None
-        self._f: io.TextIOWrapper | None = open(self.path, "a", encoding="utf-8")
+        self.monotonic, self.fsync = monotonic, fsync
+        self._fd: int | None = open_nofollow(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        try:
+            _repair_tail(self._fd, self.path)
+            self.last_step: int | None = None
+            if monotonic:
+                rows = read_jsonl(self.path)
+                steps = [r[STEP] for r in rows if isinstance(r.get(STEP), int)]
+                self.last_step = max(steps) if steps else None
+        except BaseException:
+            self.close()
+            raise
 
     def write(self, row: Mapping) -> None:
-        """Append one row (a mapping of str -> JSON-able value) and flush."""
-        if self._f is None:
+        """Append one row (a mapping of str -> JSON-able value), whole, and fsync it."""
+        if self._fd is None:
             raise ValueError(f"JsonlWriter for {self.path} is closed")
         if not isinstance(row, Mapping):
             raise TypeError(f"a JSONL row must be a mapping, got {type(row).__name__}")
@@ -227,14 +246,15 @@ class JsonlWriter:
                         f"{self.last_step}; on resume call RunDir.truncate_after(checkpoint_step) "
                         "before logging, and log each step once"
                     )
-                self.last_step = step
-        self._f.write(json.dumps(clean, allow_nan=False) + "\n")
-        self._f.flush()
+        append_bytes(self._fd, self.path, (json.dumps(clean, allow_nan=False) + "\n").encode("utf-8"),
+                     fsync=self.fsync)
+        if self.monotonic and STEP in clean:
+            self.last_step = clean[STEP]
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> JsonlWriter:
         return self
@@ -254,6 +274,7 @@ def truncate_jsonl_after(path: str | os.PathLike, step: int) -> int:
     left missing.
     """
     path = Path(path)
+    refuse_symlink(path)
     if not path.exists():
         return 0
     data = path.read_bytes()

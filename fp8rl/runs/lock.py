@@ -23,7 +23,10 @@ step to the same ``metrics.jsonl``. A process that writes a run directory first 
   may both take it (``flock`` locks belong to an open file, so a second ``open`` + ``flock`` in
   the same process would deadlock against the first; a per-process count avoids that).
 
-The file is never deleted or replaced (a new inode would let two processes hold "the" lock).
+The file is never deleted or replaced (a new inode would let two processes hold "the" lock),
+and never followed when it is a symlink: :func:`own` refuses one (``RunDirSymlink`` naming it),
+so a link planted in a run directory cannot make the lock write over its target. A damaged
+``owner.json`` (truncated, emptied, garbage) names no owner; the next owner rewrites it.
 :func:`exclusive` is the same mechanism as a plain blocking lock for shared caches (the mini
 backend's SFT warm starts).
 """
@@ -41,6 +44,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from fp8rl.runs.safe_io import open_nofollow, writing
 
 OWNER_FILE = "owner.json"
 _UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
@@ -157,11 +162,13 @@ def _take(fd: int, path: Path, tries: int = 5, pause_s: float = 0.1) -> bool:
     return False
 
 
-def _write(fd: int, info: OwnerInfo) -> None:
+def _write(fd: int, path: Path, info: OwnerInfo) -> None:
+    """Rewrite the locked file in place (it is never replaced: see the module docstring)."""
     data = (json.dumps(asdict(info), indent=1) + "\n").encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
-    os.fsync(fd)
+    with writing(path):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)
 
 
 @contextlib.contextmanager
@@ -184,7 +191,7 @@ def own(run_dir: str | os.PathLike, *, wait_same_job_s: float = 600.0,
             _HELD[key][1] -= 1
         return
     me = OwnerInfo.current()
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)  # a symlink here is refused, never followed
     try:
         if not _take(fd, path):
             holder = read_owner(run_dir)
@@ -198,7 +205,7 @@ def own(run_dir: str | os.PathLike, *, wait_same_job_s: float = 600.0,
         if before is not None and before.released is None and before != me:
             (log or _stderr)(f"{run_dir.name}: its previous owner ({before.describe()}) ended without "
                              f"releasing it; taking over")
-        _write(fd, me)
+        _write(fd, path, me)
         _HELD[key] = [fd, 1]
         try:
             yield me
@@ -207,7 +214,7 @@ def own(run_dir: str | os.PathLike, *, wait_same_job_s: float = 600.0,
             from fp8rl.runs.rundir import utc_now
 
             with contextlib.suppress(OSError):
-                _write(fd, OwnerInfo(**{**asdict(me), "released": utc_now()}))
+                _write(fd, path, OwnerInfo(**{**asdict(me), "released": utc_now()}))
     finally:
         os.close(fd)  # drops the lock
 
@@ -221,7 +228,7 @@ def exclusive(path: str | os.PathLike) -> Iterator[None]:
     """A blocking exclusive ``flock`` on ``path`` (created if missing) for the block."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
     try:
         _flock(fd, fcntl.LOCK_EX, path)
         yield

@@ -149,6 +149,12 @@ def write_manifest(sweep_dir: str | os.PathLike, sweep: str, cells: Iterable[Cel
     return path
 
 
+def _damaged(path: Path, detail: object) -> ValueError:
+    detail = " ".join(str(detail).split())
+    return ValueError(f"{path} is damaged (not a manifest: {detail}); delete it and relaunch the sweep, "
+                      "which writes it again (the run directories are kept and resumed)")
+
+
 def read_manifest(sweep_dir: str | os.PathLike) -> Manifest:
     """Read ``<sweep_dir>/manifest.json``; FileNotFoundError names the missing file."""
     sweep_dir = Path(sweep_dir)
@@ -158,7 +164,12 @@ def read_manifest(sweep_dir: str | os.PathLike) -> Manifest:
             f"{path} does not exist: the launcher writes it when it creates the sweep; "
             "without it missing cells cannot be reported"
         )
-    d = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise _damaged(path, e) from e
+    if not isinstance(d, dict):
+        raise _damaged(path, f"it holds a JSON {type(d).__name__}, not an object")
     for key in ("sweep", "cells"):
         if key not in d:
             raise ValueError(f"{path} lacks the {key!r} field")

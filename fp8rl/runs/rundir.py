@@ -23,17 +23,21 @@ Conventions chosen here (the design left them open):
   and "null" means "not finite" (a metric that was not measured is simply absent).
   numpy / torch scalars are converted with ``.item()``; other non-JSON types raise.
 - **Atomic files** (``config.yaml``, ``status.json``, ``summary.json``, ``provenance.json``)
-  are written to a temporary file in the same directory and moved with ``os.replace``, so a
-  reader sees the old or the new file, never half of one.
-- **JSONL files** are append-only and flushed after every line (not fsynced: a crash of the
-  machine may lose the last lines, a crash of the process does not). A reader tolerates a
-  truncated last line (the writer died mid-line) and drops it; a corrupt line elsewhere is an
-  error. A writer opening a file whose last line is truncated cuts that fragment off first,
-  so the next row does not get glued onto it.
+  are written to a temporary file in the same directory, fsynced and moved with
+  ``os.replace``, so a reader sees the old or the new file, never half of one.
+- **JSONL files** are append-only; each line is written whole and fsynced (a crash of the
+  process or of the machine loses no logged row), and a failed write is cut back off. A
+  reader tolerates a truncated last line (the writer died mid-line) and drops it; a corrupt
+  line elsewhere is an error. A writer opening a file whose last line is truncated cuts that
+  fragment off first, so the next row does not get glued onto it.
+- **Disk full, read-only, symlinks, damage** (``fp8rl.runs.safe_io``): ``RunDirWriteError``
+  names the path and the fix, the run stays resumable; a symlinked run file is refused, never
+  followed (``RunDirSymlink``); a damaged one is refused naming it (``RunDirDamaged``).
 - **Resume**: :meth:`RunDir.truncate_after` drops rows with ``step > k`` (and a truncated last
   line) from ``metrics.jsonl`` and ``eval.jsonl`` so that a run resumed from the checkpoint
   of step ``k`` logs no step twice. The metrics writer additionally refuses a step that is not
-  larger than the last one it saw in the file.
+  larger than the last one it saw in the file. Without a checkpoint a relaunch starts again
+  from step 0 (``fp8rl.runs.relaunch``).
 - **Config conflicts**: :meth:`RunDir.init` on a directory holding a *different* config raises
   :class:`RunDirConflict` (the hash collided or someone reused a directory); the same config is
   a resume and passes. Keys that say how a run is launched and logged (``DEFAULT_EXCLUDE``:
@@ -53,7 +57,6 @@ Conventions chosen here (the design left them open):
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import platform
 import socket
@@ -65,16 +68,20 @@ from pathlib import Path
 
 import yaml
 
+from fp8rl.runs.identity import changed_values
 from fp8rl.runs.jsonl import (  # noqa: F401  (re-exported: the run directory's file helpers)
     JsonlWriter,
+    RunDirDamaged,
     atomic_write_json,
     atomic_write_text,
     dumps,
+    read_json,
     read_jsonl,
     to_jsonable,
     truncate_jsonl_after,
 )
 from fp8rl.runs.metrics import STEP
+from fp8rl.runs.safe_io import refuse_symlink
 
 CONFIG_FILE = "config.yaml"
 OVERRIDES_FILE = "overrides.txt"
@@ -228,11 +235,12 @@ class RunDir:
         if any(not isinstance(o, str) or "\n" in o for o in overrides):
             raise ValueError(f"overrides must be single-line strings, got {overrides!r}")
         text = yaml.safe_dump(to_jsonable(config), sort_keys=False, default_flow_style=False)
-        if self.config_path.exists():
+        existing = self.config()
+        if existing is not None:
             may_differ = tuple(may_differ)
-            old_full, new_full = yaml.safe_load(self.config_path.read_text(encoding="utf-8")), yaml.safe_load(text)
-            existing, new = _what_runs(old_full, may_differ), _what_runs(new_full, may_differ)
-            self.resume_changes = _changes(old_full, new_full, may_differ)
+            new_full = yaml.safe_load(text)
+            self.resume_changes = changed_values(existing, new_full, may_differ)
+            existing, new = _what_runs(existing, may_differ), _what_runs(new_full, may_differ)
             if existing != new:
                 diffs = _diff_keys(existing, new)
                 shown = ", ".join(diffs[:5]) + (" ..." if len(diffs) > 5 else "")
@@ -251,9 +259,16 @@ class RunDir:
 
     def config(self) -> dict | None:
         """The logged config, or None if there is none."""
+        refuse_symlink(self.config_path)
         if not self.config_path.exists():
             return None
-        return yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+        try:
+            config = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise RunDirDamaged(self.config_path, "YAML", e) from e
+        if not isinstance(config, dict):
+            raise RunDirDamaged(self.config_path, "a YAML mapping", f"it holds {type(config).__name__}")
+        return config
 
     def overrides(self) -> list[str]:
         if not self.overrides_path.exists():
@@ -296,7 +311,7 @@ class RunDir:
         return prov
 
     def provenance(self) -> dict | None:
-        return _read_json(self.provenance_path)
+        return read_json(self.provenance_path)
 
     # status
     def set_status(self, state: str, step: int, reason: str | None = None) -> None:
@@ -320,7 +335,7 @@ class RunDir:
 
     def status(self) -> dict | None:
         """``status.json`` as a dict, or None if the run never wrote one."""
-        return _read_json(self.status_path)
+        return read_json(self.status_path)
 
     @property
     def state(self) -> str | None:
@@ -331,18 +346,20 @@ class RunDir:
         return self.state == DONE
 
     # jsonl
-    def metrics_writer(self) -> JsonlWriter:
+    def metrics_writer(self, *, fsync: bool = True) -> JsonlWriter:
         """Writer for ``metrics.jsonl``: rows need ``step``, strictly increasing."""
-        return JsonlWriter(self.metrics_path, require=(STEP,), monotonic=True)
+        return JsonlWriter(self.metrics_path, require=(STEP,), monotonic=True, fsync=fsync)
 
-    def eval_writer(self) -> JsonlWriter:
+    def eval_writer(self, *, fsync: bool = True) -> JsonlWriter:
         """Writer for ``eval.jsonl``: rows need ``step`` (see ``fp8rl.runs.metrics.eval_row``)."""
-        return JsonlWriter(self.eval_path, require=(STEP,), monotonic=False)
+        return JsonlWriter(self.eval_path, require=(STEP,), monotonic=False, fsync=fsync)
 
     def read_metrics(self) -> list[dict]:
+        refuse_symlink(self.metrics_path)
         return read_jsonl(self.metrics_path)
 
     def read_eval(self) -> list[dict]:
+        refuse_symlink(self.eval_path)
         return read_jsonl(self.eval_path)
 
     def truncate_after(self, step: int) -> dict:
@@ -365,7 +382,7 @@ class RunDir:
         atomic_write_json(self.summary_path, summary)
 
     def summary(self) -> dict | None:
-        return _read_json(self.summary_path)
+        return read_json(self.summary_path)
 
 
 def _what_runs(config: object, may_differ: tuple[str, ...] = ()) -> object:
@@ -382,27 +399,6 @@ def _what_runs(config: object, may_differ: tuple[str, ...] = ()) -> object:
     for dotted in may_differ:
         _drop(out, dotted)
     return out
-
-
-def _get(config: object, dotted: str) -> object:
-    for part in dotted.split("."):
-        if not isinstance(config, dict) or part not in config:
-            return None
-        config = config[part]
-    return config
-
-
-def _changes(old: object, new: object, keys: tuple[str, ...]) -> dict[str, dict]:
-    """``{key: {"before": old value, "now": new value}}`` for each dotted key that differs."""
-    return {k: {"before": _get(old, k), "now": _get(new, k)} for k in keys if _get(old, k) != _get(new, k)}
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    return json.loads(text)
 
 
 def _diff_keys(a: object, b: object, prefix: str = "") -> list[str]:

@@ -140,9 +140,11 @@ def test_the_policy_changed_between_steps(runs):
             assert any("proj" in n for n in changed), (prefix, a["sync"], b["sync"])
 
 
-def _fresh_engine_greedy(model: Path, quantization: str | None, prompts: list[str], out: Path) -> dict:
+def _fresh_engine_greedy(model: Path, quantization: str | None, prompts: list[str], out: Path,
+                         max_num_seqs: int | None) -> dict:
     script = REPO / "tests" / "integration" / "support" / "fresh_engine.py"
-    subprocess.run([sys.executable, str(script), str(model), json.dumps(quantization), str(out)],
+    subprocess.run([sys.executable, str(script), str(model), json.dumps(quantization), str(out),
+                    json.dumps(max_num_seqs)],
                    input=json.dumps(prompts), text=True, check=True, timeout=300, cwd=REPO,
                    env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
                         "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"})
@@ -152,7 +154,7 @@ def _fresh_engine_greedy(model: Path, quantization: str | None, prompts: list[st
 def test_greedy_samples_after_the_last_sync_equal_a_fresh_engine_on_the_new_weights(runs, tmp_path):
     """OpenRLHF's evaluation after the last step decoded greedily on the engine that had just
     received the trained weights; a fresh vLLM engine built from the saved final checkpoint
-    (same quantization) decodes the same prompts to the same text. Also: its weights' digests
+    (same quantization and batching) decodes the same prompts to the same text. Also: its weights' digests
     equal the last sync's, bit for bit."""
     for prefix, run in runs.items():
         quant = CELLS[prefix][0]
@@ -165,7 +167,9 @@ def test_greedy_samples_after_the_last_sync_equal_a_fresh_engine_on_the_new_weig
         for s in evals:  # the last evaluation's response per prompt
             last[s["prompt"]] = s["response"]
         assert len(last) >= 4, prefix
-        got = _fresh_engine_greedy(run / "checkpoint" / "final", quant, sorted(last), tmp_path / f"{prefix}.json")
+        spec = json.loads((run / "openrlhf" / "plugin_spec.json").read_text())
+        got = _fresh_engine_greedy(run / "checkpoint" / "final", quant, sorted(last), tmp_path / f"{prefix}.json",
+                                   spec.get("engine_max_num_seqs"))
         assert got["digest"] == _syncs(run)[-1]["digest"], prefix
         assert got["probe"] == _syncs(run)[-1]["probe"], prefix  # what every GEMM computes
         for prompt, response in got["responses"].items():  # OpenRLHF's text keeps the end token
@@ -320,8 +324,9 @@ def test_the_resumed_cell_equals_an_uninterrupted_run(runs):
     """The interrupted cell, resumed from its checkpoint, logged the same metrics at every step,
     the same evaluation and ended with bit-identical engine weights as the same cell run once
     more, uninterrupted (``paper_smoke_reference``). Rollouts are seeded per request and taken in
-    dispatch order (``plugin.binding.rollout``) and the rowwise engine's arithmetic does not
-    depend on a request's batch-mates, so nothing but wall time may differ."""
+    dispatch order (``plugin.binding.rollout``), the engines decode one sequence at a time
+    (``openrlhf.engine_max_num_seqs: 1``: nothing depends on batch-mates) and the CPU job's AdamW
+    resumes exactly (``cpu_support.torch_adam``), so nothing but wall time may differ."""
     twin = next((p for p in REFERENCE.glob(INTERRUPTED + "-s0-*") if (p / "config.yaml").exists()), None)
     if twin is None:
         msg = f"{REFERENCE} lacks the uninterrupted {INTERRUPTED}: run `make paper-smoke` first"
@@ -346,7 +351,7 @@ def test_the_resumed_cell_equals_an_uninterrupted_run(runs):
         assert _syncs(run)[-1][key] == _syncs(twin)[-1][key], key
 
 
-def test_driver_main_ran_whole_under_coverage():
+def test_driver_main_ran_whole_under_coverage(runs):
     """Every driver of the smoke job ran under coverage (``FP8RL_DRIVER_COVERAGE``): combined, every
     statement of ``driver.main`` ran but the usage error for a command line without ``--``."""
     import ast
@@ -358,7 +363,8 @@ def test_driver_main_ran_whole_under_coverage():
         if os.environ.get("FP8RL_REQUIRE_PAPER_SMOKE"):
             pytest.fail(msg)
         pytest.skip(msg)
-    assert len(files) >= len(CELLS) + 1  # one per driver that exited (the interrupted attempt need not)
+    # one per driver that exited: every cell's and the reference's (the interrupted attempt need not)
+    assert len(files) >= len(runs) + REFERENCE.exists(), [f.name for f in files]
     from fp8rl.backends.openrlhf import driver
 
     source = Path(driver.__file__).resolve()

@@ -178,15 +178,17 @@ def test_cpu_builds_static_fp8_quantizer_gets_a_body_that_matches_the_reference(
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "rowwise", "tensorwise"])
-def test_which_engines_answer_a_seeded_request_whatever_its_batch(vllm_cpu, recipe):
-    """Seeded requests (as the plugin's rollouts send them) sampled all together and one at a time:
-    BF16 and ``fp8_per_channel`` engines give the same tokens and log-probs -- their GEMMs treat
-    each row alone (per-token activation scales for rowwise) -- while ``fp8_per_tensor`` does not:
-    one activation scale over the whole batch makes a request's logits depend on its batch-mates.
-    This is why the smoke job's exact-resume check runs on the rowwise cell (docs/cluster.md)."""
-    r = vllm_cpu("batching", recipe=recipe)
-    assert r["distinct"] > 1  # sampling, not a constant answer
+def test_a_seeded_request_answers_alike_alone_or_queued_one_at_a_time(vllm_cpu, recipe):
+    """Seeded requests (as the plugin's rollouts send them) sampled all queued together and one at a
+    time. With ``max_num_seqs=1`` (how the smoke job's engines run) every recipe gives the same
+    tokens and log-probs either way, on any CPU. With vLLM's default batching ``fp8_per_tensor``
+    does not: its one activation scale is the amax of the whole batch, so a request's logits depend
+    on its batch-mates (BF16 and ``fp8_per_channel`` agreed on an AVX512 CPU, recorded, not
+    asserted: vLLM's CPU GEMM kernels are chosen by ISA and row count)."""
+    serial = vllm_cpu("batching", recipe=recipe, max_num_seqs=1)
+    assert serial["distinct"] > 1  # sampling, not a constant answer
+    assert serial["tokens_equal"] == serial["logprobs_equal"] == serial["requests"], serial
     if recipe == "tensorwise":
-        assert r["quantization"] == "fp8_per_tensor" and r["logprobs_equal"] < r["requests"], r
-    else:
-        assert r["tokens_equal"] == r["logprobs_equal"] == r["requests"], r
+        batched = vllm_cpu("batching", recipe=recipe)
+        assert batched["quantization"] == "fp8_per_tensor" and batched["logprobs_equal"] < batched["requests"], \
+            batched

@@ -125,10 +125,18 @@ def test_cpu_config_refuses_what_cannot_run_there(tmp_path):
         PluginSpec(device="gpu")
 
 
-def test_spec_of_a_smoke_cell_carries_device_and_dump_dir(tmp_path):
+def test_spec_of_a_smoke_cell_carries_device_dump_dir_seed_and_batching(tmp_path):
     cfg = smoke_config(tmp_path, "dapo_tensorwise_tis")
     spec = PluginSpec.from_config(cfg, run_dir=tmp_path / "run")
     assert spec.device == "cpu" and spec.dump_dir == f"{tmp_path / 'run'}/openrlhf/dumps"
+    assert spec.seed == cfg.seed and spec.engine_max_num_seqs == 1  # seeded rollouts, one sequence at a time
+    from fp8rl.backends.openrlhf.plugin.fp8_rollout import rollout_engine_kwargs
+
+    assert rollout_engine_kwargs(spec)["max_num_seqs"] == 1
+    assert "max_num_seqs" not in rollout_engine_kwargs(PluginSpec(rollout_recipe="tensorwise"))
+    for bad in (0, -1, 1.5, "1"):
+        with pytest.raises(ValueError, match="engine_max_num_seqs"):
+            smoke_config(tmp_path, "dapo_tensorwise_tis", engine_max_num_seqs=bad)
     assert PluginSpec.from_json(spec.to_json()) == spec
     with pytest.raises(ValueError, match="run directory"):
         PluginSpec.from_config(cfg)

@@ -529,9 +529,9 @@ def test_openrlhf_plugin_converts_with_the_configured_impl(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cfg = types.SimpleNamespace(
-        steps=10, clip=types.SimpleNamespace(method="vanilla", clipper_options=dict),
+        steps=10, seed=0, clip=types.SimpleNamespace(method="vanilla", clipper_options=dict),
         algorithm=types.SimpleNamespace(eps_low=0.2, eps_high=0.28),
-        openrlhf=types.SimpleNamespace(device="cuda", dump_loss_inputs=False),
+        openrlhf=types.SimpleNamespace(device="cuda", dump_loss_inputs=False, engine_max_num_seqs=None),
         fp8=Fp8Config(name="t", rollout_recipe="tensorwise", trainer_recipe="tensorwise",
                       impl="transformer_engine"))
     spec = PluginSpec.from_json(PluginSpec.from_config(cfg).to_json())

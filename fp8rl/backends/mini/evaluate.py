@@ -14,6 +14,7 @@ training random stream and a resumed run evaluates identically.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable
@@ -86,7 +87,8 @@ def cached_evaluation(directory: Path, spec: dict, compute: Callable[[], dict]) 
     path = Path(directory) / f"eval0-{key}.json"
     with exclusive(path.with_suffix(".lock")):
         if path.exists():
-            return json.loads(path.read_text(encoding="utf-8"))["row"]
+            with contextlib.suppress(ValueError, KeyError, TypeError):  # a damaged cache entry is made again
+                return json.loads(path.read_text(encoding="utf-8"))["row"]
         row = compute()
         atomic_write_json(path, {"spec": spec, "row": row})
     return row

@@ -10,7 +10,9 @@
    summary if that run is DONE (a sweep asking again skips it);
 3. otherwise writes ``config.yaml``/``overrides.txt`` (a resume checks the config is the same
    but for ``IDENTITY_EXCLUDE``: a moved sweep directory or another ``checkpoint_every`` resumes,
-   and provenance's ``extra.changed_on_resume`` records what changed), provenance, and runs the trainer, which resumes from ``checkpoint/`` when there is one.
+   and provenance's ``extra.changed_on_resume`` records what changed), provenance, and runs the
+   trainer, which resumes from ``checkpoint/`` when there is one and otherwise starts from step 0,
+   dropping what an attempt killed before its first checkpoint logged (``fp8rl.runs.relaunch``).
 
 The SFT cache is ``mini.cache_dir`` or ``<output_dir>/.cache/sft``.
 """

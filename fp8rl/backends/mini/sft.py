@@ -21,7 +21,6 @@ import json
 import math
 import os
 import random
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -121,12 +120,7 @@ def _load_or_train(slot: str, train: list[Problem], tok: CharTokenizer, mini: Mi
 
 
 def _atomic_save(write, dest: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, dest)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """``write(f)`` to ``dest.tmp*``, fsync, rename (``fp8rl.runs.safe_io.atomic_write_with``)."""
+    from fp8rl.runs.safe_io import atomic_write_with
+
+    atomic_write_with(dest, write, prefix=dest.name + ".tmp", suffix="")

@@ -67,7 +67,9 @@ Determinism: all randomness of step k (prompt choice, sampling, mini-batch shuff
 from generators seeded by ``(seed, k)``; every evaluation from ``(seed, "eval")`` (paired
 evaluations). A run resumed from
 the checkpoint of step k therefore continues exactly as the uninterrupted run (the checkpoint
-also stores torch/python RNG states for code that would use the global streams).
+also stores torch/python RNG states for code that would use the global streams); a run killed
+before its first checkpoint restarts from step 0 and drops what it had logged, and temporary
+files of writes a kill interrupted are removed (``fp8rl.runs.relaunch``).
 
 Non-finite values: a mini-batch whose loss or gradient norm is not finite is skipped (no
 optimizer step; ``train/skipped_updates``), the step counts as bad; ``max_bad_steps``
@@ -445,14 +447,14 @@ class MiniTrainer:
     def write_samples(self, step: int, batch: ScoredBatch, n: int = 8) -> None:
         if self.run_dir is None:
             return
+        from fp8rl.runs.jsonl import atomic_write_text
+
         path = Path(self.run_dir.samples_dir) / f"step_{step:06d}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            for i in range(min(n, len(batch))):
-                f.write(json.dumps({
-                    "prompt": batch.problems[i].prompt, "response": batch.texts[i],
-                    "answer": batch.problems[i].answer, "reward": float(batch.rewards[i]),
-                    "correct": bool(batch.correct[i]), "garbled": bool(batch.garbled[i])}) + "\n")
+        atomic_write_text(path, "".join(json.dumps({
+            "prompt": batch.problems[i].prompt, "response": batch.texts[i],
+            "answer": batch.problems[i].answer, "reward": float(batch.rewards[i]),
+            "correct": bool(batch.correct[i]), "garbled": bool(batch.garbled[i])}) + "\n"
+            for i in range(min(n, len(batch)))))
 
     # ----- checkpoints --------------------------------------------------------------------------
 
@@ -463,23 +465,26 @@ class MiniTrainer:
         path = self.checkpoint_path()
         if path is None:
             return
-        from fp8rl.backends.mini.sft import _atomic_save
+        from fp8rl.backends.mini.checkpoint import save_state
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        state = {
+        state = {  # tensors and plain data only: loads with weights_only (checkpoint.py)
             "step": self.step, "model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
             "clipper": self.clipper.state_dict(), "bad_steps": self.bad_steps,
             "skipped_updates": self.skipped_updates, "history": self.history,
             "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
         }
-        _atomic_save(lambda f: torch.save(state, f), path)
+        save_state(path, state)
 
     def load_checkpoint(self) -> bool:
-        """Restore the latest checkpoint if there is one; True if restored."""
+        """Restore the latest checkpoint if there is one; True if restored. A damaged or foreign
+        ``state.pt`` is refused, never unpickled (``checkpoint.load_state``)."""
+        from fp8rl.backends.mini.checkpoint import check_logged, load_state
+
         path = self.checkpoint_path()
-        if path is None or not path.exists():
+        if path is None or not (path.exists() or path.is_symlink()):
             return False
-        state = torch.load(path, map_location=self.device, weights_only=False)
+        state = load_state(path, self.device)
+        check_logged(self.run_dir.metrics_path, self.run_dir.read_metrics(), int(state["step"]))
         self.policy.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.clipper.load_state_dict(state["clipper"])
@@ -495,13 +500,18 @@ class MiniTrainer:
     def run(self, *, progress: bool = False) -> dict:
         """Train to ``cfg.steps`` (resuming from a checkpoint if present); returns the summary."""
         from fp8rl.runs import DONE, FAILED, PREEMPTED, RUNNING
+        from fp8rl.runs.relaunch import discard_outputs, remove_stale_temps
 
         cfg, rd = self.cfg, self.run_dir
         t_start = time.perf_counter()
+        if rd is not None:
+            remove_stale_temps(rd)  # of writes a kill interrupted (a checkpoint's included)
         resumed = self.load_checkpoint()
         if rd is not None:
             if resumed:
                 rd.truncate_after(self.step)
+            else:  # killed before its first checkpoint, or a new run: start from step 0
+                discard_outputs(rd)
             rd.set_status(RUNNING, self.step)
         mw = rd.metrics_writer() if rd is not None else None
         ew = rd.eval_writer() if rd is not None else None

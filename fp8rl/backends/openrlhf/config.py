@@ -100,6 +100,10 @@ class OpenRLHFSettings:
             the vLLM engines (each a placeholder GPU; the cluster profile's GPUs are ignored).
         dump_loss_inputs: the plugin's loss writes every micro-batch's inputs and bounds under
             ``<run>/openrlhf/dumps`` (for tests that recompute the logged diagnostics).
+        engine_max_num_seqs: vLLM's ``max_num_seqs`` for the rollout engines (None: vLLM's
+            default). 1 decodes one sequence at a time, so a seeded request's tokens never depend
+            on its batch-mates (``plugin.binding.rollout``): the CPU smoke job's exact-resume check
+            runs so; it costs rollout throughput.
     """
 
     models: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MODELS))
@@ -133,6 +137,7 @@ class OpenRLHFSettings:
     cpu_actors: int = 1
     cpu_engines: int = 1
     dump_loss_inputs: bool = False
+    engine_max_num_seqs: int | None = None
 
     def __post_init__(self) -> None:
         _require(self.device in DEVICES, f"openrlhf.device={self.device!r} must be one of {DEVICES} (cuda: "
@@ -154,6 +159,10 @@ class OpenRLHFSettings:
             unknown = sorted({*self.train_sets.values(), *self.eval_sets} - set(self.datasets))
             _require(not unknown, f"openrlhf: dataset(s) {unknown} are not in openrlhf.datasets "
                      f"({sorted(self.datasets)}); add their HF ids in sweeps/data/paper.yaml")
+        _require(self.engine_max_num_seqs is None or (isinstance(self.engine_max_num_seqs, int)
+                                                        and self.engine_max_num_seqs >= 1),
+                 f"openrlhf.engine_max_num_seqs must be null (vLLM's default) or an integer >= 1, "
+                 f"got {self.engine_max_num_seqs!r}")
         _require(0 < self.gpu_memory_utilization < 1,
                  f"openrlhf.gpu_memory_utilization must be in (0, 1), got {self.gpu_memory_utilization}")
         _require(self.zero_stage in (0, 1, 2, 3), f"openrlhf.zero_stage must be 0..3, got {self.zero_stage}")

@@ -227,11 +227,12 @@ def quant_ops(out: Path, ckpt: str) -> dict:
     return res
 
 
-def batching(out: Path, ckpt: str, recipe: str) -> dict:
+def batching(out: Path, ckpt: str, recipe: str, max_num_seqs: int | None = None) -> dict:
     """Does a request's output depend on its batch-mates? One engine (vLLM's own ``LLM``, the
     rollout recipe's kwargs as the plugin injects them) samples 4 prompts x 4 samples, each request
     seeded as the plugin seeds it (``binding.rollout.request_seed``), once all together and once one
-    request at a time; returns whether tokens and log-probs agree and how many samples differ."""
+    request at a time (``max_num_seqs``: the engine's, None = vLLM's default batching); returns how
+    many requests agree in tokens and in log-probs, and how many distinct samples there are."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -241,7 +242,7 @@ def batching(out: Path, ckpt: str, recipe: str) -> dict:
     from fp8rl.backends.openrlhf.plugin.fp8_rollout import rollout_engine_kwargs
     from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
 
-    extra = rollout_engine_kwargs(PluginSpec(rollout_recipe=recipe))
+    extra = rollout_engine_kwargs(PluginSpec(rollout_recipe=recipe, engine_max_num_seqs=max_num_seqs))
     llm = LLM(model=ckpt, dtype="bfloat16", enforce_eager=True, max_model_len=256, seed=0, **extra)
     prompts = [[2 + (7 * i + 3 * t) % 60 for t in range(12 + i)] for i in range(4)]
     reqs = [(p, request_seed(0, "train", 0, k, j)) for k, p in enumerate(prompts) for j in range(4)]

@@ -84,18 +84,21 @@ def check_rollout_recipe(recipe_name: str) -> None:
 
 
 def rollout_engine_kwargs(spec: PluginSpec) -> dict:
-    """Extra ``vllm.AsyncEngineArgs`` kwargs of the rollout engines (empty for a bf16 rollout)."""
+    """Extra ``vllm.AsyncEngineArgs`` kwargs of the rollout engines (empty for a bf16 rollout on
+    GPUs with vLLM's default batching); ``max_num_seqs`` when the spec sets it."""
     from fp8rl.quant.recipes import get_recipe
 
+    extra = {"max_num_seqs": spec.engine_max_num_seqs} if spec.engine_max_num_seqs is not None else {}
     if not get_recipe(spec.rollout_recipe).enabled:
         # on CPU, BF16 engines need our extension too (upstream's sync allocates on "cuda")
-        return {"worker_extension_cls": WORKER_EXTENSION} if spec.device == "cpu" else {}
+        return {"worker_extension_cls": WORKER_EXTENSION, **extra} if spec.device == "cpu" else extra
     check_rollout_recipe(spec.rollout_recipe)
     if spec.device == "cpu":
         from fp8rl.backends.openrlhf.plugin.cpu_support import check_cpu_rollout
 
         check_cpu_rollout(spec.rollout_recipe)
-    return {"quantization": VLLM_QUANTIZATION[spec.rollout_recipe], "worker_extension_cls": WORKER_EXTENSION}
+    return {"quantization": VLLM_QUANTIZATION[spec.rollout_recipe], "worker_extension_cls": WORKER_EXTENSION,
+            **extra}
 
 
 def _sm(capability: Sequence[int]) -> str:

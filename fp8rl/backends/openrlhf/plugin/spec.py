@@ -101,6 +101,8 @@ class PluginSpec:
             order and every vLLM request, and takes the groups in dispatch order, so that a run and
             its resume from a checkpoint roll out the same samples (``binding.rollout``). None:
             upstream's unseeded rollout.
+        engine_max_num_seqs: vLLM's ``max_num_seqs`` for the rollout engines (None: vLLM's default;
+            ``openrlhf.engine_max_num_seqs``).
     """
 
     clip_method: str = "vanilla"
@@ -115,6 +117,7 @@ class PluginSpec:
     device: str = "cuda"
     dump_dir: str | None = None
     seed: int | None = None
+    engine_max_num_seqs: int | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -145,7 +148,8 @@ class PluginSpec:
                    trainer_recipe=cfg.fp8.trainer_recipe, rollout_recipe=cfg.fp8.rollout_recipe,
                    trainer_impl=cfg.fp8.impl, trainer_emulate=bool(cfg.fp8.emulate), max_steps=cfg.steps,
                    device=cfg.openrlhf.device,
-                   dump_dir=f"{run_dir}/openrlhf/dumps" if dump else None, seed=int(cfg.seed))
+                   dump_dir=f"{run_dir}/openrlhf/dumps" if dump else None, seed=int(cfg.seed),
+                   engine_max_num_seqs=cfg.openrlhf.engine_max_num_seqs)
 
     def make_clipper(self):
         from fp8rl.rl.clipping import make_clipper

@@ -19,10 +19,13 @@ With :attr:`PluginSpec.seed` set (every cell's ``seed``), the binding fixes all 
 2. every sample is its own request with its own seed, :func:`request_seed` of ``(seed, purpose,
    steps done, k, j)`` -- ``purpose`` ``train`` or ``eval``, ``k`` the prompt's dispatch index in
    this generation call (replacements included), ``j`` the sample index -- so a sample is the same
-   whatever else the engine batches it with, *when the engine's arithmetic is batch-invariant*
-   (BF16 and ``fp8_per_channel`` engines are, measured on vLLM 0.29's CPU build;
-   ``fp8_per_tensor`` is not: its activation scale is one amax over the whole batch, so a
-   request's logits depend on its batch-mates -- docs/cluster.md);
+   whatever else the engine batches it with, *when the engine's arithmetic is batch-invariant*:
+   ``fp8_per_tensor`` never is (its activation scale is one amax over the whole batch, so a
+   request's logits depend on its batch-mates); BF16 and ``fp8_per_channel`` were on vLLM 0.29's
+   CPU build on an AVX512 CPU, but GEMM kernels chosen by row count (CPU AMX kernels, GPU
+   libraries) break it. ``openrlhf.engine_max_num_seqs: 1`` (the CPU smoke job) decodes one
+   sequence at a time, which makes every engine batch-invariant; on GPUs vLLM's own
+   batch-invariant mode is the way (not set by fp8rl) -- docs/cluster.md;
 3. groups are taken in dispatch order (``ray.get`` of the oldest pending group); a filtered
    group's replacement is dispatched when the filtered group is reached in that order.
 
