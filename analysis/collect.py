@@ -14,7 +14,9 @@
   ("avg@k" | "pass@k"), k, n, value`` and the axes;
 - ``problems``: every cell that is not a finished run, with why: ``missing`` (in the manifest,
   no run directory or an empty one), ``failed`` (status FAILED), ``incomplete`` (RUNNING,
-  PREEMPTED, or no status.json), ``unlisted`` (a run directory the manifest does not name);
+  PREEMPTED, or no status.json), ``damaged`` (its ``status.json`` cannot be read: not JSON, not
+  UTF-8, not a mapping; the reason names the file and the error), ``unlisted`` (a run directory
+  the manifest does not name);
 - ``notes``: data-quality remarks (a truncated last line dropped, corrupt lines skipped,
   duplicated steps de-duplicated, no manifest).
 
@@ -74,12 +76,13 @@ try:  # optional fast parser
 except ImportError:  # pragma: no cover - exercised where orjson is absent
     _orjson = None
 
-CELL_OK, CELL_MISSING, CELL_FAILED, CELL_INCOMPLETE, CELL_UNLISTED = (
+CELL_OK, CELL_MISSING, CELL_FAILED, CELL_INCOMPLETE, CELL_UNLISTED, CELL_DAMAGED = (
     "ok",
     "missing",
     "failed",
     "incomplete",
     "unlisted",
+    "damaged",
 )
 RUN_COLUMNS = [
     "sweep", "run", "name", "hash", *AXES, "arm", "state", "status_step", "reason", "cell",
@@ -272,12 +275,16 @@ def eval_entries(rows: Iterable[dict]) -> list[tuple]:
 
 
 def _read_json(path: Path):
+    """The JSON object in ``path``, None when absent, ``{"__corrupt__": why}`` when it cannot be read."""
     try:
-        return json.loads(path.read_bytes())
+        value = json.loads(path.read_bytes())
     except FileNotFoundError:
         return None
-    except ValueError:
-        return {"__corrupt__": True}
+    except (OSError, ValueError) as e:  # ValueError: not JSON, not UTF-8
+        return {"__corrupt__": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    if not isinstance(value, dict):
+        return {"__corrupt__": f"holds a JSON {type(value).__name__}, not an object"}
+    return value
 
 
 _SIG = 64  # bytes before the cached offset that must be unchanged for an incremental read
@@ -474,7 +481,7 @@ def _classify(loaded: dict, in_manifest: bool) -> tuple[str, str | None]:
             return CELL_MISSING, "empty run directory (never started)"
         cell, why = CELL_INCOMPLETE, "no status.json"
     elif st.get("__corrupt__"):
-        cell, why = CELL_INCOMPLETE, "status.json unreadable"
+        cell, why = CELL_DAMAGED, f"{STATUS_FILE} unreadable ({st['__corrupt__']})"
     elif st.get("state") == DONE:
         cell, why = CELL_OK, None
     elif st.get("state") == FAILED:

@@ -2,8 +2,9 @@
 
 Prints one line per cell of the sweep's manifest (run state, step, last rollout reward and
 policy entropy, Slurm job id and ``sacct`` state where there is one), the count per state, and
-the failed cells with their reasons (and the cells whose process died: ``DIED``). Exit status:
-0 if every cell is DONE, 1 if any FAILED or DIED, 2 if cells are still missing or running. ``fp8rl.launch.status`` holds the logic.
+the failed cells with their reasons (and the cells whose process died: ``DIED``, or whose run
+files cannot be read: ``DAMAGED``). Exit status: 0 if every cell is DONE, 1 if any FAILED, DIED
+or DAMAGED, 2 if cells are still missing or running. ``fp8rl.launch.status`` holds the logic.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(rows))
         failed = failed_cells(rows)
         if failed:
-            print(f"\nFAILED or DIED cells ({len(failed)}):")
+            print(f"\nFAILED, DIED or DAMAGED cells ({len(failed)}):")
             for name, reason in failed:
                 print(f"  {name}: {reason}")
     states = {r.state for r in rows}
-    if states & {"FAILED", "DIED"}:
+    if states & {"FAILED", "DIED", "DAMAGED"}:
         return 1
     return 0 if states <= {"DONE"} else 2
 

@@ -105,6 +105,8 @@ class ModelConfig:
 
 #: ``fp8.compute_dtype`` values: the dtype of everything but FP8 GEMMs (torch dtypes below).
 COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp32")
+#: Largest ``seed`` (seeds name run directories and seed torch/numpy generators: 32 bits).
+MAX_SEED = 2**32 - 1
 
 
 def torch_dtype(name: str):
@@ -376,6 +378,8 @@ class RunConfig:
     def validate(self) -> None:
         """Field ranges and cross-field checks; raises ``ValueError`` naming the fix."""
         a = self.algorithm
+        _require(isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed <= MAX_SEED,
+                 f"seed must be an integer >= 0 and <= {MAX_SEED}, got {self.seed!r}")
         _require(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
         _require(self.prompts_per_step >= 1, f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
         _require(self.num_mini_batches >= 1, f"num_mini_batches must be >= 1, got {self.num_mini_batches}")

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fp8rl.launch.checks import cell_value_errors, launch_value_errors
 from fp8rl.launch.configs import build_dataclass
 from fp8rl.launch.errors import SweepError
 from fp8rl.launch.profiles import ClusterProfile, ProfileError, Resources, load_profile
@@ -390,6 +391,7 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
             cell_errors.append(f"workers: {workers!r} is not a number of worker processes; give an "
                                "integer >= 1, or null for one per CPU core")
+        cell_errors += launch_value_errors(launch)
         if profile is not None and profile.local:
             cell_errors += _local_profile_errors(profile, launch, backend)
         sweep_name = launch["sweep_name"]
@@ -432,6 +434,10 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
                 except ValueError as e:
                     errors.append(f"{seed_label}: {_exception_text(e)}")
                     break
+            value_errors = cell_value_errors(run_cfg, launch["launcher"])
+            if value_errors:
+                errors += [f"{seed_label}: {m}" for m in value_errors]
+                break
             run_dir = Path(resolve(run_cfg))
             from fp8rl.runs.identity import parse_run_name
 

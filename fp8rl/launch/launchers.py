@@ -263,8 +263,9 @@ class SlurmLauncher(Launcher):
         profile = plan.profile
         assert profile is not None, "validated plans for launcher=slurm carry a cluster profile"
         assert not profile.local, "scheduler: local profiles run with the local launcher (fp8rl.launch.grid)"
+        python = {"slurm_python": profile.python_command()} if profile.python_command() else {}
         executor = submitit.AutoExecutor(folder=plan.sweep_dir / ".submitit" / "%j", cluster="slurm",
-                                         slurm_max_num_timeout=profile.max_num_timeout)
+                                         slurm_max_num_timeout=profile.max_num_timeout, **python)
         groups: dict = defaultdict(list)
         for c in cells:
             groups[c.resources].append(c)

@@ -135,8 +135,17 @@ class ClusterProfile:
         return dataclasses.replace(self, resources={k: dataclasses.replace(r, gpus_per_node=gpus)
                                                     for k, r in self.resources.items()})
 
+    def python_command(self) -> str | None:
+        """The job's ``python`` (submitit's ``slurm_python``, an executor constructor argument, not
+        an ``update_parameters`` one): ``python``, else ``python3`` in a container, else None
+        (the submitting interpreter)."""
+        if self.python:
+            return self.python
+        return "python3" if self.container else None
+
     def executor_parameters(self, res: Resources, *, array_parallelism: int | None = None) -> dict:
-        """Keyword arguments for ``submitit.AutoExecutor.update_parameters``."""
+        """Keyword arguments for ``submitit.AutoExecutor.update_parameters`` (the job's python:
+        :meth:`python_command`)."""
         if self.local:
             raise ProfileError(f"cluster profile {self.path} has scheduler: local (no Slurm); its cells "
                                "run with the local launcher, not as Slurm jobs")
@@ -161,9 +170,6 @@ class ClusterProfile:
             if self.container_mounts:
                 srun.append(f"--container-mounts={self.container_mounts}")
             params["slurm_srun_args"] = srun
-            params["slurm_python"] = self.python or "python3"
-        elif self.python:
-            params["slurm_python"] = self.python
         if self.additional_parameters:
             params["slurm_additional_parameters"] = dict(self.additional_parameters)
         return params
@@ -231,6 +237,7 @@ def parse_profile(raw: Any, *, name: str, path: str) -> ClusterProfile:
         v = kw.get(key)
         if v is not None and not isinstance(v, str):
             raise ProfileError(f"{where}: {key} must be a string or null, got {v!r}")
+        _check_no_control(v, key, where)
     for key, lo in (("array_parallelism", 1), ("signal_delay_s", 0), ("max_num_timeout", 0)):
         if key in kw:
             v = kw[key]
@@ -239,16 +246,34 @@ def parse_profile(raw: Any, *, name: str, path: str) -> ClusterProfile:
     setup = kw.get("setup") or []
     if not isinstance(setup, list) or not all(isinstance(s, str) for s in setup):
         raise ProfileError(f"{where}: setup must be a list of shell lines (strings), got {setup!r}")
+    for i, line in enumerate(setup):
+        _check_no_control(line, f"setup[{i}]", where)
     kw["setup"] = tuple(setup)
     extra = kw.get("additional_parameters") or {}
     if not isinstance(extra, dict):
         raise ProfileError(f"{where}: additional_parameters must be a mapping, got {extra!r}")
+    for k, v in extra.items():
+        _check_no_control(str(k), f"additional_parameters key {str(k)!r}", where)
+        _check_no_control(v if isinstance(v, str) else None, f"additional_parameters.{k}", where)
     kw["additional_parameters"] = extra
     kw["resources"] = _parse_resources(kw.get("resources"), where, local=scheduler == "local")
     try:
         return ClusterProfile(name=name, path=path, **kw)
     except ProfileError as e:
         raise ProfileError(f"{where}: {e}") from e
+
+
+def _check_no_control(value: str | None, field: str, where: str) -> None:
+    """Refuse control characters (C0, DEL) in a string the sbatch script will hold: a newline
+    would start a new ``#SBATCH`` or shell line, a NUL or CR corrupts the script."""
+    if value is None:
+        return
+    bad = sorted({c for c in value if ord(c) < 0x20 or ord(c) == 0x7F})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad)
+        raise ProfileError(f"{where}: {field} holds control character(s) {shown} (in {value!r}); a "
+                           "profile value must be one line of printable text (a newline would add "
+                           "lines to the sbatch script)")
 
 
 def _check_local_gpus(gpus: int, where: str, hint: str = "; the launch field gpus_per_node=N overrides it") -> None:

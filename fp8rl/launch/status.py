@@ -12,7 +12,9 @@ OUT_OF_MEMORY, CANCELLED, NODE_FAIL) while its run directory still says RUNNING,
 written, is shown as ``FAILED`` with Slurm's reason: the job died outside Python. A cell that
 says RUNNING but whose run directory no live process owns (``fp8rl.runs.lock``: its process was
 killed, e.g. together with its launcher) is shown as ``DIED``, naming the owner that is gone;
-relaunching the sweep resumes it from its checkpoint.
+relaunching the sweep resumes it from its checkpoint. A cell whose ``status.json`` or
+``config.yaml`` cannot be read (not JSON/YAML, not UTF-8, not a mapping) is shown as ``DAMAGED``
+with the file and the error; the other cells are shown as usual.
 """
 
 from __future__ import annotations
@@ -28,6 +30,25 @@ from fp8rl.runs.lock import OWNER_FILE, probe
 
 #: Shown for a run that says RUNNING while no live process owns it.
 DIED = "DIED"
+#: Shown for a run whose status.json or config.yaml cannot be read.
+DAMAGED = "DAMAGED"
+
+
+class _Damaged(Exception):
+    """A run file that cannot be read (the message names the file and the error)."""
+
+
+def _read_mapping(path: Path, read) -> dict | None:
+    """``read()`` (a mapping or None when the file is absent), or :class:`_Damaged` naming ``path``."""
+    if not path.exists():
+        return None
+    try:
+        value = read()
+    except Exception as e:  # not JSON/YAML, not UTF-8, unreadable: name it, do not stop the table
+        raise _Damaged(f"{path.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    if not isinstance(value, dict):
+        raise _Damaged(f"{path.name}: holds a {type(value).__name__}, not a mapping")
+    return value
 
 _DEAD = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
          "PREEMPTED"}
@@ -61,9 +82,10 @@ def _last_metrics(rd: RunDir) -> dict:
     if last is None:
         return {}
     try:
-        return json.loads(last)
+        row = json.loads(last)
     except ValueError:  # a line being written
         return {}
+    return row if isinstance(row, dict) else {}
 
 
 def _log_path(sweep_dir: Path, job_id: str) -> Path | None:
@@ -82,10 +104,16 @@ def sweep_status(sweep_dir: str | Path, *, query_slurm: bool = True) -> list[Cel
     rows = []
     for c in man.cells:
         rd = RunDir(man.run_path(c))
-        st = rd.status() if rd.status_path.exists() else None
-        cfg = rd.config() if rd.config_path.exists() else None
-        last = _last_metrics(rd)
         sl = slurm.get(c.job_id or "", {})
+        try:
+            st = _read_mapping(rd.status_path, rd.status)
+            cfg = _read_mapping(rd.config_path, rd.config)
+        except _Damaged as e:
+            rows.append(CellStatus(
+                run_dir=c.run_dir, state=DAMAGED, step=None, steps=None, reward=None, entropy=None,
+                job_id=c.job_id, slurm_state=sl.get("state") or None, reason=str(e), overrides=c.overrides))
+            continue
+        last = _last_metrics(rd)
         state = st["state"] if st else "MISSING"
         reason = st.get("reason") if st else None
         if sl.get("state") in _DEAD and state not in (DONE, FAILED):
@@ -133,5 +161,5 @@ def format_table(rows: list[CellStatus]) -> str:
 
 
 def failed_cells(rows: list[CellStatus]) -> list[tuple[str, str]]:
-    """``(run dir, reason)`` of every FAILED or DIED cell."""
-    return [(r.run_dir, r.reason or "no reason recorded") for r in rows if r.state in (FAILED, DIED)]
+    """``(run dir, reason)`` of every FAILED, DIED or DAMAGED cell."""
+    return [(r.run_dir, r.reason or "no reason recorded") for r in rows if r.state in (FAILED, DIED, DAMAGED)]

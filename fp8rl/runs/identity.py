@@ -159,3 +159,17 @@ def config_hash(config: Mapping, exclude: Iterable[str] = DEFAULT_EXCLUDE) -> st
         exclude: dotted key paths to drop before hashing (default :data:`DEFAULT_EXCLUDE`).
     """
     return hashlib.sha256(canonical_json(config, exclude).encode("ascii")).hexdigest()[:8]
+
+
+def _get(config: object, dotted: str) -> object:
+    for part in dotted.split("."):
+        if not isinstance(config, dict) or part not in config:
+            return None
+        config = config[part]
+    return config
+
+
+def changed_values(old: object, new: object, keys: Iterable[str]) -> dict[str, dict]:
+    """``{key: {"before": old value, "now": new value}}`` for each dotted key whose value differs
+    (a resume's changes outside the run identity, recorded in provenance)."""
+    return {k: {"before": _get(old, k), "now": _get(new, k)} for k in keys if _get(old, k) != _get(new, k)}

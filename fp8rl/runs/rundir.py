@@ -41,7 +41,10 @@ Conventions chosen here (the design left them open):
 - **Config conflicts**: :meth:`RunDir.init` on a directory holding a *different* config raises
   :class:`RunDirConflict` (the hash collided or someone reused a directory); the same config is
   a resume and passes. Keys that say how a run is launched and logged (``DEFAULT_EXCLUDE``:
-  ``logging``, ...) may differ on a resume; ``config.yaml`` keeps the first attempt's.
+  ``logging``, ...) and the caller's ``may_differ`` keys (the backend's identity exclusions:
+  ``output_dir``, ``checkpoint_every``, ``mini.cache_dir``: a moved sweep directory, another
+  checkpoint cadence) may differ on a resume; ``config.yaml`` keeps the first attempt's and
+  :attr:`RunDir.resume_changes` lists what changed (the backends record it in provenance).
   ``overrides.txt`` is written once; a resume keeps the original.
 - **Ownership**: ``owner.json`` is the lock of the live process that writes the run
   (``fp8rl.runs.lock``); ``tensorboard/`` holds TensorBoard event files (``fp8rl.runs.live``),
@@ -65,6 +68,7 @@ from pathlib import Path
 
 import yaml
 
+from fp8rl.runs.identity import changed_values
 from fp8rl.runs.jsonl import (  # noqa: F401  (re-exported: the run directory's file helpers)
     JsonlWriter,
     RunDirDamaged,
@@ -168,6 +172,9 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
+        #: After :meth:`init` on an existing run: ``{dotted key: {"before": ..., "now": ...}}`` of
+        #: the keys outside the run identity that this attempt changed.
+        self.resume_changes: dict[str, dict] = {}
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -213,12 +220,14 @@ class RunDir:
         return self.path / CHECKPOINT_DIR
 
     # config
-    def init(self, config: Mapping, overrides: Iterable[str] = ()) -> RunDir:
+    def init(self, config: Mapping, overrides: Iterable[str] = (), *, may_differ: Iterable[str] = ()) -> RunDir:
         """Create the directory and write ``config.yaml`` and ``overrides.txt``.
 
         If ``config.yaml`` exists and holds the same config (compared after a YAML round trip),
         this is a resume and nothing is rewritten; if it holds a different one,
-        :class:`RunDirConflict` is raised naming the first differing keys.
+        :class:`RunDirConflict` is raised naming the first differing keys. ``may_differ``: dotted
+        keys that are not part of what runs (they may change on a resume; see
+        :attr:`resume_changes`).
         """
         if not isinstance(config, Mapping):
             raise TypeError(f"config must be a mapping, got {type(config).__name__}")
@@ -228,7 +237,10 @@ class RunDir:
         text = yaml.safe_dump(to_jsonable(config), sort_keys=False, default_flow_style=False)
         existing = self.config()
         if existing is not None:
-            existing, new = _what_runs(existing), _what_runs(yaml.safe_load(text))
+            may_differ = tuple(may_differ)
+            new_full = yaml.safe_load(text)
+            self.resume_changes = changed_values(existing, new_full, may_differ)
+            existing, new = _what_runs(existing, may_differ), _what_runs(new_full, may_differ)
             if existing != new:
                 diffs = _diff_keys(existing, new)
                 shown = ", ".join(diffs[:5]) + (" ..." if len(diffs) > 5 else "")
@@ -373,14 +385,20 @@ class RunDir:
         return read_json(self.summary_path)
 
 
-def _what_runs(config: object) -> object:
-    """A config without the keys that say how a run is launched and logged (``DEFAULT_EXCLUDE``):
-    a resume may log differently (say, to W&B as well) and is still the same run."""
-    from fp8rl.runs.identity import DEFAULT_EXCLUDE
+def _what_runs(config: object, may_differ: tuple[str, ...] = ()) -> object:
+    """A config without the keys that say how a run is launched and logged (``DEFAULT_EXCLUDE``)
+    and without ``may_differ`` (dotted): a resume may log differently (say, to W&B as well), from
+    a moved directory or with another checkpoint cadence, and is still the same run."""
+    import copy
+
+    from fp8rl.runs.identity import DEFAULT_EXCLUDE, _drop
 
     if not isinstance(config, dict):
         return config
-    return {k: v for k, v in config.items() if k not in DEFAULT_EXCLUDE}
+    out = copy.deepcopy({k: v for k, v in config.items() if k not in DEFAULT_EXCLUDE})
+    for dotted in may_differ:
+        _drop(out, dotted)
+    return out
 
 
 def _diff_keys(a: object, b: object, prefix: str = "") -> list[str]:

@@ -108,7 +108,7 @@ def test_launch_slurm_failing_cell_is_failed_with_reason(launch, tmp_path, cance
     capsys.readouterr()
     assert status_main([str(sweep)]) == 1
     out = capsys.readouterr().out
-    assert "FAILED or DIED cells (1)" in out and bad.run_dir in out and "FAILED" in out
+    assert "FAILED, DIED or DAMAGED cells (1)" in out and bad.run_dir in out and "FAILED" in out
 
 
 def test_launch_slurm_requeue_resumes_from_checkpoint(launch, tmp_path, cancel_jobs):

@@ -32,7 +32,8 @@ def test_launch_profile_container_becomes_srun_args():
     p = parse_profile(raw, name="c", path="c.yaml")
     params = p.executor_parameters(p.resources_for("8b"))
     assert params["slurm_srun_args"] == ["--container-image=nvcr.io/x:1", "--container-mounts=/d:/d"]
-    assert params["slurm_python"] == "python3"
+    assert "slurm_python" not in params  # a constructor argument of submitit's executor
+    assert p.python_command() == "python3"
 
 
 @pytest.mark.parametrize(("raw", "msg"), [
@@ -97,7 +98,7 @@ def test_launch_status_table(tmp_path, capsys):
     assert failed_cells(rows) == [("grpo-8b-bf16-vanilla-s1-00000001", "diverged at step 1")]
     assert main([str(sweep), "--no-slurm"]) == 1
     out = capsys.readouterr().out
-    assert "FAILED or DIED cells (1)" in out and "diverged at step 1" in out
+    assert "FAILED, DIED or DAMAGED cells (1)" in out and "diverged at step 1" in out
     assert main([str(sweep), "--no-slurm", "--json"]) == 1
     assert len(json.loads(capsys.readouterr().out)) == 4
     assert main([str(tmp_path / "nowhere")]) == 1

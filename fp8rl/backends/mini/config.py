@@ -6,9 +6,14 @@ of ``RunConfig`` are the main-table configuration at mini scale (see ``docs/mini
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from fp8rl.config import ClipConfig, Fp8Config, RunConfig, _require
+
+#: Positions of the mini models (their rotary table): a prompt plus its response must fit.
+MAX_POSITIONS = 256
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
 @dataclass
@@ -51,7 +56,7 @@ class MiniSettings:
         _require(self.sft_batch_size >= 1, f"mini.sft_batch_size must be >= 1, got {self.sft_batch_size}")
         _require(self.sft_lr > 0, f"mini.sft_lr must be > 0, got {self.sft_lr}")
         _require(self.num_threads >= 0, f"mini.num_threads must be >= 0, got {self.num_threads}")
-        _require(self.device in ("cpu", "cuda") or self.device.startswith("cuda:"),
+        _require(isinstance(self.device, str) and _DEVICE_RE.match(self.device) is not None,
                  f"mini.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")
 
 
@@ -86,9 +91,19 @@ class MiniRunConfig(RunConfig):
     eval_every: int = 20
     mini: MiniSettings = field(default_factory=MiniSettings)
 
+    def longest_prompt(self) -> int:
+        """Tokens of the longest prompt of the task: ``<bos>Q:a+b-...\\n``."""
+        m = self.mini
+        return 1 + len("Q:") + m.max_terms * len(str(m.max_operand)) + (m.max_terms - 1) + 1
+
     def validate(self) -> None:
         super().validate()
         longest = self.mini.max_terms * (2 * len(str(self.mini.max_operand)) + 12) + 8
+        room = MAX_POSITIONS - self.longest_prompt()
+        _require(self.max_response_len <= room,
+                 f"max_response_len={self.max_response_len} does not fit the mini models' {MAX_POSITIONS} "
+                 f"positions: the longest prompt takes {self.longest_prompt()}, so give "
+                 f"8 <= max_response_len <= {room}")
         _require(self.max_response_len >= 8,
                  f"max_response_len={self.max_response_len} is too short for the task "
                  f"(a {self.mini.max_terms}-term solution needs up to ~{longest} tokens)")

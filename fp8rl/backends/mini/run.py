@@ -8,10 +8,11 @@
 2. takes the run directory (``fp8rl.runs.lock.own``: one live owner at a time; raises
    ``RunOwned`` naming the owner when another process runs it), then returns the stored
    summary if that run is DONE (a sweep asking again skips it);
-3. otherwise writes ``config.yaml``/``overrides.txt`` (a resume checks the config is the same),
-   provenance, and runs the trainer, which resumes from ``checkpoint/`` when there is one and
-   otherwise starts from step 0, dropping what an attempt killed before its first checkpoint
-   logged (``fp8rl.runs.relaunch``).
+3. otherwise writes ``config.yaml``/``overrides.txt`` (a resume checks the config is the same
+   but for ``IDENTITY_EXCLUDE``: a moved sweep directory or another ``checkpoint_every`` resumes,
+   and provenance's ``extra.changed_on_resume`` records what changed), provenance, and runs the
+   trainer, which resumes from ``checkpoint/`` when there is one and otherwise starts from step 0,
+   dropping what an attempt killed before its first checkpoint logged (``fp8rl.runs.relaunch``).
 
 The SFT cache is ``mini.cache_dir`` or ``<output_dir>/.cache/sft``.
 """
@@ -74,10 +75,13 @@ def run_mini(cfg: MiniRunConfig, overrides: Iterable[str] = (), *, progress: boo
     with own(rd.path):  # raises RunOwned while another live process runs it
         if rd.is_done():
             return {**(rd.summary() or {}), "run_dir": str(rd.path), "skipped": True}
-        rd.init(config_dict(cfg), overrides)
+        rd.init(config_dict(cfg), overrides, may_differ=IDENTITY_EXCLUDE)
         device = torch.device(cfg.mini.device)
         desc = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}"
-        rd.write_provenance({"backend": "mini"}, device=desc)
+        extra = {"backend": "mini"}
+        if rd.resume_changes:  # keys outside the identity that this resume changed
+            extra["changed_on_resume"] = rd.resume_changes
+        rd.write_provenance(extra, device=desc)
         with torch_settings(cfg.mini.deterministic, cfg.mini.num_threads, cfg.mini.device):
             trainer = MiniTrainer(cfg, rd, sft_cache=sft_cache_dir(cfg))
             summary = trainer.run(progress=progress)

@@ -27,13 +27,12 @@ from pathlib import Path
 import torch
 
 from fp8rl.backends.mini.batch import left_pad, right_pad
-from fp8rl.backends.mini.config import MiniSettings
+from fp8rl.backends.mini.config import MAX_POSITIONS, MiniSettings
 from fp8rl.backends.mini.model import MODEL_SLOTS, build_model
 from fp8rl.backends.mini.task import Problem
 from fp8rl.backends.mini.tokenizer import CharTokenizer
 
 SFT_VERSION = 1  # bump when the SFT procedure changes, to invalidate caches
-MAX_POSITIONS = 256
 
 
 def sft_key(slot: str, mini: MiniSettings, tok: CharTokenizer) -> str:

@@ -130,8 +130,13 @@ def run_openrlhf(cfg: OpenRLHFRunConfig, overrides: Iterable[str] = (), *, progr
     if _node_rank() != 0:
         return {"run_dir": str(rd.path), "worker_node": _node_rank()}
     check_version()
-    rd.init(config_dict(cfg), overrides)
-    rd.write_provenance({"backend": "openrlhf"}, device="slurm allocation")
+    from fp8rl.config import IDENTITY_EXCLUDE as SHARED
+
+    rd.init(config_dict(cfg), overrides, may_differ=(*SHARED, *IDENTITY_EXCLUDE))
+    extra = {"backend": "openrlhf"}
+    if rd.resume_changes:  # keys outside the identity that this resume changed
+        extra["changed_on_resume"] = rd.resume_changes
+    rd.write_provenance(extra, device="slurm allocation")
     rd.set_status(RUNNING, 0)
     o = cfg.openrlhf
     paths = paths_for(cfg, rd.path)

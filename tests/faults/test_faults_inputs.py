@@ -1,0 +1,190 @@
+"""Bad inputs that used to be accepted and then hung or broke a run: each is refused at expand
+time (exit status 1, nothing run, submitted or written) with a message naming the key, the bad
+value and the valid values; their neighbours (negative, zero, huge, wrong type, unknown choice)
+too. Cluster profiles: control characters in any string field are refused naming the field.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class _Result:
+    code: int
+    out: str
+    err: str
+
+
+def _launch_in_process(args: list[str], capsys) -> _Result:
+    """``python -m experiments.launch ARGS`` in this process (Hydra speed, no torch import)."""
+    import experiments.launch as launch
+
+    old = sys.argv
+    sys.argv = ["experiments/launch.py", *args]
+    code = 0
+    try:
+        launch.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = old
+    cap = capsys.readouterr()
+    return _Result(code, cap.out, cap.err)
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+REFUSED = [
+    # (id, overrides, substrings the message must contain)
+    ("array-parallelism-negative", ["launcher=local_parallel", "array_parallelism=-1"],
+     ["array_parallelism", "-1", ">= 1"]),
+    ("array-parallelism-zero", ["launcher=local_parallel", "array_parallelism=0"],
+     ["array_parallelism", "0", ">= 1"]),
+    ("array-parallelism-wrong-type", ["array_parallelism=two"], ["array_parallelism", "two"]),
+    ("max-response-len-above-positions", ["max_response_len=1000"],
+     ["max_response_len", "1000", "256"]),
+    ("max-response-len-just-above", ["max_response_len=242"], ["max_response_len", "242"]),
+    ("max-response-len-huge", ["max_response_len=10000000000"], ["max_response_len"]),
+    ("max-response-len-negative", ["max_response_len=-5"], ["max_response_len", "-5"]),
+    ("max-response-len-zero", ["max_response_len=0"], ["max_response_len"]),
+    ("device-missing", ["mini.device=cuda:7"], ["mini.device", "'cuda:7'", "cpu"]),
+    ("device-negative-index", ["mini.device=cuda:-1"], ["mini.device", "cuda:-1", "cpu"]),
+    ("device-garbage-index", ["mini.device=cuda:x"], ["mini.device", "cuda:x", "cpu"]),
+    ("seed-negative", ["seed=-1"], ["seed", "-1", ">= 0"]),
+    ("seed-huge", ["seed=100000000000000000000"], ["seed"]),
+    ("seed-wrong-type", ["seed=abc"], ["seed", "abc"]),
+    ("seed-negative-in-axis", ["seed=0,-2"], ["seed", "-2", ">= 0", "cell 2/2"]),
+    ("fp8-name-free-text", ["fp8.name=whatever"], ["fp8.name", "'whatever'", "rowwise", "tensorwise"]),
+    ("fp8-name-empty", ["fp8.name="], ["fp8.name"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_bad_value_refused_at_expand_time(capsys, tmp_path, overrides, expected):
+    if overrides == ["mini.device=cuda:7"] and _cuda_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    res = _launch_in_process([*overrides, "dry_run=true", f"output_dir={tmp_path}/runs"], capsys)
+    msg = res.err + res.out
+    assert res.code == 1, msg
+    assert "Traceback" not in msg, msg
+    for s in expected:
+        assert s in msg, f"{s!r} not in message:\n{msg}"
+    assert not (tmp_path / "runs").exists()
+
+
+ACCEPTED = [
+    ["launcher=local_parallel", "array_parallelism=1"],
+    ["max_response_len=200"],
+    ["mini.device=cpu"],
+    ["seed=4294967295"],
+    ["fp8=rowwise"],
+]
+
+
+@pytest.mark.parametrize("overrides", ACCEPTED, ids=[" ".join(a) for a in ACCEPTED])
+def test_valid_neighbour_accepted(capsys, tmp_path, overrides):
+    res = _launch_in_process([*overrides, "dry_run=true", f"output_dir={tmp_path}/runs"], capsys)
+    assert res.code == 0, res.err + res.out
+    assert "dry run" in res.out
+
+
+# --- cluster profiles -----------------------------------------------------------------------
+
+_STRING_FIELDS = ("partition", "account", "qos", "constraint", "exclude", "container",
+                  "container_mounts", "python")
+_CONTROL = {"newline": "\n#SBATCH --x=1", "cr": "\r", "nul": "\x00", "escape": "\x1b[2J", "tab": "\t"}
+
+
+def _profile_raw(**extra) -> dict:
+    return {"partition": "gpu", "resources": {"default": {"nodes": 1, "time_min": 5}}, **extra}
+
+
+@pytest.mark.parametrize("kind", sorted(_CONTROL))
+@pytest.mark.parametrize("where", [*_STRING_FIELDS, "setup[1]", "additional_parameters.comment",
+                                   "additional_parameters key"])
+def test_profile_control_characters_refused(where, kind):
+    from fp8rl.launch.profiles import ProfileError, parse_profile
+
+    bad = "x" + _CONTROL[kind]
+    if where == "setup[1]":
+        raw = _profile_raw(setup=["module load cuda", bad])
+    elif where == "additional_parameters.comment":
+        raw = _profile_raw(additional_parameters={"comment": bad})
+    elif where == "additional_parameters key":
+        raw = _profile_raw(additional_parameters={bad: "1"})
+    else:
+        raw = _profile_raw(**{where: bad})
+    with pytest.raises(ProfileError) as e:
+        parse_profile(raw, name="mine", path="/p/mine.yaml")
+    msg = str(e.value)
+    assert "control character" in msg and "/p/mine.yaml" in msg, msg
+    field = where.split(" ")[0].split("[")[0]
+    assert field in msg, msg
+
+
+@pytest.fixture
+def _slurm_env():
+    import importlib.util
+
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("_faults_slurm_conftest", repo / "tests" / "slurm" / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    cluster, reason = mod.find_cluster()
+    if cluster is None:
+        if mod.slurm_required():
+            pytest.fail(f"FP8RL_REQUIRE_SLURM is set and no local Slurm cluster: {reason}", pytrace=False)
+        pytest.skip(f"no local Slurm cluster: {reason}")
+    return cluster
+
+
+@pytest.mark.slurm
+def test_every_profile_field_reaches_a_valid_sbatch_script(_slurm_env, tmp_path, capsys, monkeypatch):
+    """A profile using every field goes through the launcher's real submitit path; the sbatch
+    script submitit writes carries each field, and the local Slurm accepts it (``sbatch
+    --test-only``: checked, not queued)."""
+    import subprocess
+
+    import yaml
+    from submitit.slurm.slurm import SlurmExecutor
+
+    part = _slurm_env.partition
+    prof = tmp_path / "every.yaml"
+    prof.write_text(yaml.safe_dump({
+        "partition": part, "account": None, "qos": None, "constraint": None, "exclude": None,  # one node here: no real value to exclude or constrain
+        "array_parallelism": 1, "setup": ["export FP8RL_FAULTS_SETUP=1", "echo set up"],
+        "container": "nvcr.io/nvidia/pytorch:24.05-py3", "container_mounts": "/data:/data",
+        "python": "python3 -X faulthandler", "signal_delay_s": 45, "max_num_timeout": 2,
+        "additional_parameters": {"comment": "fp8rl_faults"},
+        "resources": {"default": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": None,
+                                  "time_min": 7}},
+    }))
+    scripts: list[str] = []
+
+    def dry(self, path):  # write nothing to the queue: let Slurm check the script, fake the id
+        scripts.append(Path(path).read_text())
+        chk = subprocess.run(["sbatch", "--test-only", str(path)], capture_output=True, text=True, timeout=30)
+        assert chk.returncode == 0, chk.stderr + scripts[-1]
+        return ["echo", "Submitted batch job 424242"]
+
+    monkeypatch.setattr(SlurmExecutor, "_make_submission_command", dry)
+    res = _launch_in_process(["+sweep=smoke", "fp8=bf16", "launcher=slurm", f"cluster={prof}",
+                              f"output_dir={tmp_path}/runs"], capsys)
+    assert res.code == 0, res.err + res.out
+    (script,) = scripts
+    for line in (f"#SBATCH --partition={part}", "#SBATCH --array=0-1%1",
+                 "#SBATCH --signal=USR2@45", "#SBATCH --comment=fp8rl_faults", "#SBATCH --time=7",
+                 "#SBATCH --cpus-per-task=1", "export FP8RL_FAULTS_SETUP=1",
+                 "--container-image=nvcr.io/nvidia/pytorch:24.05-py3", "--container-mounts=/data:/data",
+                 "python3 -X faulthandler -u -m submitit.core._submit"):
+        assert line in script, f"{line!r} not in the sbatch script:\n{script}"
