@@ -188,3 +188,35 @@ def test_every_profile_field_reaches_a_valid_sbatch_script(_slurm_env, tmp_path,
                  "--container-image=nvcr.io/nvidia/pytorch:24.05-py3", "--container-mounts=/data:/data",
                  "python3 -X faulthandler -u -m submitit.core._submit"):
         assert line in script, f"{line!r} not in the sbatch script:\n{script}"
+
+
+@pytest.mark.slurm
+def test_profile_fields_this_cluster_cannot_honour_still_reach_the_script(_slurm_env, tmp_path, capsys,
+                                                                         monkeypatch):
+    """``account``, ``qos``, ``constraint``, ``exclude`` and ``mem_gb`` name things the one-node local
+    cluster does not have (``sbatch --test-only`` would refuse them there), so this checks the
+    script submitit writes through the launcher's real path carries each one, unsubmitted."""
+    import yaml
+    from submitit.slurm.slurm import SlurmExecutor
+
+    prof = tmp_path / "site.yaml"
+    prof.write_text(yaml.safe_dump({
+        "partition": _slurm_env.partition, "account": "proj-fp8", "qos": "high", "constraint": "h100",
+        "exclude": "node[01-02]", "array_parallelism": 1,
+        "resources": {"default": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 12,
+                                  "time_min": 7}},
+    }))
+    scripts: list[str] = []
+
+    def capture(self, path):
+        scripts.append(Path(path).read_text())
+        return ["echo", "Submitted batch job 424243"]
+
+    monkeypatch.setattr(SlurmExecutor, "_make_submission_command", capture)
+    res = _launch_in_process(["+sweep=smoke", "fp8=bf16", "launcher=slurm", f"cluster={prof}",
+                              f"output_dir={tmp_path}/runs"], capsys)
+    assert res.code == 0, res.err + res.out
+    (script,) = scripts
+    for line in ("#SBATCH --account=proj-fp8", "#SBATCH --qos=high", "#SBATCH --constraint=h100",
+                 "#SBATCH --exclude='node[01-02]'", "#SBATCH --mem=12GB"):
+        assert line in script, f"{line!r} not in the sbatch script:\n{script}"
