@@ -7,34 +7,26 @@ too. Cluster profiles: control characters in any string field are refused naming
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 
-@dataclass
-class _Result:
-    code: int
-    out: str
-    err: str
+def _conftest(area: str):
+    """``tests/<area>/conftest.py`` as a plain module (its helpers, not its fixtures)."""
+    import importlib.util
+
+    name = f"_faults_{area}_conftest"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / area / "conftest.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
-def _launch_in_process(args: list[str], capsys) -> _Result:
-    """``python -m experiments.launch ARGS`` in this process (Hydra speed, no torch import)."""
-    import experiments.launch as launch
-
-    old = sys.argv
-    sys.argv = ["experiments/launch.py", *args]
-    code = 0
-    try:
-        launch.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = old
-    cap = capsys.readouterr()
-    return _Result(code, cap.out, cap.err)
+#: ``python -m experiments.launch ARGS`` in this process (the launch tests' helper).
+_launch_in_process = _conftest("launch").run_launch
 
 
 def _cuda_count() -> int:
@@ -133,13 +125,7 @@ def test_profile_control_characters_refused(where, kind):
 
 @pytest.fixture
 def _slurm_env():
-    import importlib.util
-
-    repo = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("_faults_slurm_conftest", repo / "tests" / "slurm" / "conftest.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
+    mod = _conftest("slurm")
     cluster, reason = mod.find_cluster()
     if cluster is None:
         if mod.slurm_required():
