@@ -134,15 +134,38 @@ def _slurm_env():
     return cluster
 
 
+def _sbatch_script(prof: Path, tmp_path: Path, capsys, monkeypatch, *, test_only: bool) -> str:
+    """Launch the smoke sweep with profile ``prof`` through the launcher's real submitit path and
+    return the sbatch script submitit wrote; nothing is queued (``test_only``: the local Slurm
+    checks the script with ``sbatch --test-only``)."""
+    import subprocess
+
+    from submitit.slurm.slurm import SlurmExecutor
+
+    scripts: list[str] = []
+
+    def submit(self, path):  # fake the job id; Slurm only checks the script
+        scripts.append(Path(path).read_text())
+        if test_only:
+            chk = subprocess.run(["sbatch", "--test-only", str(path)], capture_output=True, text=True, timeout=30)
+            assert chk.returncode == 0, chk.stderr + scripts[-1]
+        return ["echo", "Submitted batch job 424242"]
+
+    monkeypatch.setattr(SlurmExecutor, "_make_submission_command", submit)
+    res = _launch_in_process(["+sweep=smoke", "fp8=bf16", "launcher=slurm", f"cluster={prof}",
+                              f"output_dir={tmp_path}/runs"], capsys)
+    assert res.code == 0, res.err + res.out
+    (script,) = scripts
+    return script
+
+
 @pytest.mark.slurm
 def test_every_profile_field_reaches_a_valid_sbatch_script(_slurm_env, tmp_path, capsys, monkeypatch):
     """A profile using every field goes through the launcher's real submitit path; the sbatch
     script submitit writes carries each field, and the local Slurm accepts it (``sbatch
     --test-only``: checked, not queued)."""
-    import subprocess
 
     import yaml
-    from submitit.slurm.slurm import SlurmExecutor
 
     part = _slurm_env.partition
     prof = tmp_path / "every.yaml"
@@ -155,19 +178,7 @@ def test_every_profile_field_reaches_a_valid_sbatch_script(_slurm_env, tmp_path,
         "resources": {"default": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": None,
                                   "time_min": 7}},
     }))
-    scripts: list[str] = []
-
-    def dry(self, path):  # write nothing to the queue: let Slurm check the script, fake the id
-        scripts.append(Path(path).read_text())
-        chk = subprocess.run(["sbatch", "--test-only", str(path)], capture_output=True, text=True, timeout=30)
-        assert chk.returncode == 0, chk.stderr + scripts[-1]
-        return ["echo", "Submitted batch job 424242"]
-
-    monkeypatch.setattr(SlurmExecutor, "_make_submission_command", dry)
-    res = _launch_in_process(["+sweep=smoke", "fp8=bf16", "launcher=slurm", f"cluster={prof}",
-                              f"output_dir={tmp_path}/runs"], capsys)
-    assert res.code == 0, res.err + res.out
-    (script,) = scripts
+    script = _sbatch_script(prof, tmp_path, capsys, monkeypatch, test_only=True)
     for line in (f"#SBATCH --partition={part}", "#SBATCH --array=0-1%1",
                  "#SBATCH --signal=USR2@45", "#SBATCH --comment=fp8rl_faults", "#SBATCH --time=7",
                  "#SBATCH --cpus-per-task=1", "export FP8RL_FAULTS_SETUP=1",
@@ -183,7 +194,6 @@ def test_profile_fields_this_cluster_cannot_honour_still_reach_the_script(_slurm
     cluster does not have (``sbatch --test-only`` would refuse them there), so this checks the
     script submitit writes through the launcher's real path carries each one, unsubmitted."""
     import yaml
-    from submitit.slurm.slurm import SlurmExecutor
 
     prof = tmp_path / "site.yaml"
     prof.write_text(yaml.safe_dump({
@@ -192,17 +202,7 @@ def test_profile_fields_this_cluster_cannot_honour_still_reach_the_script(_slurm
         "resources": {"default": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 12,
                                   "time_min": 7}},
     }))
-    scripts: list[str] = []
-
-    def capture(self, path):
-        scripts.append(Path(path).read_text())
-        return ["echo", "Submitted batch job 424243"]
-
-    monkeypatch.setattr(SlurmExecutor, "_make_submission_command", capture)
-    res = _launch_in_process(["+sweep=smoke", "fp8=bf16", "launcher=slurm", f"cluster={prof}",
-                              f"output_dir={tmp_path}/runs"], capsys)
-    assert res.code == 0, res.err + res.out
-    (script,) = scripts
+    script = _sbatch_script(prof, tmp_path, capsys, monkeypatch, test_only=False)
     for line in ("#SBATCH --account=proj-fp8", "#SBATCH --qos=high", "#SBATCH --constraint=h100",
                  "#SBATCH --exclude='node[01-02]'", "#SBATCH --mem=12GB"):
         assert line in script, f"{line!r} not in the sbatch script:\n{script}"
