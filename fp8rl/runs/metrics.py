@@ -57,6 +57,19 @@ CLIP_ALPHA = "clip/alpha"
 # --- BF16 shadow (calibration steps only) -----------------------------------------------
 SHADOW_CLIPFRAC_NEG_LOW = "shadow/clipfrac_neg_low"
 SHADOW_RATIO_NEG_Q01 = "shadow/ratio_neg_q01"
+# which tokens are clipped (fp8rl.rl.calibration.agreement): A<0 tokens the BF16 shadow would
+# clip with the vanilla bounds (bf16), that FP8 clips with the bounds in force (fp8), both; the
+# same over A>0 tokens for the upper bound; recall = both / bf16, precision = both / fp8
+SHADOW_LOW_BF16_N = "shadow/low_bf16_n"
+SHADOW_LOW_FP8_N = "shadow/low_fp8_n"
+SHADOW_LOW_BOTH_N = "shadow/low_both_n"
+SHADOW_HIGH_BF16_N = "shadow/high_bf16_n"
+SHADOW_HIGH_FP8_N = "shadow/high_fp8_n"
+SHADOW_HIGH_BOTH_N = "shadow/high_both_n"
+SHADOW_LOW_RECALL = "shadow/low_recall"
+SHADOW_LOW_PRECISION = "shadow/low_precision"
+SHADOW_HIGH_RECALL = "shadow/high_recall"
+SHADOW_HIGH_PRECISION = "shadow/high_precision"
 
 # --- rollout ----------------------------------------------------------------------------
 ROLLOUT_MISMATCH_KL = "rollout/mismatch_kl"
@@ -96,6 +109,16 @@ TRAIN_METRICS: tuple[str, ...] = (
     CLIP_ALPHA,
     SHADOW_CLIPFRAC_NEG_LOW,
     SHADOW_RATIO_NEG_Q01,
+    SHADOW_LOW_BF16_N,
+    SHADOW_LOW_FP8_N,
+    SHADOW_LOW_BOTH_N,
+    SHADOW_HIGH_BF16_N,
+    SHADOW_HIGH_FP8_N,
+    SHADOW_HIGH_BOTH_N,
+    SHADOW_LOW_RECALL,
+    SHADOW_LOW_PRECISION,
+    SHADOW_HIGH_RECALL,
+    SHADOW_HIGH_PRECISION,
     ROLLOUT_MISMATCH_KL,
     ROLLOUT_IS_CLIPFRAC,
     ROLLOUT_REWARD_MEAN,
@@ -116,6 +139,16 @@ SPARSE_METRICS: tuple[str, ...] = (
     CLIP_ALPHA,
     SHADOW_CLIPFRAC_NEG_LOW,
     SHADOW_RATIO_NEG_Q01,
+    SHADOW_LOW_BF16_N,
+    SHADOW_LOW_FP8_N,
+    SHADOW_LOW_BOTH_N,
+    SHADOW_HIGH_BF16_N,
+    SHADOW_HIGH_FP8_N,
+    SHADOW_HIGH_BOTH_N,
+    SHADOW_LOW_RECALL,
+    SHADOW_LOW_PRECISION,
+    SHADOW_HIGH_RECALL,
+    SHADOW_HIGH_PRECISION,
     DAPO_KEPT_GROUP_FRAC,
     PERF_SHADOW_S,
 )
