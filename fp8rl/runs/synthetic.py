@@ -13,6 +13,14 @@ whose features are planted on purpose, so analysis can be checked against the nu
 - ``clip/low``/``clip/high`` are the vanilla bounds, or for ``clip="calibrated"`` start wide
   (0.6, 1.8) and move towards (0.7, 1.35) at every calibration step (every 20 steps), where
   ``clip/alpha`` and the ``shadow/*`` keys are also logged (sparse metrics).
+- the agreement counts (``shadow/{low,high}_{bf16,fp8,both}_n``, which tokens FP8 clips against
+  what BF16 would) and their rates are logged where the ``shadow/*`` keys are, or with
+  ``shadow_counts=True`` by every arm on every calibration step (``False``: never, an old run):
+  per measured step and side, bf16 ~ Poisson(``shadow_tokens``), both ~ Binomial(bf16, recall),
+  fp8 = both + Poisson(E[both] (1 / precision - 1)), so pooled over steps recall and precision
+  tend to ``low_recall`` / ``low_precision`` (``high_*`` for the upper side).
+  ``calibration_mode`` (None: not set) goes into the config as ``clip.calibration_mode`` and
+  into the cell's overrides.
 - ``eval.jsonl`` holds ``eval_every``-spaced evaluations per dataset whose last value equals
   ``RunSpec.eval[dataset]`` exactly; ``summary.json`` repeats the final numbers (unless
   ``summary_eval=False``).
@@ -65,6 +73,13 @@ class RunSpec:
     truncated_tail: bool = False
     nan_every: int | None = None
     metrics: tuple[str, ...] = M.TRAIN_METRICS
+    shadow_counts: bool | None = None
+    shadow_tokens: float = 40.0
+    low_recall: float = 0.5
+    low_precision: float = 0.5
+    high_recall: float = 0.5
+    high_precision: float = 0.5
+    calibration_mode: str | None = None
 
     def name(self) -> str:
         return run_name(self.algorithm, self.model, self.fp8, self.clip, self.seed)
@@ -74,7 +89,8 @@ class RunSpec:
             "algorithm": {"name": self.algorithm},
             "model": {"name": self.model},
             "fp8": {"name": self.fp8},
-            "clip": {"name": self.clip},
+            "clip": ({"name": self.clip} if self.calibration_mode is None
+                     else {"name": self.clip, "calibration_mode": self.calibration_mode}),
             "scale": {"name": self.scale},
             "seed": self.seed,
             "trainer": {"steps": self.steps},
@@ -152,13 +168,40 @@ def _columns(spec: RunSpec, rng: np.random.Generator) -> tuple[np.ndarray, dict[
         M.PERF_SHADOW_S: np.full(s.shape, 1.5),
         M.PERF_TOKENS_PER_S: 5000 + u(100),
     }
+    cols.update(_agreement_columns(spec, len(s), rng))  # drawn last: earlier columns unchanged
     if spec.nan_every:
         cols[M.ACTOR_ENTROPY] = np.where(s % spec.nan_every == spec.nan_every - 1, np.nan, cols[M.ACTOR_ENTROPY])
     return s, cols
 
 
+_AGREEMENT: tuple[str, ...] = (
+    M.SHADOW_LOW_BF16_N, M.SHADOW_LOW_FP8_N, M.SHADOW_LOW_BOTH_N, M.SHADOW_HIGH_BF16_N, M.SHADOW_HIGH_FP8_N,
+    M.SHADOW_HIGH_BOTH_N, M.SHADOW_LOW_RECALL, M.SHADOW_LOW_PRECISION, M.SHADOW_HIGH_RECALL,
+    M.SHADOW_HIGH_PRECISION,
+)
+
+
+def _agreement_columns(spec: RunSpec, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The six agreement counts and four rates per step (see the module docstring)."""
+    out: dict[str, np.ndarray] = {}
+    for side, recall, precision in (("low", spec.low_recall, spec.low_precision),
+                                    ("high", spec.high_recall, spec.high_precision)):
+        bf16 = rng.poisson(spec.shadow_tokens, n)
+        both = rng.binomial(bf16, recall)
+        fp8 = both + rng.poisson(spec.shadow_tokens * recall * (1.0 / precision - 1.0), n)
+        out[f"shadow/{side}_bf16_n"] = bf16.astype(float)
+        out[f"shadow/{side}_fp8_n"] = fp8.astype(float)
+        out[f"shadow/{side}_both_n"] = both.astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[f"shadow/{side}_recall"] = np.where(bf16 > 0, both / np.maximum(bf16, 1), np.nan)
+            out[f"shadow/{side}_precision"] = np.where(fp8 > 0, both / np.maximum(fp8, 1), np.nan)
+    return out
+
+
 def _present(spec: RunSpec, metric: str, step: int) -> bool:
     calib = step % CALIBRATION_EVERY == 0
+    if metric in _AGREEMENT:
+        return calib and (spec.clip == "calibrated" if spec.shadow_counts is None else spec.shadow_counts)
     if metric in (M.CLIP_ALPHA, M.SHADOW_CLIPFRAC_NEG_LOW, M.SHADOW_RATIO_NEG_Q01, M.PERF_SHADOW_S):
         return spec.clip == "calibrated" and calib
     if metric == M.DAPO_KEPT_GROUP_FRAC:
@@ -221,7 +264,8 @@ def write_run(sweep_dir: str | os.PathLike, spec: RunSpec, *, fast: bool = False
         run_dir=dirname,
         axes=spec.axes(),
         overrides=[f"algorithm={spec.algorithm}", f"model={spec.model}", f"fp8={spec.fp8}",
-                   f"clip={spec.clip}", f"seed={spec.seed}", f"scale={spec.scale}"],
+                   f"clip={spec.clip}", f"seed={spec.seed}", f"scale={spec.scale}",
+                   *([f"clip.calibration_mode={spec.calibration_mode}"] if spec.calibration_mode else [])],
     )
     if spec.state is None:
         return cell
