@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.arms import arm_label, arm_order_key, select, split_clip
+from analysis.bf16_ratio import bf16_ratios
 from analysis.collect import Collection
 from analysis.tabulate import (
     Table,
@@ -79,6 +80,17 @@ def run_mechanism(coll: Collection) -> pd.DataFrame:
                     on="run", how="left")
 
 
+def _ci_columns(ci, *, is_ref: bool) -> dict:
+    """The mechanism table's interval columns of one arm (``ci``: a ``RatioCI`` or None)."""
+    if ci is None:
+        return {"x_bf16_lo": math.nan, "x_bf16_hi": math.nan, "x_bf16_boot_lo": math.nan,
+                "x_bf16_boot_hi": math.nan, "x_bf16_paired": False, "x_bf16_ci": "reference" if is_ref else ""}
+    text = ci.interval_text()
+    return {"x_bf16_lo": ci.lo, "x_bf16_hi": ci.hi, "x_bf16_boot_lo": ci.boot_lo, "x_bf16_boot_hi": ci.boot_hi,
+            "x_bf16_paired": ci.paired,
+            "x_bf16_ci": text + (" unpaired" if text.startswith("[") and not ci.paired else "")}
+
+
 def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
     """The paper's mechanism per arm: how many negative-advantage tokens fall below the lower
     clip bound (gradient zeroed), relative to BF16, and what drives it.
@@ -87,11 +99,16 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
     diagnostics table): ``actor/clipfrac_neg_low`` averaged over a run's steps, then mean ± std
     (ddof=1) over runs; ``x_bf16`` = that mean over the block's BF16 reference arm's mean
     (``bf16`` + ``vanilla`` if the block has it, else its first ``bf16`` arm; NaN without
-    one); the run-mean ``actor/ratio_neg_q01`` and ``rollout/mismatch_kl`` and the last
+    one) with its 95% interval over seeds (``x_bf16_lo`` / ``x_bf16_hi``: Fieller's, paired by
+    (sweep, seed) where the two arms hold the same seeds, :mod:`analysis.bf16_ratio`;
+    ``x_bf16_boot_lo`` / ``_hi`` the percentile bootstrap; ``x_bf16_ci`` the interval as text,
+    "n/a (1 seed)" without one);
+    the run-mean ``actor/ratio_neg_q01`` and ``rollout/mismatch_kl`` and the last
     ``clip/low`` / ``clip/high`` in force, each a mean over runs.
     """
     per_run = run_mechanism(coll)
     cnl = M.ACTOR_CLIPFRAC_NEG_LOW
+    cis = bf16_ratios(coll, per_run, cnl)
     rows = []
     for algo, model, arms in blocks(coll):
         ref = bf16_reference(arms)
@@ -104,15 +121,17 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
                    "runs": len(r), "clipfrac_neg_low_mean": mean, "clipfrac_neg_low_std": sample_std(v),
                    "x_bf16": mean / ref_mean if ref_mean > 0 else math.nan,
                    "bf16_reference": arm_label(*ref) if ref is not None else ""}
+            row.update(_ci_columns(cis.get((algo, model, *arm)), is_ref=ref is not None and arm == ref))
             for c, key in ((M.ACTOR_RATIO_NEG_Q01, "ratio_neg_q01"), (M.ROLLOUT_MISMATCH_KL, "mismatch_kl"),
                            (f"{M.CLIP_LOW}_final", "clip_low_final"), (f"{M.CLIP_HIGH}_final", "clip_high_final")):
                 row[key] = fmean(r[c])
             rows.append(row)
     df = pd.DataFrame(rows, columns=["algorithm", "model", "arm", "fp8", "clip", "runs",
                                      "clipfrac_neg_low_mean", "clipfrac_neg_low_std", "x_bf16",
-                                     "bf16_reference", "ratio_neg_q01", "mismatch_kl",
-                                     "clip_low_final", "clip_high_final"])
-    header = ["Arm", "runs", "A<0 below low (%)", "x BF16", "ratio q01 (A<0)", "mismatch KL",
+                                     "x_bf16_lo", "x_bf16_hi", "x_bf16_boot_lo", "x_bf16_boot_hi",
+                                     "x_bf16_paired", "x_bf16_ci", "bf16_reference", "ratio_neg_q01",
+                                     "mismatch_kl", "clip_low_final", "clip_high_final"])
+    header = ["Arm", "runs", "A<0 below low (%)", "x BF16", "95% CI", "ratio q01 (A<0)", "mismatch KL",
               "final low / high"]
 
     def cells(r, latex: bool) -> list[str]:
@@ -122,7 +141,8 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
         c = f(100 * r["clipfrac_neg_low_mean"], ".3f")
         if np.isfinite(r["clipfrac_neg_low_std"]):
             c += pm + f(100 * r["clipfrac_neg_low_std"], ".3f")
-        return [latex_escape(r["arm"]) if latex else r["arm"], str(r["runs"]), c, f(r["x_bf16"], ".1f"),
+        return [latex_escape(r["arm"]) if latex else r["arm"], str(r["runs"]), c, f(r["x_bf16"], ".2f"),
+                r["x_bf16_ci"],
                 f(r["ratio_neg_q01"], ".3f"), f(r["mismatch_kl"], ".2e"),
                 f"{f(r['clip_low_final'], '.3f')} / {f(r['clip_high_final'], '.3f')}"]
 
@@ -133,7 +153,10 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
 
     md, tex = render_blocks(df, header, cells, caption)
     md.append("Per run: means over logged steps (`actor/clipfrac_neg_low`, `actor/ratio_neg_q01`, "
-              "`rollout/mismatch_kl`) and the last `clip/low` / `clip/high`; then mean over runs.")
+              "`rollout/mismatch_kl`) and the last `clip/low` / `clip/high`; then mean over runs. "
+              "x BF16 = mean over the arm's runs / mean over the BF16 arm's runs; 95% CI: Fieller's "
+              "interval with Student's t over seeds, paired by seed (same sweep) where both arms "
+              "have the same seeds, else marked unpaired (docs/analysis.md).")
     return Table.from_lines(name, df, md, tex)
 
 
