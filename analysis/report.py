@@ -14,6 +14,8 @@ Reads the sweep directories (never trains, never needs a GPU), then writes into 
     tables/mechanism.md|tex|csv  A<0 tokens below the lower bound per arm, x BF16, ratio q01, bounds
     tables/trajectory.md|tex|csv entropy, garbled fraction and eval accuracy, start vs end, per arm
     tables/calibration.md|tex|csv  calibrated arms: alpha, L, H at every calibration step
+    tables/calibration_match.*   calibrated FP8 / BF16 per granularity, 95% CI, half-width criterion
+    tables/clip_agreement.*      which tokens FP8 clips vs the BF16 shadow: recall, precision, 95% CI
     tables/cells.csv          one row per cell: sweep, run, axes, state, steps logged, why it is not ok
     tables/surges.csv         per run: diagnostics including the surge onset step
 
@@ -35,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.bars import SUMMARY_NAMES, plot_summary, summary_spec
+from analysis.calibration_match import calibration_match_sections
 from analysis.clip_tables import calibration_table, mechanism_table
 from analysis.collect import Collection, collect
 from analysis.figures import FIGURE_NAMES, figure_spec, plot_figure
@@ -149,6 +152,7 @@ def write_report(
            "## Mechanism: FP8 noise and the lower clip bound", "", mech.markdown,
            "## Start versus end of training", "", traj.markdown,
            "## Calibrated Clipping: the bounds over time", "", cal.markdown]
+    md += calibration_match_sections(coll, tab_dir)
     md += ["## Figures", ""]
     for name, (spec, paths, metrics) in figs.items():
         if paths is None:
