@@ -1,7 +1,7 @@
 """Collect a sweep's run directories into tidy pandas tables.
 
 ``collect(SWEEP_DIR)`` reads ``manifest.json`` and every run directory of one or more sweeps
-(the format of ``fp8rl.runs``; DESIGN.md "The run directory") and returns a
+(the format of ``fp8rl.runs``; docs/design.md, "The run directory") and returns a
 :class:`Collection` with
 
 - ``runs``: one row per grid cell / run directory: ``sweep, run, name, hash, algorithm, model,
@@ -23,7 +23,7 @@
 Nothing is dropped silently: a cell that is missing or broken is a row of ``runs`` and of
 ``problems`` and shows up in the report.
 
-Speed. The JSONL parsing dominates (a 500-run x 2,000-step sweep with every metric of DESIGN.md
+Speed. The JSONL parsing dominates (a 500-run x 2,000-step sweep with every metric of docs/design.md
 is about 1 GB of JSON). Each file is read in one go and parsed with a single ``loads`` call on
 the lines joined into one JSON array (``orjson`` when installed, the standard library
 otherwise; a file ``orjson`` refuses, e.g. one with ``NaN`` literals written by another tool,
@@ -37,7 +37,7 @@ later collect parses only the appended lines (a file that was replaced, e.g. by 
 against a plain ``json.loads`` loop; the numbers are in ``docs/analysis.md``.
 
 Choices: a run's *final* evaluation (:func:`final_evals`) is the ``eval/<dataset>/<stat>``
-value in ``summary.json`` when present (the backend's final numbers, DESIGN.md), else the eval
+value in ``summary.json`` when present (the backend's final numbers, docs/design.md), else the eval
 row with the largest step. When several rows share a step, the last one wins (a resume that
 did not truncate), and a note says so.
 """

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_collect.py --runs 50 --steps 500
 
 Fabricates a sweep in a temporary directory with ``fp8rl.runs.synthetic`` (every metric of
-DESIGN.md on every step, the sparse ones on calibration steps; values are float32-derived
+docs/design.md on every step, the sparse ones on calibration steps; values are float32-derived
 doubles as a torch backend logs them, so about 1 KB of JSON per step), then times, in the same
 process and on the same warm page cache:
 

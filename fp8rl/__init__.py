@@ -2,7 +2,7 @@
 
 Reproduces "Towards Full Pipeline FP8 Reinforcement Learning for LLMs" (arXiv 2609.22870):
 FP8 rollout + FP8 training, the PPO-ratio noise that pushes negative-advantage tokens past the
-lower clip bound, and Calibrated Clipping. See README.md and DESIGN notes in the docs.
+lower clip bound, and Calibrated Clipping. See README.md and docs/design.md.
 
 The library imports with torch alone; GPU-cluster packages are imported lazily where needed.
 """

@@ -70,10 +70,10 @@ transformer_engine        not supported                      per recipe (``te.TE
                                                              MXFP8 10.x
 ========================  =================================  =================================
 
-Deviation from DESIGN.md: the implementation registry holds ``torchao``, ``fp8rl`` and
+Choice: the implementation registry holds ``torchao``, ``fp8rl`` and
 ``transformer_engine``; emulation is the boolean ``emulate`` (config key ``fp8.emulate``) on top
-of torchao or fp8rl, not a registry entry named ``emulated``, because it changes *how* GEMMs are
-computed, not which code quantizes (the issues name the fix ``emulate=True``). DESIGN.md's
+of torchao or fp8rl, not a registry entry named ``emulated`` (as first planned), because it changes *how* GEMMs are
+computed, not which code quantizes (the issues name the fix ``emulate=True``). The planned
 ``emulated`` is ``fp8.emulate=true`` with the default implementation.
 
 torchao on CPU runs with and without its ``emulate`` flag (without it, ``torch._scaled_mm``'s

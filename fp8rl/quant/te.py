@@ -29,8 +29,8 @@ forward, E5M2 gradients) when they are E5M2 (``tensorwise``'s default, ``with_hy
 forward is always E4M3, so a recipe with E5M2 inputs or weights is refused. Every recipe also
 gets ``backward_override=None`` and ``fp8_dpa=fp8_mha=False`` (attention stays in BF16: only
 ``nn.Linear`` layers are converted). Passing these explicitly matters: TE reads their defaults
-(and the power-of-two scale defaults) from environment variables at import, and DESIGN.md allows
-no hidden state. Recipes TE cannot express (per-row scaling, a GEMM kept in high precision,
+(and the power-of-two scale defaults) from environment variables at import, and a run's config must say
+all that runs (docs/design.md, "Typed configs"). Recipes TE cannot express (per-row scaling, a GEMM kept in high precision,
 per-GEMM operand overrides, other block shapes) raise ``ValueError`` naming ``impl='torchao'``
 or ``impl='fp8rl'``.
 

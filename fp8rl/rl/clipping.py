@@ -1,7 +1,7 @@
 """Clip methods: where the PPO clip bounds (low, high) of each training step come from.
 
 The PPO kernel (``fp8rl.rl.policy_loss.ppo_token_loss``) takes the bounds as plain numbers;
-a clip method is the small stateful object that supplies them (DESIGN.md, "core contracts"):
+a clip method is the small stateful object that supplies them (docs/design.md, "Contracts"):
 
 - ``vanilla``: the fixed PPO / DAPO clip-higher bounds ``(1 - eps_low, 1 + eps_high)``
   (PPO, Schulman et al. 2017; DAPO, Yu et al. 2025, Sec. 3.1: eps_low 0.2, eps_high 0.28).

@@ -1,6 +1,6 @@
 """Run identity, the run directory, its writers and the sweep manifest.
 
-This package is the format contract of DESIGN.md ("The run directory"): every backend writes
+This package is the format contract of docs/design.md ("The run directory"): every backend writes
 run directories with it and ``analysis`` reads them with it. It needs only the standard library
 and PyYAML (no torch), so analysis runs anywhere.
 

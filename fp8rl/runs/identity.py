@@ -1,7 +1,7 @@
 """Run identity: a readable name plus a short hash of the config that ran.
 
-A run directory is named ``<algo>-<model>-<fp8>-<clip>-s<seed>-<hash8>`` (DESIGN.md,
-"Config and identity"):
+A run directory is named ``<algo>-<model>-<fp8>-<clip>-s<seed>-<hash8>`` (docs/design.md,
+"The run directory"):
 
 - the readable part names the grid cell, so ``ls runs/<sweep>/`` reads like the paper's grid;
 - ``hash8`` is the first 8 hex digits of the SHA-256 of the fully resolved config minus an

@@ -1,7 +1,7 @@
 """Metric names: the one vocabulary shared by both backends and the analysis package.
 
 Every name here is the exact key written to ``metrics.jsonl`` / ``eval.jsonl`` of a run
-directory (DESIGN.md, "The run directory"). Backends import the constants instead of typing
+directory (docs/design.md, "The run directory"). Backends import the constants instead of typing
 strings, so a typo is an ``AttributeError`` at import time rather than a silently missing
 curve in a figure.
 
@@ -19,7 +19,7 @@ measured: the ``shadow/*`` keys appear on calibration steps only, ``dapo/*`` wit
     {"step": 100, "dataset": "aime24", "k": 16, "n": 30,
      "eval/aime24/avg@k": 0.41, "eval/aime24/pass@k": 0.70}
 
-The metric keys spell ``avg@k`` / ``pass@k`` literally (DESIGN.md) and the row's ``k`` field
+The metric keys spell ``avg@k`` / ``pass@k`` literally (docs/design.md) and the row's ``k`` field
 says which k was used; ``n`` is the number of problems. :func:`eval_row` builds such a row.
 Readers (``analysis.collect``) also accept a numeric k in the key (``eval/aime24/avg@16``) and
 rows that carry several datasets at once, so an external logger need not be reshaped.
@@ -90,7 +90,7 @@ PERF_TRAIN_S = "perf/train_s"
 PERF_SHADOW_S = "perf/shadow_s"
 PERF_TOKENS_PER_S = "perf/tokens_per_s"
 
-#: Every per-step metric name of DESIGN.md, in the table's order (``step`` excluded).
+#: Every per-step metric name, in the order of docs/design.md's table (``step`` excluded).
 TRAIN_METRICS: tuple[str, ...] = (
     ACTOR_ENTROPY,
     ACTOR_PG_LOSS,

@@ -1,4 +1,4 @@
-"""The run directory: the one interface between running and analysing (DESIGN.md).
+"""The run directory: the one interface between running and analysing (docs/design.md).
 
 ::
 

@@ -1,6 +1,6 @@
 """The Calibrated Clipping controller: when to calibrate, what data, smoothing, state, metrics.
 
-A small stateful object beside the math (DESIGN.md), like a KL controller: the trainer asks it
+A small stateful object beside the math (docs/design.md), like a KL controller: the trainer asks it
 for the bounds in force (``bounds(step)``), whether a step calibrates and needs the BF16
 shadow pass (``is_calibration_step`` / ``needs_shadow``), and hands it the calibration tensors
 of a calibration step (``update``); the estimation itself (alpha, the lower-bound quantile,

@@ -17,7 +17,7 @@ dict ``ppo_train`` returns (rank 0's reaches OpenRLHF's logger: ``Global step N:
 
 One logged row = one training step (one ``ppo_train`` call = ``num_mini_batches`` optimizer
 steps); the mini backend defines its step metrics the same way (``fp8rl.backends.mini``: counts
-summed over the step's mini-batches). Metrics (names as in DESIGN.md):
+summed over the step's mini-batches). Metrics (names as in docs/design.md):
 
 - ``actor/clipfrac_{neg,pos}_{low,high}``: ``fp8rl.rl.diagnostics.fractions_from_counts`` of
   the summed ``clip_counts``, each micro-batch counted against the bounds in force for it;
