@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 # On CPU-only machines torch must be installed before the project, or pip pulls a CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: install install-run test test-all lint bench clean install-integration test-integration paper-smoke
+.PHONY: install install-run test test-all lint bench clean install-integration test-integration paper-smoke notebooks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,13 @@ test: install
 
 test-all: install
 	$(BIN)/python -m pytest -q -m 'not integration'
+
+# Every notebook of analysis/notebooks, executed headless on the published runs
+# (docs/results/mini/runs/entropy_granularity); fails on any cell error (analysis/run_notebooks.py).
+# The executed copies (outputs included) go to build/notebooks/.
+NB_SWEEP ?= docs/results/mini/runs/entropy_granularity
+notebooks: install
+	$(BIN)/python -m analysis.run_notebooks --sweep $(NB_SWEEP) --out build/notebooks
 
 # The integration tier (tests/integration, docs/cluster.md "Verified on CPU"), in a venv of its
 # own: OpenRLHF 0.11.2 pins transformers 5.15, which the mini backend does not run on. It holds
