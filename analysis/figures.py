@@ -4,13 +4,13 @@ Every figure has one column of panels per (algorithm, model) and one row per met
 per arm (``analysis.arms``: fixed colour and line style per (fp8, clip), the same in every
 figure), the mean over seeds of the EMA-smoothed per-run curves with a band of +-1 standard
 deviation over seeds where there are two or more, and the legend *below* the panels (it never
-covers data). Each figure is written as PNG (200 dpi) and PDF, with a CSV of exactly the
+covers data). Each figure is written as PNG (200 dpi; PDF with ``pdf=True``), with a CSV of exactly the
 plotted numbers beside it (``kind=line`` rows: step, mean, std, n_seeds; ``kind=surge`` rows:
 the surge onsets marked with a triangle), sorted and formatted deterministically.
 
-Figures (:data:`FIGURES`): entropy over training (surge onsets marked, ``analysis.surge``);
-``actor/clipfrac_neg_low`` (the mechanism); reward and rollout accuracy; evaluation accuracy
-(avg@k averaged over the evaluation sets, from ``eval.jsonl``); response length; mismatch KL
+Figures (:data:`FIGURES`): entropy over training, drawn by ``analysis.granularity`` (one panel
+per FP8 setting, clip methods as colours, min-max band; surge onsets marked, ``analysis.surge``);
+``actor/clipfrac_neg_low`` (the mechanism); reward and rollout accuracy; response length; mismatch KL
 (log scale); the clip bounds ``clip/low``, ``clip/high`` and ``clip/alpha``; the ratio
 quantiles of negative-advantage tokens.
 

@@ -72,6 +72,9 @@ FIGURE_ORDER: tuple[str, ...] = ("entropy", "eval_accuracy", "clipfrac_neg_low",
                                  "ratio_quantiles")
 ALL_FIGURES: tuple[str, ...] = (*FIGURE_ORDER,
                                 *(n for n in FIGURE_NAMES + SUMMARY_NAMES if n not in FIGURE_ORDER))
+#: ``--figures published``: the figures the published reports (docs/results, ``make results``)
+#: keep in git; every other figure is one ``python -m analysis.report`` away.
+PUBLISHED_FIGURES: tuple[str, ...] = ("entropy", "eval_accuracy", "clipfrac_summary")
 
 
 @dataclasses.dataclass
@@ -210,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="do not keep parsed metrics in OUT/.cache (default: keep, so a rerun "
                         "parses only the lines appended since)")
     p.add_argument("--figures", default=None,
-                   help="comma-separated subset of figures (default all: "
+                   help="comma-separated subset of figures, or 'published' for "
+                        f"{','.join(PUBLISHED_FIGURES)} (default all: "
                         f"{','.join(ALL_FIGURES)})")
     p.add_argument("--pdf", action="store_true", help="also write every figure as PDF (not published)")
     p.add_argument("--smooth", type=float, default=None, help="EMA span in steps (default: auto)")
@@ -235,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     show = args.progress if args.progress is not None else len(coll.runs) >= 50
     figures = None if args.figures is None else [f.strip() for f in args.figures.split(",") if f.strip()]
+    if figures == ["published"]:
+        figures = list(PUBLISHED_FIGURES)
     rule = SurgeRule.for_length(_run_length(coll), k=args.surge_k, m=args.surge_m,
                                 warmup=args.surge_warmup)
     path = write_staged(out, lambda staging: write_report(coll, staging, rule=rule, smooth=args.smooth,
