@@ -58,7 +58,7 @@ def _accuracy_lines(p: pd.DataFrame) -> list[str]:
 
         def vs(r) -> str:
             t = f", t = {r['vs_bf16_t']:.1f}" if _fin(r["vs_bf16_t"]) else ""
-            return f"{r['arm']} {100 * r['vs_bf16_mean']:+.1f} pts ({int(r['vs_bf16_pairs'])} seeds{t})"
+            return f"{r['arm']} {100 * r['vs_bf16_mean']:+.1f} pts ({int(r['vs_bf16_pairs'])} seed{'s' if r['vs_bf16_pairs'] != 1 else ''}{t})"
 
         lines.append(f"Gain from step 0 minus the BF16 arm's gain, paired by seed: largest {vs(hi)}, "
                      f"smallest {vs(lo)}.")
