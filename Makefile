@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 # On CPU-only machines torch must be installed before the project, or pip pulls a CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: install install-run test test-all lint bench clean install-integration test-integration paper-smoke
+.PHONY: install install-run test test-all lint bench clean install-integration test-integration paper-smoke notebooks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,13 @@ test: install
 
 test-all: install
 	$(BIN)/python -m pytest -q -m 'not integration'
+
+# Every notebook of analysis/notebooks, executed headless on the published runs
+# (docs/results/mini/runs/entropy_granularity); fails on any cell error (analysis/run_notebooks.py).
+# The executed copies (outputs included) go to build/notebooks/.
+NB_SWEEP ?= docs/results/mini/runs/entropy_granularity
+notebooks: install
+	$(BIN)/python -m analysis.run_notebooks --sweep $(NB_SWEEP) --out build/notebooks
 
 # The integration tier (tests/integration, docs/cluster.md "Verified on CPU"), in a venv of its
 # own: OpenRLHF 0.11.2 pins transformers 5.15, which the mini backend does not run on. It holds
@@ -100,8 +107,10 @@ reproduce: install-run
 	$(BIN)/python -m experiments.launch +sweep=main_table
 
 # The published mini reproduction (docs/results/mini/README.md). After the sweeps have run:
-# copy each sweep's run directories (no checkpoints, no machine paths) into $(RESULTS)/runs/
-# and regenerate its report from that copy; tests/analysis/test_published_results.py checks it.
+# copy each sweep's run directories (no checkpoints, samples or event files, no machine paths)
+# into $(RESULTS)/runs/ and regenerate its report from that copy with the published figures only
+# (PNG + CSV of analysis.report.PUBLISHED_FIGURES; all figures and PDFs: run analysis.report
+# yourself, --pdf); tests/analysis/test_published_results.py checks it.
 RESULTS ?= docs/results/mini
 SWEEPS  ?= main_table entropy_granularity calibration_ablation regime_ablation calibration_floor calibration_ema body_learning
 .PHONY: results
@@ -109,5 +118,7 @@ results: install-run
 	@for s in $(SWEEPS); do \
 	  $(BIN)/python -m experiments.publish runs/$$s $(RESULTS)/runs/$$s --replace || exit 1; \
 	  rm -rf $(RESULTS)/$$s/figures $(RESULTS)/$$s/tables $(RESULTS)/$$s/report.md; \
-	  $(BIN)/python -m analysis.report $(RESULTS)/runs/$$s --out $(RESULTS)/$$s --no-cache --no-progress || exit 1; \
+	  $(BIN)/python -m analysis.report $(RESULTS)/runs/$$s --out $(RESULTS)/$$s --no-cache --no-progress --figures published || exit 1; \
 	done
+	@# The README's figure.
+	cp $(RESULTS)/entropy_granularity/figures/entropy.png docs/figures/entropy_granularity.png

@@ -10,7 +10,10 @@ BF16 arm (BF16 vanilla, else the first BF16 arm) is drawn as a dashed vertical l
 Written like every figure (``analysis.figures``): PNG (200 dpi), PDF and the CSV of exactly the
 plotted numbers (``kind=bar``: algorithm, model, arm, fp8, clip, mean, std, n_seeds).
 Summaries (:data:`SUMMARIES`): ``clipfrac_summary``, the percentage of A<0 tokens below the
-lower clip bound over training.
+lower clip bound over training (error bars ±1 std over seeds); ``eval_accuracy``, each finished
+run's final evaluation (avg@k, mean over the evaluation sets, ``analysis.collect.final_evals``),
+per arm the mean over seeds with a 95% confidence interval (Student t, n - 1 degrees of freedom;
+no bar below two seeds). The CSV's ``lo``/``hi`` columns are the ends of the drawn interval.
 """
 
 from __future__ import annotations
@@ -28,9 +31,18 @@ import numpy as np
 import pandas as pd
 
 from analysis.arms import arm_label, arm_order_key, arm_style
+from analysis.captions import describe_runs
 from analysis.clip_tables import run_mechanism
-from analysis.collect import Collection
-from analysis.figures import MAX_COLS, RC, format_number, panels_of, spec_by_name
+from analysis.collect import Collection, final_evals
+from analysis.curves import (
+    MAX_COLS,
+    RC,
+    FigurePaths,
+    format_number,
+    panels_of,
+    save_figure,
+    spec_by_name,
+)
 from fp8rl.runs import metrics as M
 
 
@@ -43,12 +55,34 @@ class SummarySpec:
     xlabel: str
     title: str
     scale: float = 1.0
+    #: ``"mechanism"``: the per-run mean over training (``run_mechanism``); ``"eval"``: the
+    #: run's final evaluation averaged over the sets (finished runs).
+    source: str = "mechanism"
+    #: error bars: ``"std"`` (±1 std over seeds) or ``"ci95"`` (95% t interval of the mean).
+    interval: str = "std"
 
+
+EVAL_FINAL = "eval/final/avg@k"  # pseudo-metric of the accuracy summary
 
 SUMMARIES: tuple[SummarySpec, ...] = (
+    SummarySpec("eval_accuracy", EVAL_FINAL, "final eval avg@k, mean over sets (%)",
+                "Evaluation accuracy at the end of training, per arm", scale=100.0, source="eval",
+                interval="ci95"),
     SummarySpec("clipfrac_summary", M.ACTOR_CLIPFRAC_NEG_LOW, "A<0 tokens below L, mean over training (%)",
                 "Negative-advantage tokens below the lower clip bound, per arm", scale=100.0),
 )
+#: Two-sided 95% Student t quantiles by degrees of freedom (1-30; 1.96 beyond).
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    return T975[df - 1] if 1 <= df <= len(T975) else 1.96 if df > 0 else float("nan")
+
+
+INTERVAL_TEXT = {"std": "error bars: ±1 std over seeds",
+                 "ci95": "error bars: 95% confidence interval of the mean over seeds (Student t)"}
 SUMMARY_NAMES = tuple(s.name for s in SUMMARIES)
 
 
@@ -60,7 +94,8 @@ def arm_means(coll: Collection, metric: str) -> pd.DataFrame:
     """``algorithm, model, fp8, clip, arm, mean, std, n_seeds``: per arm, over its runs, of each
     run's mean of ``metric`` over its logged steps (runs that never logged it are left out)."""
     cols = ["algorithm", "model", "fp8", "clip", "arm", "mean", "std", "n_seeds"]
-    per_run = run_mechanism(coll) if len(coll.steps) else pd.DataFrame()
+    per_run = run_final_eval(coll) if metric == EVAL_FINAL else (
+        run_mechanism(coll) if len(coll.steps) else pd.DataFrame())
     if per_run.empty or metric not in per_run.columns:
         return pd.DataFrame(columns=cols)
     per_run = per_run.dropna(subset=[metric])
@@ -74,8 +109,27 @@ def arm_means(coll: Collection, metric: str) -> pd.DataFrame:
     return df.sort_values(["algorithm", "model", "_k"], kind="stable")[cols].reset_index(drop=True)
 
 
+def run_final_eval(coll: Collection) -> pd.DataFrame:
+    """Per finished run: ``algorithm, model, fp8, clip`` and :data:`EVAL_FINAL`, its final avg@k
+    averaged over the evaluation sets (runs missing a set of their sweep are left out)."""
+    fe = final_evals(coll)
+    if fe.empty:
+        return pd.DataFrame(columns=["run", "algorithm", "model", "fp8", "clip", EVAL_FINAL])
+    n_sets = fe["dataset"].nunique()
+    g = fe.groupby(["run", "algorithm", "model", "fp8", "clip"], observed=True, dropna=False)["value"]
+    df = g.agg(["mean", "count"]).reset_index()
+    df = df[df["count"] == n_sets].rename(columns={"mean": EVAL_FINAL})
+    return df[["run", "algorithm", "model", "fp8", "clip", EVAL_FINAL]]
+
+
+def _interval(mean: np.ndarray, std: np.ndarray, n: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper ends of the error bar around ``mean`` (NaN where there is none)."""
+    half = std if kind == "std" else np.array([t975(int(k) - 1) for k in n]) * std / np.sqrt(n)
+    return mean - half, mean + half
+
+
 def plot_summary(coll: Collection, spec: SummarySpec | str, out_dir: str | os.PathLike, *,
-                 panel_width: float = 2.4) -> dict[str, Path] | None:
+                 pdf: bool = False, panel_width: float = 2.4) -> FigurePaths | None:
     """Draw one summary figure into ``out_dir``; None when no run logged its metric."""
     spec = summary_spec(spec) if isinstance(spec, str) else spec
     data = arm_means(coll, spec.metric)
@@ -100,9 +154,11 @@ def plot_summary(coll: Collection, spec: SummarySpec | str, out_dir: str | os.Pa
             y = np.arange(len(a))[::-1]
             mean = a["mean"].to_numpy(dtype=float) * spec.scale
             std = a["std"].to_numpy(dtype=float) * spec.scale
+            lo, hi = _interval(mean, std, a["n_seeds"].to_numpy(dtype=float), spec.interval)
             colors = [arm_style(f, c).color for f, c in zip(a["fp8"], a["clip"], strict=True)]
+            xerr = np.vstack([np.where(np.isfinite(lo), mean - lo, 0.0), np.where(np.isfinite(hi), hi - mean, 0.0)])
             ax.barh(y, mean, color=colors, height=0.7,
-                    xerr=np.where(np.isfinite(std), std, 0.0) if np.isfinite(std).any() else None,
+                    xerr=xerr if np.isfinite(std).any() else None,
                     error_kw={"elinewidth": 0.8, "capsize": 1.5})
             ref = a[a["fp8"] == "bf16"].sort_values("clip", key=lambda c: c != "vanilla", kind="stable")
             if len(ref):  # BF16 vanilla, else the first BF16 arm (as the tables' reference)
@@ -114,18 +170,21 @@ def plot_summary(coll: Collection, spec: SummarySpec | str, out_dir: str | os.Pa
             ax.set_title(f"{algo.upper()} · {model}")
             if i // ncols == nrows - 1 or i + ncols >= len(panels):
                 ax.set_xlabel(spec.xlabel)
-            for r in a.itertuples(index=False):
+            for r, lo_, hi_ in zip(a.itertuples(index=False), lo, hi, strict=True):
                 csv_rows.append(("bar", spec.metric, algo, model, r.arm, r.fp8, r.clip,
                                  format_number(float(r.mean) * spec.scale), format_number(float(r.std) * spec.scale),
-                                 int(r.n_seeds)))
+                                 int(r.n_seeds), format_number(float(lo_)), format_number(float(hi_))))
         for j in range(len(panels), nrows * ncols):
             axes[j // ncols][j % ncols].set_visible(False)
         fig.suptitle(spec.title + ("; dashed: BF16" if (data["fp8"] == "bf16").any() else ""), fontsize=9)
-        paths = {"png": out_dir / f"{spec.name}.png", "pdf": out_dir / f"{spec.name}.pdf",
-                 "csv": out_dir / f"{spec.name}.csv"}
-        fig.savefig(paths["png"], dpi=200)
-        fig.savefig(paths["pdf"], metadata={"CreationDate": None})
+        what = ("each finished run's final evaluation, avg@k averaged over the evaluation sets"
+                if spec.source == "eval" else "each run's mean over its logged steps")
+        caption = (f"{spec.title}: bars are the mean over seeds of {what}; {INTERVAL_TEXT[spec.interval]}"
+                   f" (none for single-seed arms)"
+                   + ("; dashed line: the BF16 arm" if (data["fp8"] == "bf16").any() else "")
+                   + f". {describe_runs(coll)}")
+        paths = save_figure(fig, out_dir, spec.name, caption, pdf=pdf)
         plt.close(fig)
-    header = ["kind", "metric", "algorithm", "model", "arm", "fp8", "clip", "mean", "std", "n_seeds"]
+    header = ["kind", "metric", "algorithm", "model", "arm", "fp8", "clip", "mean", "std", "n_seeds", "lo", "hi"]
     pd.DataFrame(csv_rows, columns=header).to_csv(paths["csv"], index=False, lineterminator="\n")
     return paths

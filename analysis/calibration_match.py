@@ -322,11 +322,11 @@ def agreement_table(coll: Collection, *, name: str = "clip_agreement") -> Table:
 # --- the report's sections ---------------------------------------------------------------
 
 
-def calibration_match_sections(coll: Collection, tab_dir: str | os.PathLike) -> list[str]:
-    """Write both tables into ``tab_dir`` and return the report's Markdown lines for them."""
+def calibration_match_sections(coll: Collection, tab_dir: str | os.PathLike) -> list[tuple[str, list[str]]]:
+    """Write both tables into ``tab_dir`` and return the report's sections for them: (title, lines)."""
     hw = halfwidth_table(coll)
     hw.write(tab_dir)
     ag = agreement_table(coll)
     ag.write(tab_dir)
-    return ["## Calibrated Clipping against BF16: the half-width criterion", "", hw.markdown,
-            "## Which tokens are clipped: FP8 against the BF16 shadow", "", ag.markdown]
+    return [("Calibrated Clipping against BF16: the half-width criterion", [hw.markdown]),
+            ("Which tokens are clipped: FP8 against the BF16 shadow", [ag.markdown])]

@@ -40,25 +40,39 @@ Choices: a run's *final* evaluation (:func:`final_evals`) is the ``eval/<dataset
 value in ``summary.json`` when present (the backend's final numbers, docs/design.md), else the eval
 row with the largest step. When several rows share a step, the last one wins (a resume that
 did not truncate), and a note says so.
+
+Modules: this one discovers the cells of a sweep and classifies them; ``analysis.rundir_read``
+reads one run directory (and keeps the metrics cache), ``analysis.jsonl`` parses JSONL,
+``analysis.evals`` handles evaluations (``final_evals``) and ``analysis.frames`` holds
+:class:`Collection` and builds the ``steps`` frame. Their public names are importable from here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import gc
-import hashlib
-import itertools
-import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from analysis.arms import arm_label, arm_order_key, with_variant
-from fp8rl.runs import metrics as M
+from analysis.arms import arm_label, with_variant
+from analysis.evals import build_evals, eval_entries, final_evals
+from analysis.frames import (
+    CELL_DAMAGED,
+    CELL_FAILED,
+    CELL_INCOMPLETE,
+    CELL_MISSING,
+    CELL_OK,
+    CELL_UNLISTED,
+    EVAL_COLUMNS,
+    RUN_COLUMNS,
+    Collection,
+    build_steps,
+)
+from analysis.jsonl import _orjson, parse_jsonl, parse_jsonl_bytes, rows_to_columns
+from analysis.rundir_read import load_run
 from fp8rl.runs.identity import parse_run_name
 from fp8rl.runs.manifest import AXES, MANIFEST_FILE, read_manifest
 from fp8rl.runs.rundir import (
@@ -71,396 +85,12 @@ from fp8rl.runs.rundir import (
     SUMMARY_FILE,
 )
 
-try:  # optional fast parser
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - exercised where orjson is absent
-    _orjson = None
-
-CELL_OK, CELL_MISSING, CELL_FAILED, CELL_INCOMPLETE, CELL_UNLISTED, CELL_DAMAGED = (
-    "ok",
-    "missing",
-    "failed",
-    "incomplete",
-    "unlisted",
-    "damaged",
-)
-RUN_COLUMNS = [
-    "sweep", "run", "name", "hash", *AXES, "arm", "state", "status_step", "reason", "cell",
-    "in_manifest", "n_rows", "first_step", "last_step", "truncated_tail", "bad_lines",
-    "duplicate_steps", "summary", "run_dir",
+#: What ``from analysis.collect import ...`` offers (the split modules' public names included).
+__all__ = [
+    "CELL_DAMAGED", "CELL_FAILED", "CELL_INCOMPLETE", "CELL_MISSING", "CELL_OK", "CELL_UNLISTED",
+    "EVAL_COLUMNS", "RUN_COLUMNS", "Collection", "_orjson", "collect", "eval_entries", "final_evals",
+    "parse_jsonl", "parse_jsonl_bytes", "rows_to_columns",
 ]
-EVAL_COLUMNS = ["run", "step", "dataset", "stat", "k", "n", "value"]
-
-
-# --- parsing -----------------------------------------------------------------------------
-
-
-def _loads(data: bytes):
-    if _orjson is not None:
-        try:
-            return _orjson.loads(data)
-        except _orjson.JSONDecodeError:
-            pass  # e.g. NaN literals: the standard library accepts them
-    return json.loads(data)
-
-
-@dataclasses.dataclass
-class ParsedJsonl:
-    """Rows of one JSONL file and what had to be repaired to read it."""
-
-    rows: list
-    truncated_tail: bool = False
-    bad_lines: int = 0
-
-
-def parse_jsonl(path: str | os.PathLike, *, engine: str = "auto") -> ParsedJsonl:
-    """Read a JSONL file fast; tolerant of a truncated last line and of corrupt lines.
-
-    ``engine`` is ``"auto"`` (orjson when installed), ``"json"`` (standard library) or
-    ``"loop"`` (one ``json.loads`` per line: the reference). A missing file gives no rows.
-    A final line without newline that does not parse is dropped (``truncated_tail``); corrupt
-    lines elsewhere are skipped and counted (``bad_lines``) rather than failing the sweep.
-    """
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return ParsedJsonl([])
-    return parse_jsonl_bytes(data, engine=engine)[0]
-
-
-def parse_jsonl_bytes(data: bytes, *, engine: str = "auto") -> tuple[ParsedJsonl, int]:
-    """:func:`parse_jsonl` on bytes; also returns how many bytes were consumed (everything
-    but a truncated last line, which a later, longer read may complete)."""
-    truncated = False
-    consumed = len(data)
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        tail = data[cut:]
-        try:
-            obj = json.loads(tail)
-            ok = isinstance(obj, dict)
-        except ValueError:
-            ok = False
-        if ok:
-            data = data + b"\n"
-        else:
-            truncated = bool(tail.strip())
-            data = data[:cut]
-            consumed = cut
-    if data.endswith(b"\n") and not data.endswith(b"\n\n") and not data.isspace():
-        body = None  # common case: one final newline, no copy needed to strip it
-    else:
-        body = data.rstrip(b"\n")
-        if not body.strip():
-            return ParsedJsonl([], truncated), consumed
-    if engine != "loop":
-        loads = _loads if engine == "auto" else json.loads
-        try:
-            if body is None:  # "[" + lines joined by "," + "]" with two copies, not three
-                doc = bytearray(b"[")
-                doc += data
-                doc = doc.replace(b"\n", b",")
-                doc[-1] = 0x5D  # the final newline's comma -> "]"
-                doc = doc if loads is _loads else bytes(doc)
-            else:
-                doc = b"[" + body.replace(b"\n", b",") + b"]"
-            rows = loads(doc)
-            if not rows or set(map(type, rows)) == {dict}:
-                return ParsedJsonl(rows, truncated), consumed
-        except ValueError:
-            pass  # blank or corrupt lines: fall through to the per-line reader
-    rows, bad = [], 0
-    for line in (data if body is None else body).split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if isinstance(obj, dict):
-            rows.append(obj)
-        else:
-            bad += 1
-    return ParsedJsonl(rows, truncated, bad), consumed
-
-
-def rows_to_columns(rows: Sequence[dict]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Metric rows -> (steps int64 [N], {metric: float64 [N]}); rows without an int step dropped.
-
-    Values that are not numbers (null, lists, objects) become NaN; booleans become 0/1. (A
-    string value is read with ``float()`` when every value of its key group converts, else as
-    NaN; the backends never log strings.) Rows are grouped by key sequence and each group is converted with one ``np.fromiter``
-    into a [rows, keys] block. The common case, every row with the first row's key sequence
-    (checked with one C-level pass over ``map(list, rows)``), skips the grouping and the
-    NaN-filled scatter: the columns are the rows of the transposed block.
-    """
-    n = len(rows)
-    if n == 0:
-        return np.zeros(0, np.int64), {}
-    sig0 = tuple(rows[0])
-    sig0l = list(sig0)
-    if all(map(sig0l.__eq__, map(list, rows))):
-        cols = dict(zip(sig0, _block(rows, len(sig0)).T.copy(), strict=True))
-    else:
-        groups: dict[tuple, list[int]] = {}
-        for i, r in enumerate(rows):
-            sig = tuple(r)
-            g = groups.get(sig)
-            if g is None:
-                groups[sig] = [i]
-            else:
-                g.append(i)
-        cols = {}
-        for sig, idx in groups.items():
-            block = _block([rows[i] for i in idx], len(sig))
-            ia = np.asarray(idx)
-            for j, key in enumerate(sig):
-                col = cols.get(key)
-                if col is None:
-                    col = cols[key] = np.full(n, np.nan)
-                col[ia] = block[:, j]
-    step = cols.pop(M.STEP, np.full(n, np.nan))
-    keep = np.isfinite(step) & (step >= 0) & (step == np.floor(step))
-    if not keep.all():
-        step = step[keep]
-        cols = {k: v[keep] for k, v in cols.items()}
-    return step.astype(np.int64), cols
-
-
-def _block(grp: Sequence[dict], width: int) -> np.ndarray:
-    """Rows sharing one key sequence -> float64 [len(grp), width] (one ``np.fromiter``)."""
-    try:
-        block = np.fromiter(
-            itertools.chain.from_iterable(map(dict.values, grp)),
-            dtype=np.float64,
-            count=len(grp) * width,
-        )
-    except (TypeError, ValueError, OverflowError):
-        block = np.array([[_num(v) for v in r.values()] for r in grp], dtype=np.float64)
-    return block.reshape(len(grp), width)
-
-
-def _num(v) -> float:
-    if v is None or isinstance(v, (str, list, dict)):
-        return np.nan
-    try:
-        return float(v)
-    except (TypeError, ValueError, OverflowError):
-        return np.nan
-
-
-def eval_entries(rows: Iterable[dict]) -> list[tuple]:
-    """eval.jsonl rows -> ``(step, dataset, stat, k, n, value)`` tuples.
-
-    Accepts the canonical layout (``eval/<ds>/avg@k`` keys plus ``k``/``n`` fields), a numeric
-    k in the key (``eval/<ds>/avg@16``), rows holding several datasets, and bare
-    ``avg@k``/``pass@k`` keys next to a ``dataset`` field.
-    """
-    out = []
-    for r in rows:
-        step = r.get(M.STEP)
-        if not isinstance(step, int) or isinstance(step, bool):
-            continue
-        k_row, n_row, ds_row = r.get(M.EVAL_K), r.get(M.EVAL_N), r.get(M.EVAL_DATASET)
-        for key, value in r.items():
-            parsed = M.parse_eval_key(key)
-            if parsed is None and ds_row is not None and "/" not in key:
-                parsed = M.parse_eval_key(f"eval/{ds_row}/{key}")
-            if parsed is None:
-                continue
-            ds, stat, k = parsed
-            out.append((step, ds, stat, k if k is not None else k_row, n_row, _num(value)))
-    return out
-
-
-def _read_json(path: Path):
-    """The JSON object in ``path``, None when absent, ``{"__corrupt__": why}`` when it cannot be read."""
-    try:
-        value = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:  # ValueError: not JSON, not UTF-8
-        return {"__corrupt__": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-    if not isinstance(value, dict):
-        return {"__corrupt__": f"holds a JSON {type(value).__name__}, not an object"}
-    return value
-
-
-_SIG = 64  # bytes before the cached offset that must be unchanged for an incremental read
-
-
-def _cache_path(cache_dir: str, run_dir: Path) -> Path:
-    """Stem of a run's cache files: ``<stem>.npy`` (rows = step + metrics) and ``<stem>.json``."""
-    key = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:20]
-    return Path(cache_dir) / f"{run_dir.name[:60]}-{key}"
-
-
-def _cache_load(stem: Path) -> dict | None:
-    try:
-        meta = json.loads(stem.with_suffix(".json").read_text())
-        if meta.get("version") != _CACHE_VERSION:
-            return None
-        data = np.load(stem.with_suffix(".npy"), allow_pickle=False)
-        names = meta["columns"]
-        if data.ndim != 2 or data.shape[0] != len(names) + 1 or data.shape[1] != meta["rows"]:
-            return None
-        cols = {k: data[i + 1] for i, k in enumerate(names)}
-        return {**meta, "steps": data[0].astype(np.int64), "cols": cols}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _cache_save(stem: Path, meta: dict, steps: np.ndarray, cols: dict) -> None:
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    names = list(cols)
-    data = np.empty((len(names) + 1, len(steps)), dtype=np.float64)
-    data[0] = steps
-    for i, k in enumerate(names):
-        data[i + 1] = cols[k]
-    tmp = stem.parent / f".{stem.name}.{os.getpid()}.tmp.npy"
-    np.save(tmp, data, allow_pickle=False)
-    os.replace(tmp, stem.with_suffix(".npy"))
-    full = {**meta, "version": _CACHE_VERSION, "columns": names, "rows": len(steps)}
-    tmp_json = stem.parent / f".{stem.name}.{os.getpid()}.tmp.json"
-    tmp_json.write_text(json.dumps(full))
-    os.replace(tmp_json, stem.with_suffix(".json"))
-
-
-_CACHE_VERSION = 1
-
-
-def _read_metrics(p: Path, engine: str, cache_dir: str | None) -> tuple[np.ndarray, dict, bool, int]:
-    """Parse metrics.jsonl, incrementally when ``cache_dir`` holds an earlier parse.
-
-    The file is append-only while a run writes it, so the cache keeps the parsed columns and
-    the byte offset they cover; a later read parses only the bytes after it. The cache is used
-    only if the file is the same inode, at least as long, and the ``_SIG`` bytes before the
-    offset are unchanged (a resume's ``truncate_after`` replaces the file: full re-parse).
-    """
-    mp = p / METRICS_FILE
-    try:
-        st = mp.stat()
-    except FileNotFoundError:
-        return np.zeros(0, np.int64), {}, False, 0
-    cpath = _cache_path(cache_dir, p) if cache_dir else None
-    cached = _cache_load(cpath) if cpath is not None else None
-    with open(mp, "rb") as f:
-        if (cached is not None and cached["ino"] == st.st_ino and st.st_size >= cached["offset"]
-                and cached["engine"] == engine):
-            off = cached["offset"]
-            f.seek(max(0, off - _SIG))
-            sig = f.read(min(_SIG, off))
-            if sig.hex() == cached["sig"]:
-                if st.st_size == off:
-                    return cached["steps"], cached["cols"], cached["truncated_tail"], cached["bad_lines"]
-                parsed, consumed = parse_jsonl_bytes(f.read(), engine=engine)
-                new_steps, new_cols = rows_to_columns(parsed.rows)
-                steps = np.concatenate([cached["steps"], new_steps])
-                n_old, n_new = len(cached["steps"]), len(new_steps)
-                cols = {}
-                for k in dict.fromkeys([*cached["cols"], *new_cols]):
-                    a = cached["cols"].get(k, np.full(n_old, np.nan))
-                    b = new_cols.get(k, np.full(n_new, np.nan))
-                    cols[k] = np.concatenate([a, b])
-                bad = cached["bad_lines"] + parsed.bad_lines
-                _cache_save(cpath, {"ino": st.st_ino, "offset": off + consumed, "engine": engine,
-                                    "sig": _sig_at(mp, off + consumed), "truncated_tail": parsed.truncated_tail,
-                                    "bad_lines": bad}, steps, cols)
-                return steps, cols, parsed.truncated_tail, bad
-            f.seek(0)
-        data = f.read()
-    parsed, consumed = parse_jsonl_bytes(data, engine=engine)
-    steps, cols = rows_to_columns(parsed.rows)
-    if cpath is not None:
-        _cache_save(cpath, {"ino": st.st_ino, "offset": consumed, "engine": engine,
-                            "sig": data[max(0, consumed - _SIG):consumed].hex(),
-                            "truncated_tail": parsed.truncated_tail, "bad_lines": parsed.bad_lines},
-                    steps, cols)
-    return steps, cols, parsed.truncated_tail, parsed.bad_lines
-
-
-def _sig_at(path: Path, off: int) -> str:
-    with open(path, "rb") as f:
-        f.seek(max(0, off - _SIG))
-        return f.read(min(_SIG, off)).hex()
-
-
-def _load_run(path: str, engine: str = "auto", cache_dir: str | None = None) -> dict:
-    """Everything collect needs from one run directory (runs in worker processes).
-
-    The cyclic garbage collector is paused meanwhile: parsing creates millions of small
-    dicts and floats, none of them in cycles, and the collector's passes over them cost
-    10-30% of the time (measured on the benchmark sweep).
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _load_run_impl(path, engine, cache_dir)
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _load_run_impl(path: str, engine: str, cache_dir: str | None) -> dict:
-    p = Path(path)
-    out: dict = {"exists": p.is_dir()}
-    if not out["exists"]:
-        return out
-    out["status"] = _read_json(p / STATUS_FILE)
-    out["summary"] = _read_json(p / SUMMARY_FILE)
-    out["has_config"] = (p / CONFIG_FILE).exists()
-    out["has_metrics"] = (p / METRICS_FILE).exists()
-    steps, cols, truncated, bad = _read_metrics(p, engine, cache_dir)
-    out.update(steps=steps, cols=cols, truncated_tail=truncated, bad_lines=bad)
-    pe = parse_jsonl(p / EVAL_FILE, engine=engine)
-    out["eval"] = eval_entries(pe.rows)
-    out["eval_bad_lines"] = pe.bad_lines + int(pe.truncated_tail)
-    return out
-    out["status"] = _read_json(p / STATUS_FILE)
-    out["summary"] = _read_json(p / SUMMARY_FILE)
-    out["has_config"] = (p / CONFIG_FILE).exists()
-    out["has_metrics"] = (p / METRICS_FILE).exists()
-    pm = parse_jsonl(p / METRICS_FILE, engine=engine)
-    steps, cols = rows_to_columns(pm.rows)
-    out.update(steps=steps, cols=cols, truncated_tail=pm.truncated_tail, bad_lines=pm.bad_lines)
-    pe = parse_jsonl(p / EVAL_FILE, engine=engine)
-    out["eval"] = eval_entries(pe.rows)
-    out["eval_bad_lines"] = pe.bad_lines + int(pe.truncated_tail)
-    return out
-
-
-# --- the collection ----------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Collection:
-    """The tables of one or more sweeps (see the module docstring for their columns)."""
-
-    runs: pd.DataFrame
-    steps: pd.DataFrame
-    evals: pd.DataFrame
-    problems: pd.DataFrame
-    notes: list[str]
-    sweep_dirs: list[Path]
-
-    @property
-    def metrics(self) -> list[str]:
-        """Metric columns present in ``steps``."""
-        return [c for c in self.steps.columns if "/" in c]
-
-    def long(self, metrics: Sequence[str] | None = None) -> pd.DataFrame:
-        """``steps`` melted to ``run, step, <axes>, arm, metric, value`` (NaN rows dropped)."""
-        metrics = list(metrics) if metrics is not None else self.metrics
-        metrics = [m for m in metrics if m in self.steps.columns]
-        ids = [c for c in self.steps.columns if "/" not in c]
-        out = self.steps.melt(id_vars=ids, value_vars=metrics, var_name="metric", value_name="value")
-        return out.dropna(subset=["value"]).reset_index(drop=True)
-
-    def arms(self) -> list[tuple[str, str]]:
-        """``(fp8, clip)`` pairs of all cells, in display order."""
-        pairs = {(str(f), str(c)) for f, c in zip(self.runs["fp8"], self.runs["clip"], strict=True)}
-        return sorted(pairs, key=lambda p: arm_order_key(*p))
 
 
 def _axes_from_name(run: str) -> dict:
@@ -615,11 +245,11 @@ def collect(
         workers = min(cores, 8) if len(paths) >= 64 and cores >= 2 else 1
     if workers > 1 and len(paths) > 1:
         with ProcessPoolExecutor(max_workers=workers) as ex:
-            it = ex.map(_load_run, paths, [engine] * len(paths), [cache] * len(paths),
+            it = ex.map(load_run, paths, [engine] * len(paths), [cache] * len(paths),
                         chunksize=max(1, len(paths) // (workers * 8)))
             loaded = list(_progress(it, len(paths), progress, "collect"))
     else:
-        loaded = [_load_run(p, engine, cache) for p in _progress(paths, len(paths), progress, "collect")]
+        loaded = [load_run(p, engine, cache) for p in _progress(paths, len(paths), progress, "collect")]
     return _assemble(cells, loaded, notes, sweep_dirs)
 
 
@@ -673,94 +303,9 @@ def _assemble(cells: list[dict], loaded: list[dict], notes: list[str], sweep_dir
     runs = pd.DataFrame(run_rows, columns=RUN_COLUMNS)
     for col in ("seed", "status_step", "first_step", "last_step"):
         runs[col] = pd.to_numeric(runs[col], errors="coerce").astype("Int64")
-    steps_df = _build_steps(runs, step_parts)
-    evals_df = _build_evals(runs, eval_parts)
+    steps_df = build_steps(runs, step_parts)
+    evals_df = build_evals(runs, eval_parts)
     problems = runs.loc[runs["cell"] != CELL_OK, ["sweep", "run", *AXES, "arm", "cell", "state",
                                                   "status_step", "last_step", "reason"]]
     return Collection(runs=runs, steps=steps_df, evals=evals_df,
                       problems=problems.reset_index(drop=True), notes=notes, sweep_dirs=sweep_dirs)
-
-
-def _axis_columns(runs: pd.DataFrame, run_idx: np.ndarray) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for col in ("run", "algorithm", "model", "fp8", "clip", "scale", "arm"):
-        cat = pd.Categorical(runs[col].astype("string"))
-        out[col] = pd.Categorical.from_codes(cat.codes[run_idx], categories=cat.categories)
-    out["seed"] = runs["seed"].to_numpy()[run_idx]
-    return out
-
-
-def _build_steps(runs: pd.DataFrame, parts: list[tuple[int, np.ndarray, dict]]) -> pd.DataFrame:
-    names: dict[str, None] = {}
-    for _, _, cols in parts:
-        for k in cols:
-            names[k] = None
-    metric_names = sorted(names, key=_metric_order)
-    if not parts:
-        return pd.DataFrame(columns=["run", "step", "algorithm", "model", "fp8", "clip", "seed",
-                                     "scale", "arm", *metric_names])
-    lens = np.array([len(s) for _, s, _ in parts])
-    run_idx = np.repeat(np.array([i for i, _, _ in parts]), lens)
-    data: dict[str, object] = {}
-    ax = _axis_columns(runs, run_idx)
-    data["run"] = ax.pop("run")
-    data["step"] = np.concatenate([s for _, s, _ in parts])
-    data.update(ax)
-    for m in metric_names:
-        data[m] = np.concatenate([cols[m] if m in cols else np.full(len(s), np.nan) for _, s, cols in parts])
-    return pd.DataFrame(data)
-
-
-def _metric_order(name: str) -> tuple:
-    known = {m: i for i, m in enumerate(M.TRAIN_METRICS)}
-    return (0, known[name], "") if name in known else (1, 0, name)
-
-
-def _build_evals(runs: pd.DataFrame, parts: list[tuple[int, list]]) -> pd.DataFrame:
-    if not parts:
-        return pd.DataFrame(columns=[*EVAL_COLUMNS, "algorithm", "model", "fp8", "clip", "seed",
-                                     "scale", "arm"])
-    run_idx = np.concatenate([np.full(len(e), i) for i, e in parts])
-    flat = [t for _, e in parts for t in e]
-    df = pd.DataFrame(flat, columns=["step", "dataset", "stat", "k", "n", "value"])
-    ax = _axis_columns(runs, run_idx)
-    df.insert(0, "run", ax.pop("run"))
-    for k, v in ax.items():
-        df[k] = v
-    df["k"] = pd.to_numeric(df["k"], errors="coerce").astype("Int64")
-    df["n"] = pd.to_numeric(df["n"], errors="coerce").astype("Int64")
-    # last row wins per (run, step, dataset, stat)
-    df = df.drop_duplicates(subset=["run", "step", "dataset", "stat"], keep="last")
-    return df.sort_values(["run", "dataset", "stat", "step"], kind="stable").reset_index(drop=True)
-
-
-def final_evals(coll: Collection, stat: str = M.EVAL_AVG, *, cells: Sequence[str] = (CELL_OK,)) -> pd.DataFrame:
-    """Each run's final evaluation per dataset: ``run, dataset, value, step, source`` + axes.
-
-    Only runs whose ``cell`` is in ``cells`` (default: finished runs). ``source`` is
-    ``"summary"`` when ``summary.json`` holds ``eval/<dataset>/<stat>``, else ``"eval"`` (the
-    eval row with the largest step).
-    """
-    runs = coll.runs[coll.runs["cell"].isin(cells)]
-    rows = []
-    ev = coll.evals
-    ev = ev[ev["stat"] == stat] if len(ev) else ev
-    last = ev.sort_values("step").groupby(["run", "dataset"], observed=True).tail(1) if len(ev) else ev
-    last_by_run: dict[str, list] = {}
-    for r in last.itertuples(index=False):
-        last_by_run.setdefault(str(r.run), []).append(r)
-    for r in runs.itertuples(index=False):
-        from_summary: dict[str, float] = {}
-        if isinstance(r.summary, dict):
-            for key, v in r.summary.items():
-                p = M.parse_eval_key(key)
-                if p is not None and p[1] == stat:
-                    from_summary[p[0]] = _num(v)
-        for e in last_by_run.get(r.run, []):
-            if e.dataset not in from_summary:
-                rows.append((r.run, e.dataset, float(e.value), int(e.step), "eval"))
-        for ds, v in from_summary.items():
-            rows.append((r.run, ds, v, r.last_step, "summary"))
-    df = pd.DataFrame(rows, columns=["run", "dataset", "value", "step", "source"])
-    axes = coll.runs[["run", *AXES, "arm"]]
-    return df.merge(axes, on="run", how="left")

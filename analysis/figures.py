@@ -4,13 +4,13 @@ Every figure has one column of panels per (algorithm, model) and one row per met
 per arm (``analysis.arms``: fixed colour and line style per (fp8, clip), the same in every
 figure), the mean over seeds of the EMA-smoothed per-run curves with a band of +-1 standard
 deviation over seeds where there are two or more, and the legend *below* the panels (it never
-covers data). Each figure is written as PNG (200 dpi) and PDF, with a CSV of exactly the
+covers data). Each figure is written as PNG (200 dpi; PDF with ``pdf=True``), with a CSV of exactly the
 plotted numbers beside it (``kind=line`` rows: step, mean, std, n_seeds; ``kind=surge`` rows:
 the surge onsets marked with a triangle), sorted and formatted deterministically.
 
-Figures (:data:`FIGURES`): entropy over training (surge onsets marked, ``analysis.surge``);
-``actor/clipfrac_neg_low`` (the mechanism); reward and rollout accuracy; evaluation accuracy
-(avg@k averaged over the evaluation sets, from ``eval.jsonl``); response length; mismatch KL
+Figures (:data:`FIGURES`): entropy over training, drawn by ``analysis.granularity`` (one panel
+per FP8 setting, clip methods as colours, min-max band; surge onsets marked, ``analysis.surge``);
+``actor/clipfrac_neg_low`` (the mechanism); reward and rollout accuracy; response length; mismatch KL
 (log scale); the clip bounds ``clip/low``, ``clip/high`` and ``clip/alpha``; the ratio
 quantiles of negative-advantage tokens.
 
@@ -50,34 +50,29 @@ from analysis.arms import (
     arm_label,
     arm_order_key,
     arm_style,
-    panel_order_key,
     select,
     sort_arms,
     split_clip,
 )
+from analysis.captions import describe_runs
 from analysis.collect import Collection
-from analysis.surge import SurgeRule, ema, surge_table
+from analysis.curves import (  # noqa: F401  (arm_curves, auto_span, ...: public here too)
+    EVAL_AVG_METRIC,
+    MAX_COLS,
+    PAGE_WIDTH,
+    RC,
+    FigurePaths,
+    arm_curves,
+    auto_span,
+    format_number,
+    panels_of,
+    plain_yaxis,
+    save_figure,
+    spec_by_name,
+)
+from analysis.granularity import plot_by_granularity
+from analysis.surge import SurgeRule, surge_table
 from fp8rl.runs import metrics as M
-
-EVAL_AVG_METRIC = "eval/mean/avg@k"  # pseudo-metric: avg@k averaged over evaluation sets
-MAX_COLS = 3  # panels per row before wrapping (single-metric figures) or narrowing
-PAGE_WIDTH = 7.2  # inches: a two-column paper's text width
-
-RC = {
-    "font.size": 8,
-    "axes.titlesize": 8,
-    "axes.labelsize": 8,
-    "xtick.labelsize": 7,
-    "ytick.labelsize": 7,
-    "legend.fontsize": 7,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "grid.linewidth": 0.5,
-    "pdf.fonttype": 42,
-    "savefig.bbox": "tight",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,19 +91,20 @@ class FigureSpec:
     facet_clip: bool = False
     #: Factor applied to the plotted values (100: fractions drawn as percent).
     scale: float = 1.0
+    #: The paper's layout (``analysis.granularity``): one panel per FP8 setting, clip methods
+    #: as colours, mean over seeds and a min-max band.
+    by_granularity: bool = False
 
 
 FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec("entropy", (M.ACTOR_ENTROPY,), ("entropy (nats/token)",),
-               "Policy entropy over training", mark_surge=True),
+               "Policy entropy over training", mark_surge=True, by_granularity=True),
     FigureSpec("clipfrac_neg_low", (M.ACTOR_CLIPFRAC_NEG_LOW,),
                ("A<0 below L (%)",),
                "Negative-advantage tokens below the lower clip bound (gradient zeroed)",
                facet_clip=True, scale=100.0),
     FigureSpec("reward_accuracy", (M.ROLLOUT_REWARD_MEAN, M.ROLLOUT_ACC),
                ("mean reward", "rollout accuracy (fraction)"), "Reward and rollout accuracy"),
-    FigureSpec("eval_accuracy", (EVAL_AVG_METRIC,), ("eval avg@k, mean over sets (%)",),
-               "Evaluation accuracy"),
     FigureSpec("response_length", (M.ROLLOUT_RESPONSE_LEN,), ("response length (tokens)",),
                "Response length"),
     FigureSpec("mismatch_kl", (M.ROLLOUT_MISMATCH_KL,), ("rollout-trainer KL (nats/token)",),
@@ -123,78 +119,8 @@ FIGURES: tuple[FigureSpec, ...] = (
 FIGURE_NAMES = tuple(f.name for f in FIGURES)
 
 
-def spec_by_name(specs, name: str, what: str = "figure"):
-    """The spec called ``name`` among ``specs`` (anything with a ``.name``); KeyError naming
-    the valid ones."""
-    for f in specs:
-        if f.name == name:
-            return f
-    raise KeyError(f"unknown {what} {name!r}; valid names are: {', '.join(f.name for f in specs)}")
-
-
 def figure_spec(name: str) -> FigureSpec:
     return spec_by_name(FIGURES, name)
-
-
-def _eval_mean_steps(coll: Collection) -> pd.DataFrame:
-    """``run, step, eval/mean/avg@k`` (percent): avg@k averaged over the evaluation sets that
-    the run evaluated at that step (only steps where every set of the run is present)."""
-    ev = coll.evals
-    if len(ev) == 0:
-        return pd.DataFrame(columns=["run", "step", EVAL_AVG_METRIC])
-    ev = ev[ev["stat"] == M.EVAL_AVG]
-    n_sets = ev.groupby("run", observed=True)["dataset"].nunique()
-    g = ev.groupby(["run", "step"], observed=True)["value"].agg(["mean", "count"]).reset_index()
-    g = g[g["count"].to_numpy() == n_sets.reindex(g["run"]).to_numpy()]
-    return pd.DataFrame({"run": g["run"].astype(str), "step": g["step"].astype(np.int64),
-                         EVAL_AVG_METRIC: 100.0 * g["mean"].to_numpy()})
-
-
-def _series_table(coll: Collection, metric: str) -> pd.DataFrame:
-    """``run, step, value`` for one metric (NaN dropped)."""
-    if metric == EVAL_AVG_METRIC:
-        df = _eval_mean_steps(coll).rename(columns={EVAL_AVG_METRIC: "value"})
-    elif metric in coll.steps.columns:
-        df = coll.steps[["run", "step", metric]].rename(columns={metric: "value"})
-        df = df.assign(run=df["run"].astype(str))
-    else:
-        return pd.DataFrame(columns=["run", "step", "value"])
-    return df.dropna(subset=["value"])
-
-
-def auto_span(n_steps: int) -> float:
-    """Default EMA span for a run of ``n_steps`` logged steps."""
-    return float(max(1, round(n_steps / 50)))
-
-
-def arm_curves(coll: Collection, metric: str, *, smooth: float | None = None) -> pd.DataFrame:
-    """Per (algorithm, model, arm, step): mean and std over seeds of smoothed per-run curves.
-
-    Returns ``algorithm, model, fp8, clip, arm, metric, step, mean, std, n_seeds``; ``smooth``
-    is the EMA span (None = :func:`auto_span` per run; sparse metrics are never smoothed).
-    """
-    cols = ["algorithm", "model", "fp8", "clip", "arm", "metric", "step", "mean", "std", "n_seeds"]
-    df = _series_table(coll, metric)
-    if df.empty:
-        return pd.DataFrame(columns=cols)
-    runs = coll.runs.set_index("run")[["algorithm", "model", "fp8", "clip", "arm", "n_rows"]]
-    parts = []
-    for run, g in df.groupby("run", sort=False):
-        g = g.sort_values("step")
-        n_rows = runs.at[run, "n_rows"] if run in runs.index else len(g)
-        sparse = metric != EVAL_AVG_METRIC and len(g) < 0.5 * max(int(n_rows or 0), 1)
-        span = 1.0 if sparse or metric == EVAL_AVG_METRIC else (smooth or auto_span(len(g)))
-        v = ema(g["value"].to_numpy(), span) if span > 1 else g["value"].to_numpy(dtype=float)
-        parts.append(pd.DataFrame({"run": run, "step": g["step"].to_numpy(), "v": v}))
-    s = pd.concat(parts, ignore_index=True).join(runs, on="run")
-    agg = (
-        s.groupby(["algorithm", "model", "fp8", "clip", "arm", "step"], observed=True)["v"]
-        .agg(mean="mean", std="std", n_seeds="count")
-        .reset_index()
-    )
-    agg["metric"] = metric
-    agg.loc[agg["n_seeds"] < 2, "std"] = np.nan
-    return agg[cols]
 
 
 def _figure_rows(spec: FigureSpec, arms: Sequence[tuple[str, str]]) -> list[tuple[str, str | None, str]]:
@@ -217,15 +143,6 @@ def _facet_style(fp8: str, clip: str):
                                linewidth=2.0 if fp8 == "bf16" else 1.5), label
 
 
-def panels_of(coll: Collection) -> list[tuple[str, str]]:
-    pairs = coll.runs[["algorithm", "model"]].dropna().astype(str).drop_duplicates()
-    return sorted(map(tuple, pairs.to_numpy().tolist()), key=lambda p: panel_order_key(*p))
-
-
-def format_number(x) -> str:
-    return "" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.6g}"
-
-
 def plot_figure(
     coll: Collection,
     spec: FigureSpec | str,
@@ -233,14 +150,18 @@ def plot_figure(
     *,
     smooth: float | None = None,
     surge_rule: SurgeRule = SurgeRule(),  # noqa: B008
+    pdf: bool = False,
     panel_width: float = 3.0,
     panel_height: float = 2.1,
-) -> dict[str, Path] | None:
-    """Draw one figure into ``out_dir`` as ``<name>.png``, ``.pdf`` and ``.csv``.
+) -> FigurePaths | None:
+    """Draw one figure into ``out_dir`` as ``<name>.png``, ``.csv`` (and ``.pdf`` when ``pdf``);
+    the returned paths carry the figure's ``caption``.
 
     Returns the written paths, or None when no run logged any of the figure's metrics.
     """
     spec = figure_spec(spec) if isinstance(spec, str) else spec
+    if spec.by_granularity:
+        return plot_by_granularity(coll, spec, out_dir, smooth=smooth, surge_rule=surge_rule, pdf=pdf)
     span = smooth if spec.smooth else 1.0
     curves = {m: arm_curves(coll, m, smooth=span) for m in spec.metrics}
     if all(c.empty for c in curves.values()):
@@ -314,6 +235,8 @@ def plot_figure(
                                              clip, xs, format_number(ys), "", "", str(s_.run)))
                 if spec.logy:
                     ax.set_yscale("log")
+                else:
+                    plain_yaxis(ax)
                 if r == 0:
                     ax.set_title(f"{algo.upper()} · {model}")
                 if (rr + 1, cc) not in occupied:
@@ -334,10 +257,7 @@ def plot_figure(
         fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center",
                    ncol=max(ncol, 1), frameon=False)
         fig.suptitle(spec.title, fontsize=9)
-        paths = {"png": out_dir / f"{spec.name}.png", "pdf": out_dir / f"{spec.name}.pdf",
-                 "csv": out_dir / f"{spec.name}.csv"}
-        fig.savefig(paths["png"], dpi=200)
-        fig.savefig(paths["pdf"], metadata={"CreationDate": None})
+        paths = save_figure(fig, out_dir, spec.name, line_caption(coll, spec, rows), pdf=pdf)
         plt.close(fig)
     header = ["kind", "metric", "algorithm", "model", "arm", "fp8", "clip", "step", "mean", "std",
               "n_seeds", "run"]
@@ -345,6 +265,15 @@ def plot_figure(
         ["kind", "metric", "algorithm", "model", "arm", "step", "run"], kind="stable")
     csv.to_csv(paths["csv"], index=False, lineterminator="\n")
     return paths
+
+
+def line_caption(coll: Collection, spec: FigureSpec, rows) -> str:
+    """What a line figure shows and what was run (``analysis.captions``)."""
+    layout = ("one row of panels per clip method, one colour per FP8 setting" if any(f for _, f, _ in rows)
+              else "one panel column per (algorithm, model), one row per metric, one line per arm")
+    how = "each run's curve unsmoothed" if not spec.smooth else "each run's curve after an EMA"
+    return (f"{spec.title}: {layout}. Lines: mean over seeds of {how}; bands: ±1 std over seeds "
+            f"(arms with two or more seeds). {describe_runs(coll)}")
 
 
 def plot_all(

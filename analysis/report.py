@@ -3,9 +3,11 @@
 Reads the sweep directories (never trains, never needs a GPU), then writes into ``--out``
 (default ``<first SWEEP_DIR>/report``)::
 
-    report.md                 figures, tables, the surge rule, missing/failed/incomplete cells
+    report.md                 the findings summary, the figures with captions, missing/failed/incomplete
+                              cells, the tables, the surge rule
     .cache/                   parsed metrics per run (--no-cache to skip): reruns parse only new lines
-    figures/<name>.png|pdf|csv   every figure of analysis.figures.FIGURES that has data
+    figures/<name>.png|csv    every figure of ALL_FIGURES that has data (the caption in the PNG
+                              metadata); <name>.pdf too with --pdf
     tables/accuracy.md|tex|csv   the paper-layout accuracy table (avg@k at the evaluation temperature)
     tables/accuracy_greedy.*     the same for greedy decoding (runs that evaluated it)
     tables/paired_accuracy.*     gain from step 0 per arm and versus BF16, paired (analysis.paired)
@@ -30,6 +32,7 @@ missing (that is what the report is for); it is 2 when no run directory could be
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -43,6 +46,7 @@ from analysis.collect import Collection, collect
 from analysis.figures import FIGURE_NAMES, figure_spec, plot_figure
 from analysis.paired import paired_accuracy_table
 from analysis.staging import write_staged
+from analysis.summary import findings
 from analysis.surge import SurgeRule
 from analysis.tables import accuracy_table, diagnostics_table, run_diagnostics, trajectory_table
 from fp8rl.runs import metrics as M
@@ -65,6 +69,45 @@ def _run_length(coll: Collection) -> int:
     return max(1, int(max(steps, default=1)))
 
 
+#: The order figures appear in (names of ``analysis.figures`` and ``analysis.bars``).
+FIGURE_ORDER: tuple[str, ...] = ("entropy", "eval_accuracy", "clipfrac_neg_low", "clipfrac_summary",
+                                 "reward_accuracy", "response_length", "mismatch_kl", "clip_bounds",
+                                 "ratio_quantiles")
+ALL_FIGURES: tuple[str, ...] = (*FIGURE_ORDER,
+                                *(n for n in FIGURE_NAMES + SUMMARY_NAMES if n not in FIGURE_ORDER))
+#: ``--figures published``: the figures the published reports (docs/results, ``make results``)
+#: keep in git; every other figure is one ``python -m analysis.report`` away.
+PUBLISHED_FIGURES: tuple[str, ...] = ("entropy", "eval_accuracy", "clipfrac_summary")
+
+
+@dataclasses.dataclass
+class Section:
+    """One ``## title`` section of report.md: its Markdown lines."""
+
+    title: str
+    lines: list[str]
+
+
+def render(title: str, sections: Sequence[Section]) -> str:
+    md = [f"# {title}", ""]
+    for s in sections:
+        md += [f"## {s.title}", "", *s.lines, ""]
+    return "\n".join(md).rstrip() + "\n"
+
+
+def _figure_lines(figs: dict, pdf: bool) -> list[str]:
+    md, k = [], 0
+    for name, (spec, paths, metrics) in figs.items():
+        if paths is None:
+            md += [f"- *{spec.title}*: no run logged {', '.join(metrics)}; figure skipped.", ""]
+            continue
+        k += 1
+        links = f"[data](figures/{name}.csv)" + (f" · [PDF](figures/{name}.pdf)" if pdf else "")
+        md += [f"### {spec.title}", "", f"![{spec.title}](figures/{name}.png)", "",
+               f"*Figure {k}.* {paths.caption} {links}", ""]
+    return md
+
+
 def write_report(
     coll: Collection,
     out_dir: str | os.PathLike,
@@ -73,12 +116,17 @@ def write_report(
     smooth: float | None = None,
     progress: bool = False,
     figures: Sequence[str] | None = None,
+    pdf: bool = False,
 ) -> Path:
     """Write figures, tables and ``report.md`` for ``coll`` into ``out_dir``; returns report.md.
 
     ``rule``: the surge rule (default: ``SurgeRule.for_length`` of the longest run's last step).
 
-    ``figures``: names from ``analysis.figures.FIGURE_NAMES`` to draw (default: all).
+    ``figures``: names from :data:`ALL_FIGURES` to draw (default: all). ``pdf``: also write
+    each figure as PDF (default: PNG and CSV only).
+
+    report.md is a list of :class:`Section`: the findings summary, the figures (each with its
+    caption), the missing/failed cells, the tables (each also in ``tables/``), the method.
     """
     if rule is None:
         rule = SurgeRule.for_length(_run_length(coll))
@@ -87,7 +135,7 @@ def write_report(
     fig_dir.mkdir(parents=True, exist_ok=True)
     tab_dir.mkdir(parents=True, exist_ok=True)
 
-    names = list(FIGURE_NAMES + SUMMARY_NAMES) if figures is None else list(figures)
+    names = list(ALL_FIGURES) if figures is None else list(figures)
     specs = [summary_spec(n) if n in SUMMARY_NAMES else figure_spec(n) for n in names]
     it = specs
     if progress:
@@ -97,30 +145,24 @@ def write_report(
     figs = {}
     for spec in it:
         if spec.name in SUMMARY_NAMES:
-            figs[spec.name] = (spec, plot_summary(coll, spec, fig_dir), (spec.metric,))
+            figs[spec.name] = (spec, plot_summary(coll, spec, fig_dir, pdf=pdf), (spec.metric,))
         else:
-            figs[spec.name] = (spec, plot_figure(coll, spec, fig_dir, smooth=smooth, surge_rule=rule),
+            figs[spec.name] = (spec, plot_figure(coll, spec, fig_dir, smooth=smooth, surge_rule=rule, pdf=pdf),
                                spec.metrics)
 
-    acc = accuracy_table(coll)
-    acc.write(tab_dir)
     has_greedy = len(coll.evals) > 0 and (coll.evals["stat"] == M.EVAL_GREEDY).any()
-    acc_greedy = accuracy_table(coll, stat=M.EVAL_GREEDY, name="accuracy_greedy") if has_greedy else None
+    acc = accuracy_table(coll)
     paired = paired_accuracy_table(coll)
-    paired.write(tab_dir)
+    acc_greedy = accuracy_table(coll, stat=M.EVAL_GREEDY, name="accuracy_greedy") if has_greedy else None
     paired_greedy = (paired_accuracy_table(coll, stat=M.EVAL_GREEDY, name="paired_greedy")
                      if has_greedy else None)
-    for t in (acc_greedy, paired_greedy):
+    diag = diagnostics_table(coll, rule)
+    mech = mechanism_table(coll)
+    traj = trajectory_table(coll)
+    cal = calibration_table(coll)
+    for t in (acc, paired, acc_greedy, paired_greedy, diag, mech, traj, cal):
         if t is not None:
             t.write(tab_dir)
-    diag = diagnostics_table(coll, rule)
-    diag.write(tab_dir)
-    mech = mechanism_table(coll)
-    mech.write(tab_dir)
-    traj = trajectory_table(coll)
-    traj.write(tab_dir)
-    cal = calibration_table(coll)
-    cal.write(tab_dir)
     # No ``path`` column: ``sweep`` + ``run`` name the directory, and a published table must not
     # carry the machine's paths (nor change when the sweep directory is moved).
     cells = coll.runs.drop(columns=["summary", "path", "run_dir"], errors="ignore")
@@ -129,47 +171,40 @@ def write_report(
                                        float_format="%.6g")
 
     n = len(coll.runs)
-    counts = coll.runs["cell"].value_counts().to_dict()
     sweeps = ", ".join(sorted(coll.runs["sweep"].astype(str).unique())) if n else "(none)"
-    md = [f"# Report: {sweeps}", ""]
-    md.append(f"{n} cells: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ".")
-    md.append("")
-    md.append("## Missing, failed and incomplete cells")
-    md.append("")
+    summary = findings(coll, paired=paired.data, diagnostics=diag.data, mechanism=mech.data)
     if len(coll.problems):
-        md.append(_md_table(coll.problems, ["run", "arm", "seed", "cell", "state", "last_step", "reason"]))
-    else:
-        md.append("None: every cell of the manifest finished.")
+        summary.append(f"- {len(coll.problems)} cells are missing, failed or incomplete: "
+                       "see [below](#missing-failed-and-incomplete-cells).")
+    problems = (_md_table(coll.problems, ["run", "arm", "seed", "cell", "state", "last_step", "reason"])
+                if len(coll.problems) else "None: every cell of the manifest finished.")
+    problem_lines = [problems]
     if coll.notes:
-        md += ["", "Data notes:", ""] + [f"- {x}" for x in coll.notes]
-    md += ["", "## Accuracy", "", acc.markdown]
-    if acc_greedy is not None:
-        md += ["Greedy decoding:", "", acc_greedy.markdown]
-    md += ["## Accuracy gain, paired", "", paired.markdown]
-    if paired_greedy is not None:
-        md += ["Greedy decoding:", "", paired_greedy.markdown]
-    md += ["## Diagnostics", "", diag.markdown,
-           "## Mechanism: FP8 noise and the lower clip bound", "", mech.markdown,
-           "## Start versus end of training", "", traj.markdown,
-           "## Calibrated Clipping: the bounds over time", "", cal.markdown]
-    md += calibration_match_sections(coll, tab_dir)
-    md += ["## Figures", ""]
-    for name, (spec, paths, metrics) in figs.items():
-        if paths is None:
-            md.append(f"- *{spec.title}*: no run logged {', '.join(metrics)}; figure skipped.")
-            md.append("")
-            continue
-        md.append(f"### {spec.title}")
-        md.append("")
-        md.append(f"![{spec.title}](figures/{name}.png)")
-        md.append("")
-        md.append(f"[PDF](figures/{name}.pdf) · [data](figures/{name}.csv)")
-        md.append("")
-    md += ["## Method", "", f"- {rule.describe()}.",
-           "- Curves: per-run EMA, then mean over seeds; bands are ±1 std over seeds.",
-           "- Tables: `tables/` holds Markdown, LaTeX (booktabs) and CSV versions."]
+        problem_lines += ["", "Data notes:", ""] + [f"- {x}" for x in coll.notes]
+    tables = [("Accuracy", acc, acc_greedy), ("Accuracy gain, paired", paired, paired_greedy),
+              ("Diagnostics", diag, None), ("Mechanism: FP8 noise and the lower clip bound", mech, None),
+              ("Start versus end of training", traj, None),
+              ("Calibrated Clipping: the bounds over time", cal, None)]
+    index = " · ".join(f"[{t.name}](tables/{t.name}.md)" for _, a, b in tables for t in (a, b) if t is not None)
+    sections = [
+        Section("Summary", summary),
+        Section("Figures", _figure_lines(figs, pdf)),
+        *(Section(t, lines) for t, lines in calibration_match_sections(coll, tab_dir)),
+        Section("Missing, failed and incomplete cells", problem_lines),
+        Section("Tables", [f"Each table is also in `tables/` as Markdown, LaTeX (booktabs) and CSV: {index}."]),
+    ]
+    for title, table, greedy in tables:
+        lines = [table.markdown]
+        if greedy is not None:
+            lines += ["Greedy decoding:", "", greedy.markdown]
+        sections.append(Section(title, lines))
+    sections.append(Section("Method", [
+        f"- {rule.describe()}.",
+        "- Curves: per-run EMA, then mean over seeds; each figure's caption says what its band or "
+        "error bars are.",
+        "- Tables: `tables/` holds Markdown, LaTeX (booktabs) and CSV versions."]))
     path = out / "report.md"
-    path.write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
+    path.write_text(render(f"Report: {sweeps}", sections), encoding="utf-8")
     return path
 
 
@@ -182,8 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="do not keep parsed metrics in OUT/.cache (default: keep, so a rerun "
                         "parses only the lines appended since)")
     p.add_argument("--figures", default=None,
-                   help="comma-separated subset of figures (default all: "
-                        f"{','.join(FIGURE_NAMES + SUMMARY_NAMES)})")
+                   help="comma-separated subset of figures, or 'published' for "
+                        f"{','.join(PUBLISHED_FIGURES)} (default all: "
+                        f"{','.join(ALL_FIGURES)})")
+    p.add_argument("--pdf", action="store_true", help="also write every figure as PDF (not published)")
     p.add_argument("--smooth", type=float, default=None, help="EMA span in steps (default: auto)")
     p.add_argument("--surge-k", type=float, default=SurgeRule.k)
     p.add_argument("--surge-m", type=int, default=None,
@@ -206,10 +243,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     show = args.progress if args.progress is not None else len(coll.runs) >= 50
     figures = None if args.figures is None else [f.strip() for f in args.figures.split(",") if f.strip()]
+    if figures == ["published"]:
+        figures = list(PUBLISHED_FIGURES)
     rule = SurgeRule.for_length(_run_length(coll), k=args.surge_k, m=args.surge_m,
                                 warmup=args.surge_warmup)
     path = write_staged(out, lambda staging: write_report(coll, staging, rule=rule, smooth=args.smooth,
-                                                          progress=show, figures=figures))
+                                                          progress=show, figures=figures,
+                                                          pdf=args.pdf))
     n_bad = len(coll.problems)
     print(f"{path}: {len(coll.runs)} cells, {n_bad} missing/failed/incomplete "
           f"({time.perf_counter() - t0:.1f} s)")

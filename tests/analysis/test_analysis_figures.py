@@ -4,13 +4,14 @@ import pytest
 from analysis_known import SURGES
 
 from analysis.arms import arm_label, arm_order_key, arm_style, sort_arms
+from analysis.bars import plot_summary
 from analysis.collect import collect
 from analysis.figures import FIGURE_NAMES, arm_curves, figure_spec, plot_figure
 from fp8rl.runs.synthetic import RunSpec, make_sweep
 
 
 def test_entropy_figure_files_and_csv(known_coll, tmp_path):
-    paths = plot_figure(known_coll, "entropy", tmp_path, smooth=1)
+    paths = plot_figure(known_coll, "entropy", tmp_path, smooth=1, pdf=True)
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert paths["pdf"].read_bytes()[:5] == b"%PDF-"
     assert all(p.stat().st_size > 1000 for p in paths.values())
@@ -49,14 +50,15 @@ def test_figures_skip_absent_metrics_and_all_names(tmp_path):
                                                                         steps=30, metrics=only)])
     c = collect(tmp_path / "s")
     assert plot_figure(c, "mismatch_kl", tmp_path / "f") is None
-    assert plot_figure(c, "eval_accuracy", tmp_path / "f") is None
+    assert plot_summary(c, "eval_accuracy", tmp_path / "f") is None
+    assert not plot_figure(c, "entropy", tmp_path / "nopdf").get("pdf")  # PDF only on request
     out = plot_figure(c, "entropy", tmp_path / "f")  # unknown fp8/clip values: fallback style
     assert out["png"].stat().st_size > 1000
     assert "FP8 foo8 + newclip" in set(pd.read_csv(out["csv"])["arm"])
     with pytest.raises(KeyError, match="valid names"):
         figure_spec("nope")
     assert {"entropy", "clipfrac_neg_low", "reward_accuracy", "response_length", "mismatch_kl",
-            "clip_bounds", "ratio_quantiles", "eval_accuracy"} == set(FIGURE_NAMES)
+            "clip_bounds", "ratio_quantiles"} == set(FIGURE_NAMES)
 
 
 def test_arm_labels_and_styles():

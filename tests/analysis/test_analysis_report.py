@@ -1,18 +1,18 @@
 import pytest
 
-from analysis.figures import FIGURE_NAMES
-from analysis.report import main
+from analysis.report import ALL_FIGURES, main
 
 
-def _check_report(out, figures):
+def _check_report(out, figures, pdf=False):
     text = (out / "report.md").read_text()
     assert "1 failed, 1 incomplete, 1 missing, 8 ok" in text
     for cell in ("| failed |", "| missing |", "| incomplete |", "no run directory", "synthetic failure"):
         assert cell in text
     assert "truncated last line" in text
     for name in figures:
-        for ext in ("png", "pdf", "csv"):
+        for ext in ("png", "csv"):
             assert (out / "figures" / f"{name}.{ext}").stat().st_size > 0
+        assert (out / "figures" / f"{name}.pdf").exists() == pdf
         assert f"](figures/{name}.png)" in text
     for t in ("accuracy", "diagnostics"):
         for ext in ("md", "tex", "csv"):
@@ -24,8 +24,9 @@ def _check_report(out, figures):
 def test_report_cli(known_sweep, tmp_path, capsys):
     out = tmp_path / "rep"
     figs = ["entropy", "clip_bounds"]
-    assert main([str(known_sweep), "--out", str(out), "--no-progress", "--figures", ",".join(figs)]) == 0
-    _check_report(out, figs)
+    assert main([str(known_sweep), "--out", str(out), "--no-progress", "--figures", ",".join(figs),
+                 "--pdf"]) == 0
+    _check_report(out, figs, pdf=True)
     assert "report.md: 11 cells, 3 missing/failed/incomplete" in capsys.readouterr().out
     assert not (out / "figures" / "mismatch_kl.png").exists()
     with pytest.raises(KeyError, match="valid names"):
@@ -36,7 +37,7 @@ def test_report_cli(known_sweep, tmp_path, capsys):
 def test_report_cli_all_figures(known_sweep, tmp_path):
     out = tmp_path / "rep"
     assert main([str(known_sweep), "--out", str(out), "--no-progress"]) == 0
-    _check_report(out, FIGURE_NAMES)
+    _check_report(out, ALL_FIGURES)
 
 
 def test_report_default_out_and_empty(tmp_path, capsys):

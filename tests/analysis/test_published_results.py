@@ -2,7 +2,7 @@
 
 For every sweep copied under ``docs/results/mini/runs/`` (``python -m experiments.publish``), run
 the documented command ``python -m analysis.report docs/results/mini/runs/<sweep> --out
-docs/results/mini/<sweep> --no-cache`` into a temporary directory and compare every table, every
+docs/results/mini/<sweep> --no-cache --figures published`` (``make results``) into a temporary directory and compare every table, every
 figure's data (CSV) and ``report.md`` with the committed ones, byte for byte. Images are not
 compared (their bytes depend on the matplotlib build); their data is.
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.report import PUBLISHED_FIGURES
 from analysis.report import main as report_main
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "mini"
@@ -25,12 +26,19 @@ def test_the_published_sweeps_are_there():
     assert {"main_table", "entropy_granularity"} <= set(SWEEPS), f"published sweeps: {SWEEPS}"
     for s in SWEEPS:
         assert (RESULTS / s / "report.md").is_file(), f"{s}: no committed report"
+        for name in PUBLISHED_FIGURES:  # the figures report.md shows are committed (PNG)
+            assert (RESULTS / s / "figures" / f"{name}.png").is_file(), f"{s}: {name}.png"
+    # the slim form: no PDFs, no decoded samples, no TensorBoard event files
+    heavy = [p for p in RESULTS.rglob("*") if p.suffix == ".pdf" or "samples" in p.parts
+             or p.name.startswith("events.out.tfevents")]
+    assert not heavy, heavy[:5]
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_report_regenerates_from_the_committed_run_directories(sweep, tmp_path):
     out = tmp_path / sweep
-    assert report_main([str(RESULTS / "runs" / sweep), "--out", str(out), "--no-cache", "--no-progress"]) == 0
+    assert report_main([str(RESULTS / "runs" / sweep), "--out", str(out), "--no-cache", "--no-progress",
+                        "--figures", "published"]) == 0
     committed = RESULTS / sweep
     files = sorted(p.relative_to(committed) for p in committed.rglob("*")
                    if p.is_file() and (p.suffix in (".csv", ".md", ".tex")))

@@ -40,7 +40,7 @@ def test_copy_keeps_what_analysis_reads_and_drops_the_rest(sweep, tmp_path):
     for run in (p for p in src.iterdir() if p.is_dir() and not p.name.startswith(".")):
         out = dest / run.name
         assert not (out / "checkpoint").exists()
-        assert (out / "samples" / "step_000010.jsonl").exists()
+        assert not (out / "samples").exists()  # decoded samples are not published
         for f in ("metrics.jsonl", "eval.jsonl", "status.json", "summary.json"):
             assert (out / f).read_bytes() == (run / f).read_bytes(), f
         cfg = (out / "config.yaml").read_text()

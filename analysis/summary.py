@@ -1,0 +1,110 @@
+"""The findings summary at the top of ``report.md``: the headline numbers, computed.
+
+Per (algorithm, model) block, from the report's own tables (nothing here is hand-written):
+
+- final accuracy (``analysis.paired``: avg@k averaged over the evaluation sets, last
+  evaluation): the best and the lowest arm, and the block's BF16 reference arm, mean ± std
+  over seeds;
+- versus BF16, paired by seed: the arms with the largest gain and the largest loss relative to
+  the BF16 arm's gain (mean, t and pairs);
+- entropy surges (``analysis.tables.diagnostics_table``): how many runs surged, in which arms;
+  the highest peak entropy against the BF16 arm's;
+- the mechanism (``analysis.clip_tables.mechanism_table``): the range over FP8 arms of the
+  share of A<0 tokens below the lower clip bound, as a multiple of the BF16 arm's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from analysis.arms import panel_order_key
+from analysis.collect import Collection
+
+
+def _fin(x) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def _pct(m, s=None) -> str:
+    out = f"{100 * m:.1f}%"
+    return out + (f" ± {100 * s:.1f}" if _fin(s) else "")
+
+
+def _block(df: pd.DataFrame, algo: str, model: str) -> pd.DataFrame:
+    if df is None or df.empty or "algorithm" not in df.columns:
+        return pd.DataFrame()
+    return df[(df["algorithm"].astype(str) == algo) & (df["model"].astype(str) == model)]
+
+
+def _accuracy_lines(p: pd.DataFrame) -> list[str]:
+    p = p[p["last_mean"].map(_fin)]
+    if p.empty:
+        return []
+    best, low = p.loc[p["last_mean"].idxmax()], p.loc[p["last_mean"].idxmin()]
+    bf16 = p[p["fp8"].astype(str) == "bf16"]
+    ref = f"; BF16 reference {bf16.iloc[0]['arm']} {_pct(bf16.iloc[0]['last_mean'], bf16.iloc[0]['last_std'])}" \
+        if len(bf16) else ""
+    lines = [f"Final accuracy (avg@k, mean over sets and seeds): highest {best['arm']} "
+             f"{_pct(best['last_mean'], best['last_std'])}, lowest {low['arm']} "
+             f"{_pct(low['last_mean'], low['last_std'])}{ref}."]
+    d = p[(p["vs_bf16_pairs"] > 0) & p["vs_bf16_mean"].map(_fin)]
+    if len(d):
+        hi, lo = d.loc[d["vs_bf16_mean"].idxmax()], d.loc[d["vs_bf16_mean"].idxmin()]
+
+        def vs(r) -> str:
+            t = f", t = {r['vs_bf16_t']:.1f}" if _fin(r["vs_bf16_t"]) else ""
+            return f"{r['arm']} {100 * r['vs_bf16_mean']:+.1f} pts ({int(r['vs_bf16_pairs'])} seed{'s' if r['vs_bf16_pairs'] != 1 else ''}{t})"
+
+        lines.append(f"Gain from step 0 minus the BF16 arm's gain, paired by seed: largest {vs(hi)}, "
+                     f"smallest {vs(lo)}.")
+    return lines
+
+
+def _entropy_lines(dg: pd.DataFrame) -> list[str]:
+    if dg.empty:
+        return []
+    runs, surged = int(dg["runs"].sum()), int(dg["surged"].sum())
+    arms = [f"{r['arm']} ({int(r['surged'])}/{int(r['runs'])})" for _, r in dg.iterrows() if r["surged"]]
+    lines = [f"Entropy surges: {surged} of {runs} runs" + (f", in {', '.join(arms)}." if arms else ".")]
+    pk = dg[dg["peak_entropy"].map(_fin)]
+    if len(pk):
+        top = pk.loc[pk["peak_entropy"].idxmax()]
+        bf16 = pk[pk["fp8"].astype(str) == "bf16"]
+        ref = f" (BF16 arms: {bf16['peak_entropy'].max():.3g})" if len(bf16) else ""
+        lines.append(f"Highest peak entropy: {top['arm']} {top['peak_entropy']:.3g} nats/token{ref}.")
+    return lines
+
+
+def _mechanism_lines(mc: pd.DataFrame) -> list[str]:
+    if mc.empty or "x_bf16" not in mc.columns:
+        return []
+    fp8 = mc[(mc["fp8"].astype(str) != "bf16") & mc["x_bf16"].map(_fin)]
+    if fp8.empty:
+        return []
+    lo, hi = fp8.loc[fp8["x_bf16"].idxmin()], fp8.loc[fp8["x_bf16"].idxmax()]
+    return [f"A<0 tokens below the lower clip bound, FP8 arms as a multiple of {lo['bf16_reference']}: "
+            f"{lo['x_bf16']:.1f}x ({lo['arm']}) to {hi['x_bf16']:.1f}x ({hi['arm']})."]
+
+
+def findings(coll: Collection, *, paired: pd.DataFrame, diagnostics: pd.DataFrame,
+             mechanism: pd.DataFrame) -> list[str]:
+    """Markdown lines of the summary (a bullet list per (algorithm, model) block)."""
+    runs = coll.runs
+    counts = runs["cell"].value_counts().to_dict()
+    out = [f"- {len(runs)} cells: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + "."]
+    blocks = runs[["algorithm", "model"]].dropna().astype(str).drop_duplicates().to_numpy().tolist()
+    for algo, model in sorted(map(tuple, blocks), key=lambda b: panel_order_key(*b)):
+        lines = (_accuracy_lines(_block(paired, algo, model)) + _entropy_lines(_block(diagnostics, algo, model))
+                 + _mechanism_lines(_block(mechanism, algo, model)))
+        if not lines:
+            continue
+        n_arms = int(_block(runs, algo, model).groupby(["fp8", "clip"]).ngroups)
+        out.append(f"- **{algo.upper()} · {model}** ({n_arms} arms):")
+        out += [f"  - {x}" for x in lines]
+    return out
+
