@@ -42,6 +42,8 @@ def _block(df: pd.DataFrame, algo: str, model: str) -> pd.DataFrame:
 
 
 def _accuracy_lines(p: pd.DataFrame) -> list[str]:
+    if p is None or p.empty or "last_mean" not in p.columns:  # no run evaluated
+        return []
     p = p[p["last_mean"].map(_fin)]
     if p.empty:
         return []
