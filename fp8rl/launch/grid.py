@@ -15,6 +15,8 @@ config is exactly what ``python -m experiments.launch <its overrides>`` would co
 Validation happens for *every* cell before the caller runs or submits anything, and nothing
 is written while validating. Checks, in order:
 
+0. every override's key or config group against the schema and ``sweeps/``
+   (``fp8rl.launch.keys``: ``+stepz=3``, ``hydra/launcher=...``; exit status 2, alone);
 1. config-group values (``algorithm=dapoo``) against the group's options;
 2. Hydra composition (unknown keys, values of the wrong type, against the typed schema);
 3. launch fields: backend registered, scale and data supported by the backend, launcher
@@ -43,10 +45,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from fp8rl.launch.checks import cell_value_errors
 from fp8rl.launch.compose import compose_cells, expand_overrides, get_dotted, set_dotted
 from fp8rl.launch.configs import build_dataclass
 from fp8rl.launch.errors import SweepError
+from fp8rl.launch.keys import override_key_errors, raise_unknown, unknown_composed_keys
 from fp8rl.launch.profiles import ClusterProfile, Resources
 from fp8rl.launch.schema import LAUNCH_KEYS
 from fp8rl.launch.validate import (
@@ -122,6 +127,9 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
     from fp8rl.launch.launchers import LAUNCHERS
 
     grid = expand_overrides(params, arguments, config_loader)
+    groups = [g for g in config_loader.list_groups("") if g != "hydra"]
+    hydra_overrides = list(OmegaConf.select(master_cfg, "hydra.overrides.hydra", default=None) or [])
+    raise_unknown(override_key_errors([*hydra_overrides, *dict.fromkeys(ov for g in grid for ov in g)], groups))
     seeds = master_cfg.get("seeds", 1)
     errors: list[str] = []
     if not isinstance(seeds, int) or seeds < 1:
@@ -151,6 +159,10 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
         if isinstance(container, Exception):  # Hydra/OmegaConf composition errors name the key
             errors.append(f"{label}: {exception_text(container)}")
             continue
+        unknown = unknown_composed_keys(container)
+        if unknown:  # every override was checked above; this is what else composed in
+            raise_unknown([f"{label}: the composed config has key(s) {', '.join(unknown)} that no backend "
+                           "or launcher reads; remove them"])
         launch = {k: container.pop(k, None) for k in LAUNCH_KEYS}
         first_launch = first_launch or launch
         for k, v in launch.items():
