@@ -43,9 +43,9 @@ def main() -> None:
 
         print(launch_help())
         raise SystemExit(0)
-    from fp8rl.launch.keys import cli_overrides, override_key_errors
+    from fp8rl.launch.keys import cli_groups, cli_overrides, override_key_errors
 
-    errors = override_key_errors(cli_overrides(argv))
+    errors = override_key_errors(cli_overrides(argv), cli_groups(argv))
     if errors:
         print("Error: unknown key(s) or config group(s); nothing was run, submitted or written:\n  "
               + "\n  ".join(errors), file=sys.stderr)

@@ -206,6 +206,21 @@ def cli_overrides(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def cli_groups(argv: Sequence[str]) -> list[str]:
+    """The config groups a command line can use: those of ``sweeps/`` and of every ``--config-dir``."""
+    dirs = []
+    for i, a in enumerate(argv):
+        if a in ("-cd", "--config-dir") and i + 1 < len(argv):
+            dirs.append(argv[i + 1])
+        elif a.startswith("--config-dir="):
+            dirs.append(a.split("=", 1)[1])
+    groups = set(config_groups())
+    for d in dirs:
+        if Path(d).is_dir():
+            groups.update(config_groups(Path(d)))
+    return sorted(groups)
+
+
 def raise_unknown(errors: Sequence[str]) -> None:
     """Raise :class:`UnknownKeyError` listing ``errors`` (nothing was run)."""
     if errors:

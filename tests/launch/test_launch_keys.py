@@ -11,6 +11,7 @@ import yaml
 
 from fp8rl.launch.keys import (
     SWEEPS_DIR,
+    cli_groups,
     cli_overrides,
     config_groups,
     override_key_errors,
@@ -107,6 +108,15 @@ def test_groups_are_the_config_tree_directories():
     assert {"algorithm", "model", "fp8", "clip", "data", "backend", "scale", "sweep"} <= set(groups)
     assert override_key_errors(["+sweep=quick", "algorithm=dapo", "seeds=3", "~clip.period", "hydra.verbose=true",
                                 "fp8@x=bf16", "clip.period=10,20", "mini.num_threads=1"]) == []
+
+
+def test_groups_of_an_added_config_dir_are_valid(tmp_path):
+    (tmp_path / "mygroup").mkdir()
+    (tmp_path / "mygroup" / "a.yaml").write_text("# @package _global_\nsteps: 3\n")
+    argv = ["-cd", str(tmp_path), "mygroup=a"]
+    assert "mygroup" in cli_groups(argv) and "mygroup" not in cli_groups(["mygroup=a"])
+    assert override_key_errors(cli_overrides(argv), cli_groups(argv)) == []
+    assert override_key_errors(["mygroup=a"]) != []
 
 
 def test_cli_overrides_skip_options_and_their_values():
