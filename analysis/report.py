@@ -209,7 +209,12 @@ def write_report(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m analysis.report", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The whole analysis of one or more sweeps: figures, tables and report.md in OUT (default\n"
+                    "SWEEP_DIR/report). Reads the run directories only; never trains.",
+        epilog="examples:\n  python -m analysis.report runs/main_table              # -> runs/main_table/report/report.md\n"
+               "  python -m analysis.report runs/quick --figures entropy,clipfrac_neg_low --out /tmp/r")
     p.add_argument("sweep_dirs", nargs="+", type=Path, help="sweep directories (with manifest.json)")
     p.add_argument("--out", type=Path, default=None, help="output directory (default SWEEP_DIR/report)")
     p.add_argument("--workers", type=int, default=None, help="parser processes (default: auto)")

@@ -1,8 +1,13 @@
 """FP8 noise audit: log-prob mismatch and PPO-ratio noise per FP8 recipe.
 
     python -m experiments.audit                                   # tiny random Qwen3, all recipes
-    python -m experiments.audit --recipes tensorwise blockwise --out runs/audit/noise.csv
+    python -m experiments.audit --recipes tensorwise blockwise --sweep-dir runs/main_table
+    python -m experiments.audit --recipes tensorwise --out /tmp/noise.csv
     python -m experiments.audit --model path/to/hf_causal_lm --dtype bfloat16 --no-emulate
+
+The table is printed and written as CSV into the sweep directory (``--sweep-dir``, default
+``runs/audit``: the audit's own directory under the runs root, like a sweep's) as
+``audit.csv``, never into the current directory; ``--out PATH`` writes it elsewhere.
 
 Thin shell over ``fp8rl.quant.audit`` (the method and its choices are documented there).
 """
@@ -10,13 +15,23 @@ Thin shell over ``fp8rl.quant.audit`` (the method and its choices are documented
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from fp8rl.quant.audit import DEFAULT_RECIPES, AuditConfig, format_table, run_audit, write_csv
+
+#: Where the CSV goes by default: the audit's own sweep directory under the runs root.
+DEFAULT_SWEEP_DIR = "runs/audit"
+CSV_NAME = "audit.csv"
+EPILOG = """examples:
+  python -m experiments.audit                                    # -> runs/audit/audit.csv
+  python -m experiments.audit --recipes tensorwise blockwise --sweep-dir runs/main_table
+  python -m experiments.audit --model path/to/hf_causal_lm --dtype bfloat16 --no-emulate"""
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[AuditConfig, str]:
     d = AuditConfig()
-    p = argparse.ArgumentParser(prog="python -m experiments.audit", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.audit", description=__doc__.split("\n\n")[0],
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES), help="FP8 recipe names")
     p.add_argument("--model", default=None, help="local Hugging Face causal-LM path (default: tiny random Qwen3)")
     p.add_argument("--num-seqs", type=int, default=d.num_seqs)
@@ -34,14 +49,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[AuditConfig, str]:
     hyb.add_argument("--hybrid", dest="hybrid", action="store_const", const=True, default=None,
                      help="E5M2 gradients in every recipe (only matters for training; kept for run names)")
     hyb.add_argument("--no-hybrid", dest="hybrid", action="store_const", const=False)
-    p.add_argument("--out", default="audit.csv", help="CSV output path")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--sweep-dir", default=DEFAULT_SWEEP_DIR,
+                       help=f"directory the CSV goes to, as SWEEP_DIR/{CSV_NAME} (default: {DEFAULT_SWEEP_DIR})")
+    where.add_argument("--out", default=None, help="CSV output path (instead of SWEEP_DIR/audit.csv)")
     a = p.parse_args(argv)
     cfg = AuditConfig(
         recipes=tuple(a.recipes), model=a.model, num_seqs=a.num_seqs, prompt_len=a.prompt_len,
         response_len=a.response_len, lr=a.lr, clip_low=a.clip_low, clip_high=a.clip_high,
         seed=a.seed, init_std=a.init_std, emulate=a.emulate, dtype=a.dtype, hybrid=a.hybrid,
     )
-    return cfg, a.out
+    return cfg, a.out or str(Path(a.sweep_dir) / CSV_NAME)
 
 
 def main(argv: list[str] | None = None) -> None:

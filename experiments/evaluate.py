@@ -16,7 +16,11 @@ import json
 def main(argv: list[str] | None = None) -> int:
     from fp8rl.backends.openrlhf.evaluate import evaluate_run
 
-    p = argparse.ArgumentParser(prog="python -m experiments.evaluate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.evaluate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Final evaluation of a paper-scale run: vLLM on checkpoint/final over its evaluation sets,\n"
+                    "k samples per problem; avg@k and pass@k into summary.json and eval.jsonl. Needs a GPU and vLLM.",
+        epilog="example:\n  python -m experiments.evaluate runs/main_table/grpo-8b-bf16-vanilla-s0-0123abcd --k 16")
     p.add_argument("run_dir", help="a paper-scale run directory")
     p.add_argument("--k", type=int, default=None, help="samples per problem (default: the run's eval_k)")
     p.add_argument("--data-dir", default=None, help="directory of the evaluation JSONL files")

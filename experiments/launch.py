@@ -5,7 +5,12 @@ machine. ``+sweep=main_table`` (or ``entropy_granularity``, ``calibration_ablati
 ``quick``, ``smoke``) runs a paper artefact's grid; ``seeds=3`` adds a seed axis;
 ``dry_run=true`` prints every cell and runs nothing; ``launcher=slurm cluster=NAME`` submits
 the grid as a Slurm array and returns. The config tree is ``sweeps/`` and docs/launch.md
-describes everything.
+describes everything. ``--help`` lists the sweeps, scales, cluster profiles, groups and main
+keys (``fp8rl.launch.cli_help``); Hydra's own options are under ``--hydra-help``.
+
+Before Hydra composes anything, every override's key or config group is checked against the
+schema (``fp8rl.launch.keys``): ``+stepz=3``, ``clip.epslow=0.1`` or ``hydra/launcher=...``
+stop with one message naming the key and the nearest valid ones, exit status 2.
 
 The config always runs in Hydra's multirun mode (``hydra.mode: MULTIRUN`` in
 ``sweeps/config.yaml``): the ``fp8rl`` sweeper expands and validates the whole grid and
@@ -16,6 +21,7 @@ composed config through the same planning and launching code.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import hydra
@@ -29,8 +35,26 @@ register_configs()
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "sweeps")
 
 
+def main() -> None:
+    """The command line: ``--help``, the key check, then Hydra (``_hydra_main``)."""
+    argv = sys.argv[1:]
+    if "--help" in argv or "-h" in argv:
+        from fp8rl.launch.cli_help import launch_help
+
+        print(launch_help())
+        raise SystemExit(0)
+    from fp8rl.launch.keys import cli_groups, cli_overrides, override_key_errors
+
+    errors = override_key_errors(cli_overrides(argv), cli_groups(argv))
+    if errors:
+        print("Error: unknown key(s) or config group(s); nothing was run, submitted or written:\n  "
+              + "\n  ".join(errors), file=sys.stderr)
+        raise SystemExit(2)
+    _hydra_main()
+
+
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base=None)
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     """``hydra.mode=RUN``: plan and launch the composed config as a one-cell sweep."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig

@@ -100,7 +100,13 @@ def interrupt(run_dir: Path, slurm: bool, log) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.paper_smoke", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.paper_smoke", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The paper's job, whole, on this machine: the paper_smoke sweep on the local Slurm cluster\n"
+                    "(or the local launcher), one cell interrupted and resumed, every cell checked DONE, the report.",
+        epilog="examples (in the integration venv; make paper-smoke does it):\n"
+               "  python -m experiments.paper_smoke\n"
+               "  python -m experiments.paper_smoke --no-slurm --cell grpo_bf16_vanilla --interrupt ''")
     p.add_argument("--out", default="runs", help="runs root (the sweep goes to OUT/paper_smoke)")
     p.add_argument("--interrupt", default=INTERRUPT, help="run-name prefix of the cell to interrupt ('' = none)")
     p.add_argument("--deadline-s", type=float, default=1500.0, help="give up after this many seconds")

@@ -14,7 +14,10 @@ from fp8rl.runs.publish import publish_sweep
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.publish", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.publish", description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  python -m experiments.publish runs/main_table docs/results/mini/runs/main_table --replace")
     p.add_argument("sweep_dir", help="a sweep directory (holding manifest.json), e.g. runs/main_table")
     p.add_argument("dest", help="where the copy goes (must not exist, or be empty)")
     p.add_argument("--root", default=None,

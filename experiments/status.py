@@ -18,7 +18,13 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from fp8rl.launch.status import failed_cells, format_table, sweep_status
 
-    p = argparse.ArgumentParser(prog="python -m experiments.status", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.status", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Where a sweep stands: one line per cell of its manifest (state, step, last reward and\n"
+                    "entropy, Slurm job and state), a count per state, and the failed cells with their reasons.",
+        epilog="exit status: 0 every cell DONE, 1 any FAILED/DIED/DAMAGED, 2 cells still missing or running\n"
+               "examples:\n  python -m experiments.status runs/main_table\n"
+               "  python -m experiments.status runs/main_table --no-slurm --json")
     p.add_argument("sweep_dir", help="a sweep directory, e.g. runs/main_table")
     p.add_argument("--no-slurm", action="store_true", help="do not ask sacct")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")

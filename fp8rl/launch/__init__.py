@@ -5,7 +5,9 @@
 - :mod:`fp8rl.launch.schema`: the typed config schema (``RunConfig`` + backend blocks +
   launch fields) registered in Hydra's ConfigStore;
 - :mod:`fp8rl.launch.backends`: ``BACKENDS`` (``mini``);
-- :mod:`fp8rl.launch.grid`: ``plan_sweep`` (expand + validate every cell, ``SweepError``);
+- :mod:`fp8rl.launch.grid`: ``plan_sweep`` (expand + validate every cell, ``SweepError``), with
+  :mod:`fp8rl.launch.compose` (grid expansion, composition) and :mod:`fp8rl.launch.validate`
+  (launch fields, profiles, paths, the error report);
 - :mod:`fp8rl.launch.sweep`: dry run, skip DONE / resume, manifest, launch;
 - :mod:`fp8rl.launch.launchers`: ``LAUNCHERS`` (``local``, ``local_parallel``, ``slurm``);
 - :mod:`fp8rl.launch.job`: what runs inside a job (``run_cell``, ``CellJob``);

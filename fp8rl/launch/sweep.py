@@ -129,8 +129,15 @@ def execute(plan: SweepPlan, stream=None) -> int:
 
 
 def run_sweep(config, config_loader, params, arguments) -> int:
-    """Plan (validate) and execute; ``SweepError`` propagates (Hydra prints it, exit 1)."""
-    plan = plan_sweep(config, config_loader, params, arguments)
+    """Plan (validate) and execute; ``SweepError`` propagates (Hydra prints it, exit 1), but for
+    unknown keys and groups (``fp8rl.launch.keys.UnknownKeyError``): printed here, exit 2."""
+    from fp8rl.launch.keys import UnknownKeyError
+
+    try:
+        plan = plan_sweep(config, config_loader, params, arguments)
+    except UnknownKeyError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return e.exit_status
     return execute(plan)
 
 

@@ -14,9 +14,13 @@ other values (strings, ``null``) are left out.
   TensorBoard drops the events of steps the interrupted attempt wrote after its checkpoint (the
   same rows ``RunDir.truncate_after`` drops from ``metrics.jsonl``).
 - **W&B** (``logging.wandb_project``): ``wandb.init(project, entity, mode, name=<run dir
-  name>, group=<sweep>, config=<the run's config>, dir=<run-dir>, resume="allow", id=<run
-  dir name>)``, then ``wandb.log(row, step=row["step"])``. ``mode="offline"`` writes files
-  only (``wandb sync`` uploads them).
+  name>, group=<sweep>, config=<the run's config>, dir=<run-dir>, resume="allow",
+  id=<wandb_run_id>)``, then ``wandb.log(row, step=row["step"])``. ``mode="offline"`` writes
+  files only (``wandb sync`` uploads them). The id (:func:`wandb_run_id`) is the run
+  directory's name plus 8 hex digits of its sweep directory's absolute path, so the same cell
+  in two sweeps (or two runs roots) gets two W&B runs instead of one overwriting the other;
+  it is written to ``<run-dir>/wandb_id.txt`` the first time and read back on every resume,
+  so a resumed run, also one whose sweep directory was moved, continues the same W&B run.
 
 Choices: a writer failure (disk full, W&B down) is reported once on stderr and that view is
 switched off; the run itself goes on, since its record is ``metrics.jsonl``.
@@ -24,14 +28,33 @@ switched off; the run itself goes on, since its record is ``metrics.jsonl``.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from fp8rl.runs.metrics import STEP
+from fp8rl.runs.safe_io import atomic_write_bytes
 
 TENSORBOARD_DIR = "tensorboard"
+#: Where a run keeps its W&B id (written once, read on every resume).
+WANDB_ID_FILE = "wandb_id.txt"
+
+
+def wandb_run_id(run_dir: str | Path) -> str:
+    """The run's W&B id: stored in ``<run-dir>/wandb_id.txt``, else ``<run dir name>-<8 hex of
+    the sweep directory's absolute path>`` (then stored), unique per sweep directory and cell."""
+    run_dir = Path(run_dir)
+    f = run_dir / WANDB_ID_FILE
+    if f.is_file():
+        stored = f.read_text(encoding="ascii").strip()
+        if stored:
+            return stored
+    sweep_dir = run_dir.absolute().parent
+    rid = f"{run_dir.name}-{hashlib.sha256(str(sweep_dir).encode()).hexdigest()[:8]}"
+    atomic_write_bytes(f, (rid + "\n").encode("ascii"))
+    return rid
 
 
 def scalars(row: Mapping) -> dict[str, float]:
@@ -66,7 +89,7 @@ class _Wandb:
         import wandb
 
         self.run = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_entity, mode=cfg.wandb_mode,
-                              name=run_dir.name, id=run_dir.name, group=run_dir.parent.name,
+                              name=run_dir.name, id=wandb_run_id(run_dir), group=run_dir.parent.name,
                               config=dict(config or {}), dir=str(run_dir), resume="allow", reinit="create_new")
 
     def log(self, row: Mapping) -> None:

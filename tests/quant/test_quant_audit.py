@@ -64,6 +64,18 @@ def test_table_csv_and_cli(tmp_path, capsys):
     assert format_table([]).count("\n") == 1
 
 
+def test_csv_goes_to_the_sweep_directory_not_the_current_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    tiny = ["--recipes", "bf16", "--num-seqs", "2", "--prompt-len", "4", "--response-len", "4"]
+    main(tiny)
+    assert not (tmp_path / "audit.csv").exists()
+    assert (tmp_path / "runs" / "audit" / "audit.csv").is_file()
+    main([*tiny, "--sweep-dir", str(tmp_path / "runs" / "main_table")])
+    assert (tmp_path / "runs" / "main_table" / "audit.csv").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    assert "wrote " in capsys.readouterr().out
+
+
 def test_bad_config_raises():
     with pytest.raises(KeyError, match="valid names"):
         AuditConfig(recipes=("tensorwize",))
@@ -72,7 +84,10 @@ def test_bad_config_raises():
     with pytest.raises(ValueError, match="lr"):
         AuditConfig(lr=0)
     cfg, out = parse_args(["--no-emulate", "--hybrid"])
-    assert cfg.emulate is False and cfg.hybrid is True and out == "audit.csv"
+    assert cfg.emulate is False and cfg.hybrid is True and out == "runs/audit/audit.csv"
+    assert parse_args(["--sweep-dir", "runs/main_table"])[1] == "runs/main_table/audit.csv"
+    with pytest.raises(SystemExit):  # one place for the CSV
+        parse_args(["--sweep-dir", "a", "--out", "b.csv"])
 
 
 def test_the_reference_is_bf16_mixed_precision_by_default():

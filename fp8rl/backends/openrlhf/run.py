@@ -260,7 +260,7 @@ def describe(cfg: OpenRLHFRunConfig, resources, run_dir: Path) -> list[str]:
         args = build_args(cfg, lay, paths_for(cfg, run_dir))
         return [f"    local:     this machine, no Slurm, CPU job (openrlhf.device=cpu): {lay.gpus} actor rank(s), "
                 f"{lay.vllm_engines} vLLM engine(s); trainer {cfg.fp8.trainer_recipe}, rollout "
-                f"{cfg.fp8.rollout_recipe}, clip {cfg.clip.method}",
+                f"{cfg.fp8.rollout_recipe}, clip {cfg.clip.arm}",
                 f"    openrlhf:  {command_line(args)}"]
     if resources is None:
         return ["    openrlhf:  (no cluster profile: cannot lay out GPUs)"]
@@ -277,7 +277,7 @@ def describe(cfg: OpenRLHFRunConfig, resources, run_dir: Path) -> list[str]:
         where,
         f"    layout:    {lay.gpus} GPU(s): {lay.vllm_engines} vLLM engine(s) x TP {lay.vllm_tp}, "
         f"colocate_all={lay.colocate_all}; trainer {cfg.fp8.trainer_recipe}, rollout {cfg.fp8.rollout_recipe}, "
-        f"clip {cfg.clip.method}",
+        f"clip {cfg.clip.arm}",
         f"    openrlhf:  {command_line(args)}",
     ]
 
