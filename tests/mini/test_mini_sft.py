@@ -25,8 +25,10 @@ def test_key_depends_on_what_matters():
     assert sft_key("14b", m, TOK) != sft_key("8b", m, TOK)
     for change in (dict(sft_steps=7), dict(sft_lr=1e-3), dict(max_operand=8), dict(data_seed=1)):
         assert sft_key("8b", dataclasses.replace(m, **change), TOK) != sft_key("8b", m, TOK), change
-    # where the cache lives and thread counts do not change the weights' identity
-    assert sft_key("8b", dataclasses.replace(m, cache_dir="/elsewhere", num_threads=2), TOK) == sft_key("8b", m, TOK)
+    # where the cache lives does not change the weights' identity; the thread count does (CPU
+    # reductions split by threads: the weights differ in the last bits)
+    assert sft_key("8b", dataclasses.replace(m, cache_dir="/elsewhere"), TOK) == sft_key("8b", m, TOK)
+    assert sft_key("8b", dataclasses.replace(m, num_threads=2), TOK) != sft_key("8b", dataclasses.replace(m, num_threads=1), TOK)
 
 
 def test_cache_hit_returns_the_same_weights_and_training_is_deterministic(tmp_path):

@@ -45,6 +45,9 @@ def sft_key(slot: str, mini: MiniSettings, tok: CharTokenizer) -> str:
                  mini.n_eval],
         "sft": [mini.sft_steps, mini.sft_batch_size, mini.sft_lr, mini.sft_seed],
         "device": torch.device(mini.device).type,
+        # CPU kernels split reductions by thread count: 1 and 2 threads give weights ~1e-7 apart
+        # (measured; docs/launch.md), so a warm start is cached per effective thread count
+        "threads": mini.num_threads or torch.get_num_threads(),
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
