@@ -18,6 +18,14 @@ ARMS = {
 }
 
 
+def _clip_opts(arm: str, opts: dict | None) -> dict:
+    """The tiny runs calibrate ``periodic``ally every 2 steps unless ``opts`` names a mode."""
+    opts = {"arm": arm, **(opts or {})}
+    if opts.get("calibration_mode", "periodic") == "periodic":
+        opts = {"calibration_mode": "periodic", "period": 2, **opts}
+    return opts
+
+
 @pytest.fixture(scope="session")
 def sft_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("sft_cache"))
@@ -39,7 +47,7 @@ def tiny(sft_cache, tmp_path):
             algorithm=AlgorithmConfig(**{"n_samples_per_prompt": 4, **(algorithm or {})}),
             fp8=Fp8Config(name=arm, rollout_recipe=rollout, trainer_recipe=trainer, emulate=True,
                           compute_dtype="fp32" if arm == "fp32" else "bf16"),
-            clip=ClipConfig(**{"arm": clip, "period": 2, **(clip_opts or {})}),
+            clip=ClipConfig(**_clip_opts(clip, clip_opts)),
             mini=MiniSettings(**{"n_train": 200, "n_eval": 4, "sft_steps": 150, "sft_batch_size": 32,
                                  "min_terms": 2, "max_terms": 3, "max_operand": 9,
                                  "cache_dir": sft_cache, "num_threads": 1, **(mini or {})}),

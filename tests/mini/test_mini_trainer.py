@@ -98,8 +98,9 @@ def test_evaluations_do_not_perturb_training(tiny, tmp_path):
     assert ev_often[0] == ev_end[0] and ev_often[-1] == ev_end[-1]
 
 
-def test_kill_and_resume_gives_the_same_metrics(tiny, tmp_path, killed_at):
-    kw = dict(steps=5, checkpoint_every=2, eval_every=2)
+@pytest.mark.parametrize("mode", ["periodic", "pooled", "same_batch"])
+def test_kill_and_resume_gives_the_same_metrics(tiny, tmp_path, killed_at, mode):
+    kw = dict(steps=5, checkpoint_every=2, eval_every=2, clip_opts={"calibration_mode": mode})
     ref = run_mini(tiny("tensorwise", "calibrated", run_dir=str(tmp_path / "ref"), **kw))
     cfg = tiny("tensorwise", "calibrated", run_dir=str(tmp_path / "killed"), **kw)
     killed_at(cfg, 4)
@@ -236,11 +237,29 @@ def test_old_log_probs_in_their_own_micro_batches(tiny, arm):
     assert moved == (arm == "tensorwise")
 
 
-def test_calibration_pools_the_minibatches_after_the_first_and_rules_the_next_step(tiny, monkeypatch):
-    """On a calibration step the controller gets the tokens of every mini-batch after the
-    first (their FP8 ratios before each update, and the BF16 shadow ratios of the same tokens
+def _count_shadow_forwards(monkeypatch) -> list:
+    """Patch ``fp8_disabled`` (the shadow's context) to record each use: one entry per BF16
+    shadow forward (old log-probs: one per step; current policy: one per mini-batch)."""
+    import fp8rl.quant.convert as conv
+
+    calls: list = []
+    real = conv.fp8_disabled
+
+    def counted(model):
+        calls.append(1)
+        return real(model)
+
+    monkeypatch.setattr(conv, "fp8_disabled", counted)
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["periodic", "pooled"])
+def test_calibration_pools_every_minibatch_and_rules_the_next_step(tiny, monkeypatch, mode):
+    """On a calibration step the controller gets the tokens of every mini-batch, the first
+    included (their FP8 ratios before each update, and the BF16 shadow ratios of the same tokens
     on the same weights), once, after the updates; the new bounds rule from the next step."""
-    cfg = tiny("tensorwise", "calibrated", steps=4, num_mini_batches=4, clip_opts={"period": 2, "ema": 0.0})
+    opts = {"calibration_mode": mode, **({"period": 2, "ema": 0.0} if mode == "periodic" else {})}
+    cfg = tiny("tensorwise", "calibrated", steps=4, num_mini_batches=4, clip_opts=opts)
     trainer = MiniTrainer(cfg, None, sft_cache=cfg.mini.cache_dir)
     seen: list = []
     mb_rows: list = []
@@ -252,24 +271,90 @@ def test_calibration_pools_the_minibatches_after_the_first_and_rules_the_next_st
 
     def mb(rb, idx, *a, **kw):
         res = real_mb(rb, idx, *a, **kw)
-        mb_rows.append((int(rb.response_mask[idx].sum()), kw.get("shadow", False), res))
+        mb_rows.append((int(rb.response_mask[idx].sum()), res))
         return res
 
     monkeypatch.setattr(trainer.clipper, "update", update)
     monkeypatch.setattr(trainer, "minibatch_update", mb)
+    shadows = _count_shadow_forwards(monkeypatch)
     rows = [trainer.train_step(s) for s in range(1, 5)]
-    assert [s for s, _ in seen] == [0, 2]  # controller steps 0 and 2 = logged steps 1 and 3
+    calib = [0, 2] if mode == "periodic" else [0, 1, 2, 3]
+    assert [s for s, _ in seen] == calib  # controller steps = logged steps - 1
+    assert len(shadows) == 5 * len(calib)  # old log-probs + each of the 4 mini-batches
     first = mb_rows[:4]
-    assert [sh for _, sh, _ in first] == [False, True, True, True]
+    assert all(r["shadow_ratio"] is not None for _, r in first)
     pooled = seen[0][1]
-    assert pooled["ratio"].numel() == sum(n for n, _, _ in first[1:])
-    want = torch.cat([r["ratio"][r["mask"].bool()] for _, _, r in first[1:]])
+    assert pooled["ratio"].numel() == sum(n for n, _ in first)
+    want = torch.cat([r["ratio"][r["mask"].bool()] for _, r in first])
     assert torch.equal(pooled["ratio"], want)
     assert not torch.equal(pooled["ratio"], pooled["shadow_ratio"])  # FP8 vs BF16 shadow
     assert rows[0]["clip/n_neg"] == float(int((pooled["advantages"] < 0).sum()))
-    # bounds: computed at the end of step 1, in force during step 2
+    # bounds: computed at the end of step 1, in force during step 2 (and used by its losses)
     assert (rows[1][M.CLIP_LOW], rows[1][M.CLIP_HIGH]) == (rows[0]["clip/low_next"], rows[0]["clip/high_next"])
+    assert all(r["bounds"] == (rows[1][M.CLIP_LOW], rows[1][M.CLIP_HIGH]) for _, r in mb_rows[4:8])
     assert (rows[0][M.CLIP_LOW], rows[0][M.CLIP_HIGH]) == (0.6, 1.8)  # the initial bounds ruled step 1
+    # agreement: the pooled tokens against the bounds in force during the step
+    from fp8rl.rl.calibration.agreement import agreement_counts
+
+    c = agreement_counts(pooled["ratio"], pooled["shadow_ratio"], pooled["advantages"], pooled["mask"],
+                         low=0.6, high=1.8, vanilla_low=0.8, vanilla_high=1.2)
+    assert [rows[0][k] for k in (M.SHADOW_LOW_BF16_N, M.SHADOW_LOW_FP8_N, M.SHADOW_HIGH_BOTH_N)] == \
+        [float(c[0]), float(c[1]), float(c[5])]
+
+
+def test_same_batch_bounds_come_from_each_minibatch_before_its_loss(tiny, monkeypatch):
+    """same_batch: every mini-batch of every step (the first included) runs the shadow forward,
+    and its loss uses bounds calibrated on its own tokens (reference: calibrate_bounds on the
+    FP8 and shadow ratios it measured)."""
+    from fp8rl.rl.calibration import calibrate_bounds
+
+    cfg = tiny("tensorwise", "calibrated", steps=2, num_mini_batches=4, clip_opts={"calibration_mode": "same_batch"})
+    trainer = MiniTrainer(cfg, None, sft_cache=cfg.mini.cache_dir)
+    mb_rows: list = []
+    real_mb = trainer.minibatch_update
+
+    def mb(rb, idx, *a, **kw):
+        res = real_mb(rb, idx, *a, **kw)
+        mb_rows.append(res)
+        return res
+
+    monkeypatch.setattr(trainer, "minibatch_update", mb)
+    shadows = _count_shadow_forwards(monkeypatch)
+    rows = [trainer.train_step(s) for s in range(1, 3)]
+    assert len(mb_rows) == 8 and len(shadows) == 2 * (1 + 4)
+    n_cal = 0
+    for res in mb_rows:
+        assert res["shadow_ratio"] is not None and not torch.equal(res["shadow_ratio"], res["ratio"])
+        try:
+            ref = calibrate_bounds(res["ratio"], res["shadow_ratio"], res["adv"], res["mask"], eps_low=0.2,
+                                   eps_high=0.2, low_min=0.5, high_max=2.0)
+        except Exception:  # degenerate: the previous bounds are kept
+            continue
+        n_cal += 1
+        assert res["bounds"] == (ref.low, ref.high)
+    assert n_cal >= 4
+    lows = [r["bounds"][0] for r in mb_rows[:4]]
+    assert rows[0][M.CLIP_LOW] == pytest.approx(sum(lows) / 4)
+    assert rows[0][M.SHADOW_LOW_FP8_N] == sum(int(((r["ratio"] < r["bounds"][0]) & (r["adv"] < 0)
+                                                   & r["mask"].bool()).sum()) for r in mb_rows[:4])
+    assert M.PERF_SHADOW_S in rows[0] and M.PERF_SHADOW_S in rows[1]
+
+
+@pytest.mark.parametrize("arm", ["tensorwise", "bf16"])
+def test_shadow_diagnostics_do_not_change_training(tiny, tmp_path, arm):
+    """clip.shadow_diagnostics on a vanilla/TIS arm: every step logs the agreement metrics
+    (bounds in force = vanilla), and everything else is bit-identical to the run without."""
+    kw = dict(steps=3, samples_every=0, eval_every=0)
+    off = _rows(run_mini(tiny(arm, "tis", run_dir=str(tmp_path / "off"), **kw)))
+    on = _rows(run_mini(tiny(arm, "tis", clip_opts={"shadow_diagnostics": True}, run_dir=str(tmp_path / "on"), **kw)))
+    shadow_keys = {k for r in on for k in r if k.startswith("shadow/") or k == M.PERF_SHADOW_S}
+    assert {M.SHADOW_LOW_RECALL, M.SHADOW_HIGH_PRECISION, M.SHADOW_LOW_BF16_N, M.PERF_SHADOW_S} <= shadow_keys
+    assert all(M.SHADOW_LOW_FP8_N in r for r in on)
+    strip = [{k: v for k, v in r.items() if k not in shadow_keys} for r in on]
+    assert _no_perf(strip) == _no_perf(off)
+    if arm == "bf16":  # its own ratios are the shadow: the same tokens on both sides
+        for r in on:
+            assert r[M.SHADOW_LOW_FP8_N] == r[M.SHADOW_LOW_BF16_N] == r[M.SHADOW_LOW_BOTH_N]
 
 
 def test_step0_evaluation_is_shared_by_cells_with_the_same_engine(tiny, tmp_path):

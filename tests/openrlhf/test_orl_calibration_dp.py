@@ -10,7 +10,7 @@ import torch
 from fp8rl.backends.openrlhf.plugin.loss import calibration_tokens, global_update, varlen_all_gather
 from fp8rl.rl.clipping import make_clipper
 
-OPTS = {"period": 1, "ema": 0.0, "init_bounds": (0.8, 1.28), "upper_rule": "contribution"}
+OPTS = {"mode": "periodic", "period": 1, "ema": 0.0, "init_bounds": (0.8, 1.28), "upper_rule": "contribution"}
 
 
 def batch(seed, B=24, T=40):

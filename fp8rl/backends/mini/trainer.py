@@ -3,7 +3,7 @@
 One step (``MiniTrainer.train_step``) reads as the paper's pipeline:
 
     rollout (FP8 engine) -> reward -> [DAPO dynamic sampling] -> advantages
-      -> old log-probs (trainer, its own precision) -> [calibration step: BF16 shadow]
+      -> old log-probs (trainer, its own precision) -> [measured step: BF16 shadow]
       -> M mini-batch updates (clip method + IS correction) -> re-sync the engine
       -> [evaluate] -> log
 
@@ -36,26 +36,14 @@ One step (``MiniTrainer.train_step``) reads as the paper's pipeline:
   ``num_mini_batches`` mini-batches, one AdamW step each (optimizer groups: the body at
   ``lr``, the LM head at ``lr_lm_head``, the final norm at ``lr_final_norm``), so from the
   second mini-batch on the ratio pi_theta/pi_old moves off 1. The loss is ``ppo_token_loss * w``
-  aggregated per mini-batch, with the clip bounds in force for the whole step.
+  aggregated per mini-batch, with the clip bounds of the clip method (``same_batch``: each
+  mini-batch's own).
 
-**Where the BF16 shadow is measured** (the controller needs FP8 and BF16 ratios of the *same*
-tokens; the paper's shadow is two extra BF16 forwards: old policy and current policy). On a
-calibration step (every ``clip.period`` steps):
-
-1. the old log-probs are also computed under ``fp8_disabled`` (BF16 old log-probs, the first
-   shadow forward, on the weights theta_0 that sampled the batch, in the same micro-batches);
-2. every mini-batch after the first is measured: before its update (weights theta_j), its
-   training forward gives the FP8 log-probs and one more forward under ``fp8_disabled`` the
-   BF16 current log-probs (the second shadow forward) of the same tokens;
-3. after the step's updates the controller gets all those tokens pooled (and, with
-   ``clip.window > 1``, those of earlier calibrations) and its new bounds rule from the next
-   step on.
-
-Pooling all measured mini-batches (instead of one) is what makes the estimate usable at this
-scale: with alpha ~ 1e-3 the alpha-quantile of a few hundred A<0 tokens is just their minimum
-(``clip/n_neg`` and ``clip/low_data`` say how much data each estimate had). A trainer without
-FP8 layers (``bf16``, ``rollout_only``) computes BF16 already, so its own ratios are the shadow
-and no extra forward runs. The shadow's cost is ``perf/shadow_s``.
+**The BF16 shadow** (Calibrated Clipping's measurement, and the diagnostic shadow of
+``clip.shadow_diagnostics``): ``shadow.py`` says which steps and mini-batches are measured,
+which bounds each mini-batch's loss uses in each ``clip.calibration_mode``, and what is logged.
+The shadow's cost is ``perf/shadow_s``. The update itself (old log-probs, mini-batches) is
+``updates.py``.
 
 Step numbering: logged steps are 1..``steps`` (step k = the k-th update); ``eval.jsonl`` has a
 row at step 0 (the warm-started model) and after every ``eval_every`` steps and the last. The
@@ -82,10 +70,8 @@ after the last mini-batch of every step (its time is in ``perf/train_s``).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
-import math
 import random
 import time
 from dataclasses import asdict
@@ -93,7 +79,7 @@ from pathlib import Path
 
 import torch
 
-from fp8rl.backends.mini.batch import left_pad, response_logits, token_logprobs
+from fp8rl.backends.mini.batch import left_pad
 from fp8rl.backends.mini.config import MiniRunConfig
 from fp8rl.backends.mini.evaluate import DATASET, cached_evaluation, evaluate
 from fp8rl.backends.mini.rollout import RolloutBatch, RolloutEngine
@@ -101,16 +87,15 @@ from fp8rl.backends.mini.runtime import RunFailed, seed_for
 from fp8rl.backends.mini.scored import ScoredBatch, concat_batches
 from fp8rl.backends.mini.sft import warm_start
 from fp8rl.backends.mini.stats import (
-    UpdateStats,
     brief,
     param_groups,
-    pooled_calibration,
     progress_bar,
     run_summary,
     to_float,
 )
 from fp8rl.backends.mini.task import Problem, make_splits
 from fp8rl.backends.mini.tokenizer import CharTokenizer
+from fp8rl.backends.mini.updates import UpdateMixin
 from fp8rl.config import torch_dtype
 from fp8rl.rewards.exact import grade_exact
 from fp8rl.runs import metrics as M
@@ -121,7 +106,7 @@ CHECKPOINT_FILE = "state.pt"
 EVAL0_VERSION = 1
 
 
-class MiniTrainer:
+class MiniTrainer(UpdateMixin):
     """Builds the task, the warm-started policy, the rollout engine and the clip method of a
     ``MiniRunConfig``, and runs the loop. ``run_dir`` is an ``fp8rl.runs.RunDir`` (or None:
     nothing is written, no checkpoint, e.g. for benchmarks)."""
@@ -221,162 +206,6 @@ class MiniTrainer:
             M.ROLLOUT_TRUNCATED_FRAC: to_float(gen_batch.rollout.truncated.float().mean()),
             M.ROLLOUT_GARBLED_FRAC: to_float(gen_batch.garbled.mean()),
         }
-
-    # ----- advantages, old log-probs, shadow ------------------------------------------------
-
-    def advantages(self, batch: ScoredBatch) -> torch.Tensor:
-        """``[N, T]`` per-token advantages."""
-        from fp8rl.rl.advantages import ADVANTAGE_ESTIMATORS, broadcast_to_tokens
-
-        adv = ADVANTAGE_ESTIMATORS[self.cfg.algorithm.advantage_estimator](batch.rewards, batch.group_ids)
-        return broadcast_to_tokens(adv.to(self.device), batch.rollout.response_mask)
-
-    def forward_logits(self, rb: RolloutBatch, idx: torch.Tensor) -> torch.Tensor:
-        """Trainer logits ``[n, T, V]`` for rows ``idx`` (grad enabled if the caller allows)."""
-        return response_logits(self.policy, rb.prompt_ids[idx], rb.prompt_mask[idx],
-                               rb.response_ids[idx], rb.response_mask[idx], self.dtype)
-
-    def micro_batches(self, n: int) -> list[torch.Tensor]:
-        """Rows ``0..n-1`` in rollout order, in chunks of ``logprob_micro_batch`` (the batches
-        old log-probs are recomputed in, as OpenRLHF's ``--rollout.micro_batch_size``)."""
-        size = self.cfg.logprob_micro_batch
-        return [torch.arange(i, min(i + size, n), device=self.device) for i in range(0, n, size)]
-
-    @torch.no_grad()
-    def old_log_probs(self, rb: RolloutBatch, *, shadow: bool = False) -> tuple[torch.Tensor, dict]:
-        """Old log-probs ``[N, T]`` of the trainer (its own precision) and the entropy metric.
-
-        Recomputed in rollout order in micro-batches of ``logprob_micro_batch`` rows, not with
-        the updates' (shuffled) mini-batches, as OpenRLHF and verl do: with per-tensor scales
-        the FP8 numbers of a row depend on the batch its GEMMs see, so this puts the
-        batch-composition noise of ``tensorwise`` into the ratio, as at scale. ``shadow``: the
-        same with FP8 off (the BF16 old log-probs of Calibrated Clipping's shadow pass).
-        """
-        from fp8rl.quant.convert import fp8_disabled
-        from fp8rl.rl.diagnostics import masked_mean, token_entropy
-
-        tau = self.cfg.temperature
-        old = torch.zeros_like(rb.rollout_log_probs)
-        ent = None if shadow else torch.zeros_like(rb.rollout_log_probs)
-        with fp8_disabled(self.policy) if shadow else contextlib.nullcontext():
-            for idx in self.micro_batches(len(rb.response_ids)):
-                logits = self.forward_logits(rb, idx)
-                old[idx] = token_logprobs(logits, rb.response_ids[idx], tau)
-                if ent is not None:
-                    ent[idx] = token_entropy(logits, temperature=tau)
-        return old, ({} if ent is None else {M.ACTOR_ENTROPY: to_float(masked_mean(ent, rb.response_mask))})
-
-    # ----- the update -------------------------------------------------------------------------
-
-    def update(self, step: int, batch: ScoredBatch, gen: torch.Generator) -> dict:
-        """Advantages, old log-probs, IS weights, the mini-batch updates and, on a calibration
-        step, the BF16 shadow measurement and the controller's update (bounds for the next step)."""
-        from fp8rl.quant.convert import fp8_layers
-        from fp8rl.rl.correction import is_weights
-
-        cfg, rb = self.cfg, batch.rollout
-        ctl_step = step - 1
-        perm = torch.randperm(len(batch), generator=gen, device=gen.device).to(self.device)
-        parts = [p for p in torch.tensor_split(perm, cfg.num_mini_batches) if p.numel() > 0]
-        calibrate = self.clipper.is_calibration_step(ctl_step)
-        # the BF16 shadow: two extra forwards with FP8 off; a trainer without FP8 layers
-        # computes BF16 already, so its own numbers are the shadow's
-        shadow = calibrate and self.clipper.needs_shadow(ctl_step)
-        extra_shadow = shadow and bool(fp8_layers(self.policy))
-        adv = self.advantages(batch)
-        self.policy.train()
-        old, out = self.old_log_probs(rb)
-        shadow_s = 0.0
-        shadow_old = None
-        if extra_shadow:
-            t0 = time.perf_counter()
-            shadow_old, _ = self.old_log_probs(rb, shadow=True)
-            shadow_s += time.perf_counter() - t0
-        weights, is_metrics = is_weights(old, rb.rollout_log_probs, rb.response_mask,
-                                         cfg.clip.is_correction, **cfg.clip.correction_params())
-        out.update({k: to_float(v) for k, v in is_metrics.items()})
-        low, high = self.clipper.bounds(ctl_step).as_tuple()  # in force for the whole step
-        acc, measured = UpdateStats(), []
-        for j, idx in enumerate(parts):
-            is_measured = calibrate and (j > 0 or len(parts) == 1)  # every mini-batch after the first
-            res = self.minibatch_update(rb, idx, old[idx], adv[idx], weights[idx], low=low, high=high,
-                                        shadow=is_measured and extra_shadow)
-            if is_measured:
-                t0 = time.perf_counter()
-                measured.append(self.measure(rb, idx, res, shadow_old, extra_shadow))
-                shadow_s += time.perf_counter() - t0
-            acc.add(res)
-        out.update(acc.result())
-        out.update({M.CLIP_LOW: low, M.CLIP_HIGH: high})
-        if calibrate:
-            new = self.clipper.update(ctl_step, **pooled_calibration(measured, shadow))
-            cal = {k: v for k, v in self.clipper.metrics(ctl_step).items() if k not in (M.CLIP_LOW, M.CLIP_HIGH)}
-            out.update(cal)
-            out.update({"clip/low_next": new.low, "clip/high_next": new.high})
-        else:
-            out.update({k: v for k, v in self.clipper.metrics().items()
-                        if k in ("clip/calibrations", "clip/degenerate_updates", M.CLIP_ALPHA)})
-        if shadow:
-            out[M.PERF_SHADOW_S] = shadow_s
-        self.skipped_updates += acc.skipped
-        out["train/skipped_updates"] = acc.skipped
-        return out
-
-    @torch.no_grad()
-    def measure(self, rb: RolloutBatch, idx: torch.Tensor, res: dict, shadow_old: torch.Tensor | None,
-                extra_shadow: bool) -> dict:
-        """The calibration data of one mini-batch: its FP8 ratios (the loss's, on the weights
-        before this mini-batch's update) and, with ``extra_shadow``, the BF16 shadow ratios from
-        one forward with FP8 off on those same weights (computed before the update: see
-        :meth:`minibatch_update`)."""
-        shadow_ratio = res["ratio"]
-        if extra_shadow:
-            assert shadow_old is not None and res["shadow_logp"] is not None
-            shadow_ratio = torch.exp((res["shadow_logp"] - shadow_old[idx]).clamp(-20, 20))
-        return {"ratio": res["ratio"], "shadow_ratio": shadow_ratio, "advantages": res["adv"], "mask": res["mask"]}
-
-    def minibatch_update(self, rb: RolloutBatch, idx: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
-                         weights: torch.Tensor, *, low: float, high: float, shadow: bool = False) -> dict:
-        """One AdamW step on mini-batch ``idx`` with the clip bounds ``(low, high)``; returns its
-        counts and metrics. ``shadow``: also run the BF16 shadow forward of this mini-batch on
-        the weights before the step (``res["shadow_logp"]``; Calibrated Clipping)."""
-        from fp8rl.quant.convert import fp8_disabled
-        from fp8rl.rl.aggregation import aggregate
-        from fp8rl.rl.diagnostics import clip_counts, masked_mean
-        from fp8rl.rl.policy_loss import LOG_RATIO_CLAMP, ppo_token_loss
-
-        cfg, a = self.cfg, self.cfg.algorithm
-        mask = rb.response_mask[idx]
-        logits = self.forward_logits(rb, idx)
-        logp = token_logprobs(logits, rb.response_ids[idx], cfg.temperature)
-        shadow_logp = None
-        if shadow:
-            with torch.no_grad(), fp8_disabled(self.policy):
-                shadow_logp = token_logprobs(self.forward_logits(rb, idx), rb.response_ids[idx], cfg.temperature)
-        # the step's diagnostics come from counts and ratios summed over mini-batches
-        # (_UpdateStats), so the loss computes none of its own
-        loss_mat, _ = ppo_token_loss(logp, old, adv, mask, low=low, high=high, dual_clip=a.dual_clip,
-                                     metrics=False)
-        loss = aggregate(loss_mat * weights, mask, a.loss_agg_mode, horizon=cfg.max_response_len)
-        log_ratio = logp.detach() - old
-        ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        m = mask.bool()
-        res = {"counts": clip_counts(ratio, adv, m, low=low, high=high), "ratio": ratio,
-               "adv": adv, "mask": mask, "pg_loss": to_float(loss), "ppo_kl": to_float(masked_mean(-log_ratio, m)),
-               "skipped": 0, "grad_norm": float("nan"), "shadow_logp": shadow_logp}
-        self.optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss) or not bool((torch.isfinite(logp.detach()) | ~m).all()):
-            res["skipped"] = 1
-            return res
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm, foreach=True)
-        res["grad_norm"] = to_float(grad_norm)
-        if not math.isfinite(res["grad_norm"]):
-            self.optimizer.zero_grad(set_to_none=True)
-            res["skipped"] = 1
-            return res
-        self.optimizer.step()
-        return res
 
     # ----- one step, evaluation, logging ------------------------------------------------------
 
