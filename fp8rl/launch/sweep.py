@@ -41,9 +41,10 @@ def describe_cell(c: CellPlan, plan: SweepPlan) -> list[str]:
     from fp8rl.launch.job import build_config
 
     describe = BACKENDS[c.backend].load_describe()
-    if describe is not None:  # backend-specific lines (e.g. the OpenRLHF command)
-        lines += describe(build_config(c.payload()), c.resources, c.run_dir)
-    return lines
+    extra = describe(build_config(c.payload()), c.resources, c.run_dir) if describe is not None else []
+    if c.resources is not None and not c.resources.local and not any(x.lstrip().startswith("sbatch:") for x in extra):
+        lines.append(f"    sbatch:    {c.resources.sbatch_flags()}")
+    return lines + extra  # backend-specific lines (e.g. the OpenRLHF command)
 
 
 def print_plan(plan: SweepPlan, stream=None) -> None:
