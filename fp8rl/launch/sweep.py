@@ -121,8 +121,11 @@ def execute(plan: SweepPlan, stream=None) -> int:
         write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells(result.job_ids))
     if result.failed:
         print(f"[{plan.sweep_name}] {len(result.failed)} cell(s) FAILED:", file=stream)
+        from fp8rl.runs.runlog import log_path
+
         for name, reason in result.failed:
-            print(f"  {name}: {reason}", file=stream)
+            log = log_path(plan.sweep_dir / name)
+            print(f"  {name}: {reason}" + (f"; run log: {log}" if log.is_file() else ""), file=stream)
         return 1
     if result.waited:
         print(f"[{plan.sweep_name}] all {len(plan.cells)} cell(s) finished; runs in {plan.sweep_dir}", file=stream)
