@@ -46,7 +46,7 @@ def test_capture_refuses_a_symlink_and_leaves_its_target(tmp_path):
     target = tmp_path / "elsewhere.txt"
     target.write_text("not the run's\n")
     (run / "run.log").symlink_to(target)
-    with pytest.raises(RunDirSymlink, match="run.log is a symlink"), capture(run):
+    with pytest.raises(RunDirSymlink, match=r"run\.log is a symlink"), capture(run):
         print("never")
     assert target.read_text() == "not the run's\n"
 
