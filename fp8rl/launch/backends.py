@@ -27,6 +27,10 @@ Contract of a backend (what the launcher relies on):
 - ``check_cell`` (optional): ``check_cell(cfg, resources) -> None``, raises ``ValueError`` when a
   validated config cannot run on the cell's resources (OpenRLHF's start-up assertions); called
   for every cell before anything is submitted.
+- ``resources`` (optional): ``resources(cfg, requested) -> Resources``, what one cell asks the
+  scheduler for, given the cluster profile's request for its model slot (``requested``); without
+  it a cell asks for the profile's request as it is. The mini backend asks for CPUs and memory
+  only (``fp8rl.backends.mini.run.cell_resources``): a tiny CPU cell must not hold a GPU node.
 - ``prepare`` (optional): ``(key_path, prepare_path)``: ``key(cfg) -> hashable`` names one-time,
   idempotent work that cells share and ``prepare(cfg) -> None`` does it (the mini backend's SFT
   warm start); the local launcher queues one ``prepare`` per distinct key before the cells, so
@@ -71,6 +75,7 @@ class Backend:
     describe: str | None = None
     check_cell: str | None = None
     prepare: tuple[str, str] | None = None
+    resources: str | None = None
 
     def load_config_class(self) -> type:
         return load_object(self.config_class)
@@ -89,6 +94,9 @@ class Backend:
 
     def load_check_cell(self):
         return None if self.check_cell is None else load_object(self.check_cell)
+
+    def load_resources(self):
+        return None if self.resources is None else load_object(self.resources)
 
     def load_prepare(self):
         """``(key, prepare)`` functions (see the module docstring); None without the hook."""
@@ -110,6 +118,7 @@ BACKENDS.add(
         scales=("mini",),
         shared_cache=("mini.cache_dir", ".cache/sft"),
         prepare=("fp8rl.backends.mini.run:warm_start_key", "fp8rl.backends.mini.run:prepare_warm_start"),
+        resources="fp8rl.backends.mini.run:cell_resources",
         description="the embedded backend: tiny Qwen3 models, our own RL loop, CPU or one GPU",
     ),
 )

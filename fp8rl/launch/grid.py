@@ -198,6 +198,8 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
                 errors.append(f"{seed_label}: {exception_text(e)}")
                 break  # other seeds of this grid point fail the same way
             resources = profile.resources_for(run_cfg.model.slot) if profile else None
+            if resources is not None and backend.resources is not None:  # what this cell needs
+                resources = backend.load_resources()(run_cfg, resources)
             check_cell = backend.load_check_cell()
             if check_cell is not None:
                 try:

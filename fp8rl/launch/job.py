@@ -10,7 +10,10 @@ still resolves to the run directory the launcher recorded, and calls the backend
 function, which skips a DONE run and resumes an incomplete one from its checkpoint. When the
 backend fails before it could record why (an exception while building the model, a missing
 CUDA device), ``run_cell`` writes ``FAILED`` with the exception as the reason, then re-raises
-so the job itself fails (Slurm shows FAILED, ``experiments/status.py`` shows the reason).
+so the job itself fails (Slurm shows FAILED, ``experiments/status.py`` shows the reason); an
+interrupt or a stop request (``fp8rl.runs.stop``) there records ``PREEMPTED`` instead.
+Everything the cell prints goes to ``<run-dir>/run.log`` (``fp8rl.runs.runlog``), one header
+line per attempt, the traceback of an exception that ends it included.
 
 ``CellJob`` is the callable submitted to Slurm. It is a ``submitit.helpers.Checkpointable``:
 on preemption or on the signal before the time limit, submitit calls its ``checkpoint``, which
@@ -49,10 +52,11 @@ def run_cell(payload: dict) -> dict:
     of the backend after recording it in ``status.json``.
     """
     from fp8rl.runs.lock import RunOwned, own
+    from fp8rl.runs.runlog import capture
 
     run_dir = Path(payload["run_dir"])
     try:
-        with own(run_dir):
+        with own(run_dir), capture(run_dir):
             return _run_owned(payload, run_dir)
     except RunOwned as e:
         return {"state": None, "skipped": True, "run_dir": str(run_dir), "reason": str(e),
@@ -61,7 +65,7 @@ def run_cell(payload: dict) -> dict:
 
 def _run_owned(payload: dict, run_dir: Path) -> dict:
     from fp8rl.launch.backends import BACKENDS
-    from fp8rl.runs import FAILED, TERMINAL_STATES, RunDir
+    from fp8rl.runs import FAILED, PREEMPTED, TERMINAL_STATES, RunDir
 
     backend = BACKENDS[payload["backend"]]
     try:
@@ -76,9 +80,12 @@ def _run_owned(payload: dict, run_dir: Path) -> dict:
     except BaseException as e:
         rd = RunDir(run_dir)
         st = rd.status() if rd.status_path.exists() else None
-        if not isinstance(e, KeyboardInterrupt) and (st is None or st.get("state") not in TERMINAL_STATES):
+        if st is None or st.get("state") not in TERMINAL_STATES:
             step = int(st.get("step", 0)) if st else 0
-            rd.set_status(FAILED, step, reason=f"{type(e).__name__}: {e}")
+            if isinstance(e, KeyboardInterrupt):  # stopped or interrupted: resumable, not failed
+                rd.set_status(PREEMPTED, step, reason=str(e) or "interrupted")
+            else:
+                rd.set_status(FAILED, step, reason=f"{type(e).__name__}: {e}")
         raise
     if summary.get("state") == FAILED:
         raise CellFailed(f"{run_dir.name}: {summary.get('reason')}")

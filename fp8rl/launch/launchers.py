@@ -149,7 +149,7 @@ class LocalLauncher(Launcher):
                              f"{seen}; nothing was run or written; {fix}")
 
     def launch(self, cells: list, plan) -> LaunchResult:
-        from fp8rl.launch.progress import SweepProgress
+        from fp8rl.launch.progress import SweepProgress, echo
 
         local_gpus = plan.profile is not None and plan.profile.local
         width = 1 if local_gpus else max(1, min(plan.workers or available_cores(), len(cells)))
@@ -157,7 +157,7 @@ class LocalLauncher(Launcher):
         if local_gpus:
             how = (f"one after another in this process on this machine's GPUs (cluster profile "
                    f"{plan.profile.name}, no Slurm)")
-        print(f"[{plan.sweep_name}] running {len(cells)} cell(s) {how}", file=sys.stderr)
+        echo(f"[{plan.sweep_name}] running {len(cells)} cell(s) {how}")
         res = LaunchResult()
         with SweepProgress(cells, name=plan.sweep_name, workers=width) if plan.progress else _Null():
             if width == 1:
@@ -175,12 +175,17 @@ class LocalLauncher(Launcher):
 
     def _sequential(self, cells: list, res: LaunchResult) -> None:
         from fp8rl.launch.job import run_cell
+        from fp8rl.runs.stop import RunStopped, stop_requested
 
         for c in cells:
+            if stop_requested():  # Ctrl-C: no new cell starts
+                return
             try:
                 with local_allocation(c.resources):
                     summary = run_cell(c.payload(progress=False))
                 self._record(res, c, summary, None)
+            except RunStopped:  # stopped at a safe point on request: resumable
+                return
             except Exception as e:
                 self._record(res, c, None, f"{type(e).__name__}: {e}")
 
@@ -197,11 +202,16 @@ class LocalLauncher(Launcher):
                 tasks.append((("prepare", key), "fp8rl.launch.job:prepare_cell", (c.payload(),)))
         by_index = {c.index: c for c in cells}
         tasks += [(("cell", c.index), "fp8rl.launch.job:run_cell", (c.payload(),)) for c in cells]
-        for out in WorkerPool(width).run(tasks):
+        from fp8rl.launch.progress import echo
+        from fp8rl.runs.stop import stop_requested
+
+        for out in WorkerPool(width).run(tasks, stopping=stop_requested):
             kind, ident = out.key
+            if out.stopped:  # Ctrl-C: resumable, summarised by the launch (fp8rl.launch.interrupt)
+                continue
             if kind == "prepare":
                 if not out.ok:  # the cells will meet (and report) the same error themselves
-                    print(f"preparing {ident} failed: {out.error}", file=sys.stderr)
+                    echo(f"preparing {ident} failed: {out.error}")
                 continue
             self._record(res, by_index[ident], out.value, None if out.ok else out.error)
 
@@ -225,8 +235,16 @@ class LocalParallelLauncher(Launcher):
         display = SweepProgress(cells, name=plan.sweep_name) if plan.progress else None
         if display:
             display.__enter__()
+        from fp8rl.runs.stop import stop_requested
+
+        cancelled = False
         try:
             while pending or running:
+                if stop_requested() and not cancelled:  # Ctrl-C: start nothing more, interrupt the rest
+                    pending, cancelled = [], True
+                    for _, job in running:
+                        with contextlib.suppress(Exception):
+                            job.cancel(check=False)
                 while pending and len(running) < width:
                     c = pending.pop(0)
                     job = executor.submit(CellJob(), c.payload())
@@ -238,10 +256,15 @@ class LocalParallelLauncher(Launcher):
                         still.append((c, job))
                         continue
                     exc = job.exception()
-                    if exc is not None:
+                    if exc is not None and not cancelled:
                         res.failed.append((c.run_dir.name, _reason_from_rundir(c.run_dir, str(exc).strip().splitlines()[-1])))
                 running = still
                 time.sleep(0.5)
+        except BaseException:
+            for _, job in running:  # a second Ctrl-C: interrupt what still runs
+                with contextlib.suppress(Exception):
+                    job.cancel(check=False)
+            raise
         finally:
             if display:
                 display.__exit__(None, None, None)
@@ -288,7 +311,12 @@ class SlurmLauncher(Launcher):
             from fp8rl.launch.progress import SweepProgress
 
             with SweepProgress(cells, name=plan.sweep_name) if plan.progress else _Null():
+                from fp8rl.runs.stop import stop_requested
+
                 while not all(job.done(force_check=True) for _, job in jobs):
+                    if stop_requested():  # Ctrl-C: stop waiting; the jobs keep running on the cluster
+                        res.waited = False
+                        return res
                     time.sleep(2.0)
             for c, job in jobs:
                 if job.state not in ("COMPLETED",):

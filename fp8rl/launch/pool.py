@@ -15,10 +15,15 @@ Each worker process
   not leave workers training behind it; their runs stay resumable (``fp8rl.runs.lock`` shows
   them as owned by nobody).
 
-On ``KeyboardInterrupt`` in the parent every worker gets ``SIGINT`` (a run then records
-PREEMPTED and stops at its next step), the pool waits for them, and the interrupt propagates.
-A worker that dies mid-task (out of memory, killed) fails that task with its exit code; the
-others go on.
+Stopping (``run(tasks, stopping=...)``, ``fp8rl.launch.interrupt``): the workers ignore SIGINT
+(they start with it ignored, so a terminal's Ctrl-C, which reaches the whole process group, does
+not interrupt them mid-step); once ``stopping()`` is true every worker gets
+``fp8rl.runs.stop.STOP_SIGNAL``: its cell stops at its next safe point (the mini trainer
+checkpoints and records PREEMPTED), the outcome is ``stopped``, and the worker takes no further
+task. ``run`` returns when every worker has ended; tasks never started yield nothing. On
+``KeyboardInterrupt`` in the parent (a second Ctrl-C) the workers are killed at once (their runs
+resume from their last checkpoint) and the interrupt propagates. A worker that dies mid-task
+(out of memory, killed) fails that task with its exit code; the others go on.
 """
 
 from __future__ import annotations
@@ -29,22 +34,27 @@ import os
 import queue
 import signal
 import sys
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from fp8rl.runs.stop import STOP_SIGNAL
 
 _SENTINEL = None
 
 
 @dataclass
 class Outcome:
-    """How one task ended: ``ok`` with its ``value``, or not with an ``error`` text."""
+    """How one task ended: ``ok`` with its ``value``, or not with an ``error`` text; ``stopped``:
+    it stopped on a stop request (or an interrupt) and is resumable, not failed."""
 
     key: Any
     ok: bool
     value: Any = None
     error: str | None = None
+    stopped: bool = False
 
 
 def _die_with_parent() -> None:
@@ -59,6 +69,9 @@ def _die_with_parent() -> None:
 
 def _worker(tasks, results) -> None:  # pragma: no cover - runs in the child process
     _die_with_parent()
+    from fp8rl.runs.stop import install_stop_signal, stop_requested
+
+    install_stop_signal()
     from fp8rl.launch.backends import load_object
 
     while True:
@@ -66,16 +79,25 @@ def _worker(tasks, results) -> None:  # pragma: no cover - runs in the child pro
         if item is _SENTINEL:
             return
         key, path, args = item
+        if stop_requested():  # stopping: start nothing more
+            return
         results.put(("start", key, os.getpid()))
         try:
             value = load_object(path)(*args)
-        except KeyboardInterrupt:
-            results.put(("error", key, "interrupted"))
+        except KeyboardInterrupt as e:  # a stop request (RunStopped) or an interrupt
+            results.put(("stopped", key, str(e) or "interrupted"))
             return
         except BaseException as e:
             results.put(("error", key, f"{type(e).__name__}: {e}"))
         else:
             results.put(("ok", key, value))
+
+
+def _signal_all(procs, sig: int) -> None:
+    for p in procs:
+        if p.is_alive() and p.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, sig)
 
 
 class WorkerPool:
@@ -86,8 +108,10 @@ class WorkerPool:
             raise ValueError(f"a worker pool needs at least one worker, got {n}")
         self.n = n
 
-    def run(self, tasks: Sequence[tuple[Any, str, tuple]]) -> Iterator[Outcome]:
-        """Run ``tasks`` (``(key, "module:function", args)``); yield an :class:`Outcome` per task."""
+    def run(self, tasks: Sequence[tuple[Any, str, tuple]],
+            stopping: Callable[[], bool] | None = None) -> Iterator[Outcome]:
+        """Run ``tasks`` (``(key, "module:function", args)``); yield an :class:`Outcome` per task
+        that ran (module docstring for ``stopping``)."""
         ctx = mp.get_context("spawn")
         task_q, result_q = ctx.Queue(), ctx.Queue()
         for t in tasks:
@@ -97,21 +121,31 @@ class WorkerPool:
             task_q.put(_SENTINEL)
         old = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers only
+        # the workers start with SIGINT ignored (Python then installs no KeyboardInterrupt handler),
+        # so a Ctrl-C while they import cannot print a traceback from them
+        main = threading.current_thread() is threading.main_thread()
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
             procs = [ctx.Process(target=_worker, args=(task_q, result_q), daemon=True) for _ in range(n)]
             for p in procs:
                 p.start()
         finally:
+            if main:
+                signal.signal(signal.SIGINT, old_int)
             if old is None:
                 del os.environ["OMP_NUM_THREADS"]
             else:
                 os.environ["OMP_NUM_THREADS"] = old
         running: dict[int, Any] = {}  # pid -> key of its current task
         remaining = len(tasks)
+        asked = False
         try:
             while remaining:
+                if not asked and stopping is not None and stopping():
+                    asked = True
+                    _signal_all(procs, STOP_SIGNAL)
                 try:
-                    kind, key, value = result_q.get(timeout=0.5)
+                    kind, key, value = result_q.get(timeout=0.2 if asked else 0.5)
                 except queue.Empty:
                     for p in procs:  # a worker that died mid-task fails its task
                         if not p.is_alive() and p.pid in running:
@@ -119,6 +153,8 @@ class WorkerPool:
                             yield Outcome(running.pop(p.pid), False,
                                           error=f"worker process died (exit code {p.exitcode})")
                     if remaining and not any(p.is_alive() for p in procs):
+                        if asked:  # stopped: the tasks left were never started
+                            return
                         raise RuntimeError(f"every worker process died with {remaining} task(s) left") from None
                     continue
                 if kind == "start":
@@ -128,13 +164,10 @@ class WorkerPool:
                     if k == key:
                         del running[pid]
                 remaining -= 1
-                yield Outcome(key, kind == "ok", value if kind == "ok" else None,
-                              None if kind == "ok" else value)
+                ok = kind == "ok"
+                yield Outcome(key, ok, value if ok else None, None if ok else value, stopped=kind == "stopped")
         except BaseException:
-            for p in procs:  # a run records PREEMPTED on SIGINT and stops at its next step
-                if p.is_alive() and p.pid is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(p.pid, signal.SIGINT)
+            _signal_all(procs, signal.SIGKILL)  # a second Ctrl-C: at once (runs resume from their checkpoint)
             raise
         finally:
             deadline = time.monotonic() + 60
@@ -143,5 +176,6 @@ class WorkerPool:
                 if p.is_alive():
                     p.terminate()
                     p.join(5)
+            task_q.cancel_join_thread()  # tasks left after a stop: nobody will read them
             task_q.close()
             result_q.close()

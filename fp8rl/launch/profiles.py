@@ -58,6 +58,12 @@ _LOCAL_RESOURCE_KEYS = ("nodes", "gpus_per_node")
 LOCAL_GPUS_ENV = "FP8RL_GPUS_PER_NODE"
 
 
+#: ``additional_parameters`` that claim GPUs or a whole node; dropped for cells that ask for no
+#: GPU (a mini cell sent with a GPU profile asks for CPUs and memory only).
+GPU_NODE_PARAMETERS = frozenset({"exclusive", "gres", "gpus", "gpus_per_node", "gpus_per_task",
+                                 "gpus_per_socket", "gpu_bind", "gpu_freq", "cpus_per_gpu", "mem_per_gpu"})
+
+
 class ProfileError(ValueError):
     """A missing or malformed cluster profile (the message names the file and the field)."""
 
@@ -87,9 +93,17 @@ class Resources:
     def describe(self) -> str:
         if self.local:
             return f"this machine (no Slurm), {self.nodes} node x {self.gpus_per_node} GPU(s)"
-        mem = f", {self.mem_gb} GB" if self.mem_gb else ""
-        return (f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s), {self.cpus_per_task} CPU(s)/task"
+        mem = f", {self.mem_gb} GB" if self.mem_gb else ", no memory request"
+        gpus = f"{self.gpus_per_node} GPU(s)" if self.gpus_per_node else "no GPU"
+        return (f"{self.nodes} node(s) x {gpus}, {self.cpus_per_task} CPU(s)/task"
                 f"{mem}, {self.time_min} min")
+
+    def sbatch_flags(self) -> str:
+        """The request as ``sbatch`` flags (no GPU flag when the cell asks for none)."""
+        gpus = f" --gpus-per-node={self.gpus_per_node}" if self.gpus_per_node else ""
+        mem = f" --mem={self.mem_gb}G" if self.mem_gb else ""
+        return (f"--nodes={self.nodes} --ntasks-per-node=1{gpus} --cpus-per-task={self.cpus_per_task}"
+                f"{mem} --time={self.time_min}")
 
 
 @dataclass(frozen=True)
@@ -154,10 +168,11 @@ class ClusterProfile:
             "nodes": res.nodes,
             "tasks_per_node": 1,
             "cpus_per_task": res.cpus_per_task,
-            "gpus_per_node": res.gpus_per_node,
             "slurm_array_parallelism": array_parallelism or self.array_parallelism,
             "slurm_signal_delay_s": self.signal_delay_s,
         }
+        if res.gpus_per_node:  # a cell without GPUs carries no GPU flag at all
+            params["gpus_per_node"] = res.gpus_per_node
         if res.mem_gb:
             params["mem_gb"] = res.mem_gb
         for key in ("partition", "account", "qos", "constraint", "exclude"):
@@ -170,8 +185,11 @@ class ClusterProfile:
             if self.container_mounts:
                 srun.append(f"--container-mounts={self.container_mounts}")
             params["slurm_srun_args"] = srun
-        if self.additional_parameters:
-            params["slurm_additional_parameters"] = dict(self.additional_parameters)
+        extra = dict(self.additional_parameters)
+        if not res.gpus_per_node:  # a CPU cell (mini scale) must not hold a GPU node whole
+            extra = {k: v for k, v in extra.items() if k.replace("-", "_") not in GPU_NODE_PARAMETERS}
+        if extra:
+            params["slurm_additional_parameters"] = extra
         return params
 
 

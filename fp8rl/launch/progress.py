@@ -2,23 +2,40 @@
 
 It reads the cells' ``status.json`` files (``fp8rl.runs.RunDir``), so it works for any backend
 and any local launcher without a callback into the training loop. ETA: the steps still to go
-divided by the step rate measured since the display started (steps that were already done
-when it started, e.g. resumed runs, do not count towards the rate).
+at the average step rate since the display started (steps already done when it started, e.g.
+of resumed runs, do not count towards the rate).
 
-On a terminal it is a progress bar redrawn in place (fraction of all steps, cells finished,
-what each running cell is at, ETA); otherwise (logs, CI) a text line is printed when a cell
-starts or ends and at most every ``every_s`` seconds in between.
+- **On a terminal**: one tqdm bar (share of all steps, cells finished, elapsed, ETA, what the
+  running cells are at), redrawn in place and trimmed to the terminal's width as it changes.
+  Messages of the launcher while the bar is up (:func:`echo`, Python warnings, ``logging``
+  records) are printed above it, each on its own lines, wrapped to the width (as the terminal
+  would wrap them anyway, so that the redrawn bar never lands inside a message).
+- **Elsewhere** (a pipe, a log file, CI; or ``TERM=dumb``): no bar and no control characters,
+  a plain line when a cell starts or ends and at most every ``every_s`` seconds in between.
+
+:func:`console` gives the launcher a stream on the terminal that stays there while a cell run
+in the launching process sends file descriptors 1 and 2 to its ``run.log``
+(``fp8rl.runs.runlog``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import shutil
 import sys
+import textwrap
 import threading
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from fp8rl.runs import DONE, FAILED, RunDir
+
+_CURRENT: SweepProgress | None = None
+_CONSOLE = None
 
 
 def _fmt(seconds: float | None) -> str:
@@ -30,37 +47,88 @@ def _fmt(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def is_terminal(stream) -> bool:
+    """A stream a bar may be drawn on: a terminal, and not ``TERM=dumb``."""
+    try:
+        tty = bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+    return tty and os.environ.get("TERM", "") != "dumb"
+
+
+@contextlib.contextmanager
+def console() -> Iterator:
+    """A text stream on this process's standard error as it is now (a duplicate of its file
+    descriptor), for the launcher's own output; :func:`echo` writes there during the block."""
+    global _CONSOLE
+    old = _CONSOLE
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):  # a test's capture object: it is not redirected
+        stream, close = sys.stderr, False
+    else:
+        stream = open(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace")
+        close = True
+    _CONSOLE = stream
+    try:
+        yield stream
+    finally:
+        _CONSOLE = old
+        if close:
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
+def echo(msg: str) -> None:
+    """Print a launcher message: above the progress bar when one is shown, else a plain line on
+    the console (:func:`console`) or standard error."""
+    cur = _CURRENT
+    if cur is not None:
+        cur.write(msg)
+        return
+    stream = _CONSOLE or sys.stderr
+    stream.write(msg + "\n")
+    stream.flush()
+
+
 class SweepProgress:
-    """Polls the run directories of ``cells`` (objects with ``run_dir`` and ``steps``)."""
+    """Polls the run directories of ``cells`` (objects with ``run_dir``, ``steps``, ``index`` and
+    ``total``) and shows where the sweep stands (module docstring)."""
 
     def __init__(self, cells: Sequence, *, name: str = "", stream=None, every_s: float = 10.0,
-                 interval_s: float = 1.0, workers: int | None = None, bar_width: int = 24) -> None:
+                 interval_s: float = 1.0, workers: int | None = None) -> None:
         self.cells = list(cells)
         self.name = name
         self.workers = workers
-        self.bar_width = bar_width
-        self.stream = stream or sys.stderr
+        self.stream = stream or _CONSOLE or sys.stderr
         self.every_s = every_s
         self.interval_s = interval_s
         self.total_steps = sum(max(int(c.steps), 1) for c in self.cells)
         self.t0 = time.monotonic()
         self.steps0 = self.done_steps()[0]
+        self.tty = is_terminal(self.stream)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_print = 0.0
         self._last_key: tuple = ()
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._bar = None
+        self._lock = threading.RLock()
+        self._saved_showwarning = None
+        self._exit = contextlib.ExitStack()
 
-    def done_steps(self) -> tuple[int, int, int, list[str]]:
-        """``(steps done over all cells, cells DONE, cells FAILED, running cell descriptions)``."""
+    # ----- what the sweep is at -------------------------------------------------------------------
+
+    def done_steps(self) -> tuple[int, int, int, list[tuple[int, str | None]]]:
+        """``(steps done over all cells, cells DONE, cells FAILED, running cells)``; a running cell
+        is ``(index, "step k/n")`` or ``(index, None)`` while its backend prepares it."""
         steps = done = failed = 0
-        running = []
+        running: list[tuple[int, str | None]] = []
         for c in self.cells:
             exists = Path(c.run_dir).exists()
             st = RunDir(Path(c.run_dir)).status() if exists else None
             if st is None:
                 if exists:  # the backend set the directory up and is preparing (e.g. a warm start)
-                    running.append(f"cell {c.index}/{c.total} {Path(c.run_dir).name} preparing")
+                    running.append((c.index, None))
                 continue
             state, step = st.get("state"), int(st.get("step") or 0)
             if state == DONE:
@@ -71,40 +139,89 @@ class SweepProgress:
                 steps += max(int(c.steps), 1)  # nothing more will run
             else:
                 steps += step
-                running.append(f"cell {c.index}/{c.total} {Path(c.run_dir).name} step {step}/{c.steps}")
+                running.append((c.index, f"step {step}/{c.steps}"))
         return steps, done, failed, running
 
-    def line(self) -> tuple[str, tuple]:
-        steps, done, failed, running = self.done_steps()
+    def _eta(self, steps: int) -> tuple[float, float | None]:
         elapsed = time.monotonic() - self.t0
         rate = (steps - self.steps0) / elapsed if elapsed > 0 else 0.0
-        eta = (self.total_steps - steps) / rate if rate > 0 else None
+        return elapsed, ((self.total_steps - steps) / rate if rate > 0 else None)
+
+    def line(self) -> tuple[str, tuple]:
+        """The plain (non-terminal) line and the key whose change prints it at once."""
+        steps, done, failed, running = self.done_steps()
+        elapsed, eta = self._eta(steps)
         head = f"[{self.name}] " if self.name else ""
         finished = done + failed == len(self.cells)
-        run = "; ".join(running) if running else ("done" if finished else "starting")
+        total = self.cells[0].total if self.cells else 0
+        run = "; ".join(f"cell {i}/{total} {Path(self._cell(i).run_dir).name} {what or 'preparing'}"
+                        for i, what in running) if running else ("done" if finished else "starting")
         fail = f", {failed} FAILED" if failed else ""
-        if self.tty:
-            filled = round(self.bar_width * steps / max(self.total_steps, 1))
-            bar = "#" * filled + "." * (self.bar_width - filled)
-            pct = 100.0 * steps / max(self.total_steps, 1)
-            text = (f"{head}[{bar}] {pct:3.0f}% {done + failed}/{len(self.cells)} cells{fail} | "
-                    f"{_fmt(elapsed)} ETA {_fmt(eta)} | {run}")
-        else:
-            text = (f"{head}{done + failed}/{len(self.cells)} cells finished{fail} | {run} | "
-                    f"elapsed {_fmt(elapsed)} ETA {_fmt(eta)}")
-        return text, (done, failed, tuple(r.rsplit(" step ", 1)[0].removesuffix(" preparing") for r in running))
+        text = (f"{head}{done + failed}/{len(self.cells)} cells finished{fail} | {run} | "
+                f"elapsed {_fmt(elapsed)} ETA {_fmt(eta)}")
+        return text, (done, failed, tuple(i for i, _ in running))
+
+    def _cell(self, index: int):
+        return next(c for c in self.cells if c.index == index)
+
+    # ----- terminal: a tqdm bar -------------------------------------------------------------------
+
+    def _width(self) -> int:
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            return shutil.get_terminal_size().columns
+
+    def _make_bar(self):
+        from tqdm import tqdm
+
+        return tqdm(total=self.total_steps, initial=self.steps0, file=self.stream, dynamic_ncols=True,
+                    smoothing=0, leave=True, unit="step", mininterval=0, ascii=False,
+                    bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]{postfix}")
+
+    def _update_bar(self) -> None:
+        steps, done, failed, running = self.done_steps()
+        fail = f" {failed} FAILED" if failed else ""
+        desc = f"{self.name} {done + failed}/{len(self.cells)} cells{fail}".strip()
+        post = ", ".join(f"#{i} {what or 'prep'}" for i, what in running)
+        with self._lock:
+            bar = self._bar
+            if bar is None:
+                return
+            bar.n = steps
+            bar.set_description_str(desc, refresh=False)
+            bar.set_postfix_str(post, refresh=False)
+            bar.refresh()
+
+    def write(self, msg: str) -> None:
+        """Print ``msg`` above the bar (terminal, wrapped to its width) or as plain lines."""
+        with self._lock:
+            if self._bar is None:
+                self.stream.write(msg.rstrip("\n") + "\n")
+                self.stream.flush()
+                return
+            width = max(20, self._width())
+            lines = []
+            for raw in msg.rstrip("\n").splitlines() or [""]:
+                lines += textwrap.wrap(raw, width=width, subsequent_indent="  ", break_long_words=True,
+                                       break_on_hyphens=False, replace_whitespace=False) or [""]
+            self._bar.write("\n".join(lines), file=self.stream)
+
+    def _showwarning(self, message, category, filename, lineno, file=None, line=None) -> None:
+        self.write(warnings.formatwarning(message, category, filename, lineno, line).rstrip())
+
+    # ----- both -----------------------------------------------------------------------------------
 
     def show(self, force: bool = False) -> None:
+        if self.tty:
+            self._update_bar()
+            return
         text, key = self.line()
         now = time.monotonic()
-        if self.tty:
-            import shutil
-
-            self.stream.write("\r\033[K" + text[: max(40, shutil.get_terminal_size().columns - 1)])
-            self.stream.flush()
-        elif force or key != self._last_key or now - self._last_print >= self.every_s:
-            self.stream.write(text + "\n")
-            self.stream.flush()
+        if force or key != self._last_key or now - self._last_print >= self.every_s:
+            with self._lock:
+                self.stream.write(text + "\n")
+                self.stream.flush()
             self._last_print = now
         self._last_key = key
 
@@ -116,15 +233,34 @@ class SweepProgress:
                 pass
 
     def __enter__(self) -> SweepProgress:
+        global _CURRENT
+        if self.tty:
+            self._bar = self._make_bar()
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            self._exit.enter_context(logging_redirect_tqdm(loggers=[logging.root]))
+            self._saved_showwarning = warnings.showwarning
+            warnings.showwarning = self._showwarning
+            self._update_bar()
+        _CURRENT = self
         self._thread = threading.Thread(target=self._loop, name="sweep-progress", daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        global _CURRENT
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.show(force=True)
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        with contextlib.suppress(Exception):
+            self.show(force=True)
+        if _CURRENT is self:
+            _CURRENT = None
+        if self._saved_showwarning is not None:
+            warnings.showwarning = self._saved_showwarning
+            self._saved_showwarning = None
+        self._exit.close()
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None

@@ -14,7 +14,8 @@ says RUNNING but whose run directory no live process owns (``fp8rl.runs.lock``: 
 killed, e.g. together with its launcher) is shown as ``DIED``, naming the owner that is gone;
 relaunching the sweep resumes it from its checkpoint. A cell whose ``status.json`` or
 ``config.yaml`` cannot be read (not JSON/YAML, not UTF-8, not a mapping) is shown as ``DAMAGED``
-with the file and the error; the other cells are shown as usual.
+with the file and the error; the other cells are shown as usual. Each row carries the path of
+the run's ``run.log`` (``fp8rl.runs.runlog``); the failed cells' reasons end with it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from fp8rl.runs import DONE, FAILED, RUNNING, RunDir, read_manifest
 from fp8rl.runs import metrics as M
 from fp8rl.runs.lock import OWNER_FILE, probe
+from fp8rl.runs.runlog import log_path
 
 #: Shown for a run that says RUNNING while no live process owns it.
 DIED = "DIED"
@@ -68,6 +70,7 @@ class CellStatus:
     slurm_state: str | None
     reason: str | None
     overrides: tuple[str, ...]
+    log: str | None = None  # the run's run.log (what the cell printed), when it has one
 
 
 def _last_metrics(rd: RunDir) -> dict:
@@ -130,11 +133,13 @@ def sweep_status(sweep_dir: str | Path, *, query_slurm: bool = True) -> list[Cel
         elif state == FAILED and not reason and c.job_id:
             log = _log_path(sweep_dir, c.job_id)
             reason = f"see {log}" if log else None
+        log = log_path(rd.path)
         rows.append(CellStatus(
             run_dir=c.run_dir, state=state, step=st.get("step") if st else None,
             steps=(cfg or {}).get("steps"), reward=last.get(M.ROLLOUT_REWARD_MEAN),
             entropy=last.get(M.ACTOR_ENTROPY), job_id=c.job_id,
             slurm_state=sl.get("state") or None, reason=reason, overrides=c.overrides,
+            log=str(log) if log.is_file() and not log.is_symlink() else None,
         ))
     return rows
 
@@ -161,5 +166,7 @@ def format_table(rows: list[CellStatus]) -> str:
 
 
 def failed_cells(rows: list[CellStatus]) -> list[tuple[str, str]]:
-    """``(run dir, reason)`` of every FAILED, DIED or DAMAGED cell."""
-    return [(r.run_dir, r.reason or "no reason recorded") for r in rows if r.state in (FAILED, DIED, DAMAGED)]
+    """``(run dir, reason)`` of every FAILED, DIED or DAMAGED cell; the reason ends with the path
+    of the run's ``run.log`` when it has one (what the cell printed, its traceback included)."""
+    return [(r.run_dir, (r.reason or "no reason recorded") + (f"; run log: {r.log}" if r.log else ""))
+            for r in rows if r.state in (FAILED, DIED, DAMAGED)]

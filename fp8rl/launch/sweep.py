@@ -13,12 +13,16 @@ Called by the Hydra sweeper (``hydra_plugins/fp8rl_launch``) with the composed p
    died) are launched, and incomplete ones resume from their checkpoints;
 4. write ``<output_dir>/<sweep_name>/manifest.json`` *before* launching (cells of earlier
    launches of the same sweep that are not in this grid are kept), launch, and record the job
-   ids; a blocking launcher's failed cells are listed and the exit status is 1.
+   ids; a blocking launcher's failed cells are listed and the exit status is 1;
+5. Ctrl-C or SIGTERM while a blocking launcher runs (``fp8rl.launch.interrupt``): running cells
+   stop at a safe point (a second Ctrl-C: at once), then one summary (DONE, resumable, not
+   started, the command that resumes) and exit status 130 (143 for SIGTERM).
 """
 
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 
 from fp8rl.launch.grid import CellPlan, SweepError, SweepPlan, plan_sweep
@@ -41,9 +45,10 @@ def describe_cell(c: CellPlan, plan: SweepPlan) -> list[str]:
     from fp8rl.launch.job import build_config
 
     describe = BACKENDS[c.backend].load_describe()
-    if describe is not None:  # backend-specific lines (e.g. the OpenRLHF command)
-        lines += describe(build_config(c.payload()), c.resources, c.run_dir)
-    return lines
+    extra = describe(build_config(c.payload()), c.resources, c.run_dir) if describe is not None else []
+    if c.resources is not None and not c.resources.local and not any(x.lstrip().startswith("sbatch:") for x in extra):
+        lines.append(f"    sbatch:    {c.resources.sbatch_flags()}")
+    return lines + extra  # backend-specific lines (e.g. the OpenRLHF command)
 
 
 def print_plan(plan: SweepPlan, stream=None) -> None:
@@ -113,15 +118,32 @@ def execute(plan: SweepPlan, stream=None) -> int:
     if not todo:
         print(f"[{plan.sweep_name}] nothing to do", file=stream)
         return 0
-    result = LAUNCHERS[plan.launcher].launch(todo, plan)
+    from fp8rl.launch.interrupt import Interrupt, summary_lines
+    from fp8rl.launch.progress import console
+
+    with console() as out, Interrupt(plan.sweep_name) as intr:
+        try:
+            result = LAUNCHERS[plan.launcher].launch(todo, plan)
+        except KeyboardInterrupt:  # a second Ctrl-C (or one outside a stop-aware launcher)
+            intr.signum = intr.signum or signal.SIGINT
+            result = None
+        if intr.signum is not None:  # stopped: one summary, no traceback
+            if result is not None and result.job_ids:
+                write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells(result.job_ids))
+            for line in summary_lines(plan, intr.describe()):
+                print(line, file=out, flush=True)
+            return intr.exit_status
     for name, reason in result.skipped:
         print(f"  {name}: skipped, {reason}", file=stream)
     if result.job_ids:
         write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells(result.job_ids))
     if result.failed:
         print(f"[{plan.sweep_name}] {len(result.failed)} cell(s) FAILED:", file=stream)
+        from fp8rl.runs.runlog import log_path
+
         for name, reason in result.failed:
-            print(f"  {name}: {reason}", file=stream)
+            log = log_path(plan.sweep_dir / name)
+            print(f"  {name}: {reason}" + (f"; run log: {log}" if log.is_file() else ""), file=stream)
         return 1
     if result.waited:
         print(f"[{plan.sweep_name}] all {len(plan.cells)} cell(s) finished; runs in {plan.sweep_dir}", file=stream)
@@ -130,7 +152,8 @@ def execute(plan: SweepPlan, stream=None) -> int:
 
 def run_sweep(config, config_loader, params, arguments) -> int:
     """Plan (validate) and execute; ``SweepError`` propagates (Hydra prints it, exit 1), but for
-    unknown keys and groups (``fp8rl.launch.keys.UnknownKeyError``): printed here, exit 2."""
+    unknown keys and groups (``fp8rl.launch.keys.UnknownKeyError``): printed here, exit 2. A
+    Ctrl-C while the grid is validated ends with one line and status 130, nothing run or written."""
     from fp8rl.launch.keys import UnknownKeyError
 
     try:
@@ -138,6 +161,9 @@ def run_sweep(config, config_loader, params, arguments) -> int:
     except UnknownKeyError as e:
         print(f"Error: {e}", file=sys.stderr)
         return e.exit_status
+    except KeyboardInterrupt:
+        print("interrupted while validating the grid: nothing was run, submitted or written", file=sys.stderr)
+        return 130
     return execute(plan)
 
 

@@ -43,7 +43,7 @@ def test_launch_local_sweep_runs_skips_and_reruns(launch, snapshot, tmp_path):
     assert [r["step"] for r in redo.read_metrics()] == [1, 2, 3, 4]  # nothing logged twice
 
 
-def test_launch_local_failing_cell_is_reported_and_others_finish(launch, tmp_path, monkeypatch):
+def test_launch_local_failing_cell_is_reported_and_others_finish(launch, tmp_path, monkeypatch, capsys):
     """A cell that fails at run time is FAILED with its reason and the others finish. The failing
     cell asks for CUDA on a machine without it; the expand-time device check (``fp8rl.launch.checks``,
     which refuses that cell before anything runs) is lifted here so that the cell reaches its run, as
@@ -63,9 +63,18 @@ def test_launch_local_failing_cell_is_reported_and_others_finish(launch, tmp_pat
     reason = states[failed]["reason"]
     assert reason and ("CUDA" in reason or "cuda" in reason)
 
+    # the cell's own log holds its error; the launcher and status point to it
+    log = root / "smoke" / failed / "run.log"
+    text = log.read_text()
+    assert text.startswith("=== attempt 1, ") and "Traceback" in text and reason.split(":")[0] in text, text
+    assert f"run log: {log}" in res.err
+
     from experiments.status import main as status_main
 
+    capsys.readouterr()
     assert status_main([str(root / "smoke"), "--no-slurm"]) == 1
+    out = capsys.readouterr().out
+    assert f"{failed}: {reason}; run log: {log}" in out, out
 
 
 def test_launch_manifest_keeps_cells_of_earlier_launches(launch, tmp_path):

@@ -66,6 +66,24 @@ def prepare_warm_start(cfg: MiniRunConfig) -> None:
         warm_start(cfg.model.slot, train, CharTokenizer(), m, sft_cache_dir(cfg))
 
 
+#: Memory a mini cell asks a scheduler for, in GB (a tiny model, its rollouts and torch: ~1 GB used).
+MINI_MEM_GB = 4
+
+
+def cell_resources(cfg: MiniRunConfig, requested):
+    """Launcher hook (``Backend.resources``): what a mini cell asks Slurm for. Not the profile's
+    GPU node: one node, a GPU only when ``mini.device`` is CUDA, CPUs = its torch threads
+    (``mini.num_threads``; 0, torch's default, asks for one), :data:`MINI_MEM_GB` of memory; the
+    profile's time limit is kept. A ``scheduler: local`` request is returned unchanged."""
+    import dataclasses
+
+    if getattr(requested, "local", False):
+        return requested
+    gpus = 1 if cfg.mini.device.startswith("cuda") else 0
+    return dataclasses.replace(requested, nodes=1, gpus_per_node=gpus,
+                               cpus_per_task=max(1, cfg.mini.num_threads), mem_gb=MINI_MEM_GB)
+
+
 def run_mini(cfg: MiniRunConfig, overrides: Iterable[str] = (), *, progress: bool = False) -> dict:
     """Run (or resume, or skip) ``cfg``; returns its summary (with ``run_dir``)."""
     from fp8rl.runs import RunDir

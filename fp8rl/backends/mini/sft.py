@@ -72,7 +72,11 @@ def train_sft(model: torch.nn.Module, train: list[Problem], tok: CharTokenizer,
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, mini.sft_steps) / max(1, mini.sft_steps))))
     losses = []
     model.train()
+    from fp8rl.runs.stop import RunStopped, stop_requested
+
     for _ in range(mini.sft_steps):
+        if stop_requested():  # nothing is cached yet: the next launch trains it again
+            raise RunStopped("stopped on request during the SFT warm start (it is trained again on relaunch)")
         batch = [train[rng.randrange(len(train))] for _ in range(mini.sft_batch_size)]
         p_ids, p_mask, r_ids, r_mask = (t.to(dev) for t in sft_batch(batch, tok))
         logits = response_logits(model, p_ids, p_mask, r_ids, r_mask)

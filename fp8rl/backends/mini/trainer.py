@@ -330,6 +330,7 @@ class MiniTrainer(UpdateMixin):
         """Train to ``cfg.steps`` (resuming from a checkpoint if present); returns the summary."""
         from fp8rl.runs import DONE, FAILED, PREEMPTED, RUNNING
         from fp8rl.runs.relaunch import discard_outputs, remove_stale_temps
+        from fp8rl.runs.stop import RunStopped, stop_requested
 
         cfg, rd = self.cfg, self.run_dir
         t_start = time.perf_counter()
@@ -354,6 +355,8 @@ class MiniTrainer(UpdateMixin):
             if self.step == 0:
                 self._log_eval(ew, self.evaluate_start())
             for step in bar:
+                if stop_requested():  # a safe point: everything of self.step is logged
+                    self._stop_here()
                 row = self.train_step(step)
                 self.step = step
                 self.history.append(brief(row))
@@ -376,9 +379,10 @@ class MiniTrainer(UpdateMixin):
                 rd.set_status(FAILED, self.step, reason=str(e))
                 rd.write_summary(self.summary(time.perf_counter() - t_start, FAILED, str(e)))
             return self.summary(time.perf_counter() - t_start, FAILED, str(e))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             if rd is not None:
-                rd.set_status(PREEMPTED, self.step, reason="interrupted")
+                reason = str(e) if isinstance(e, RunStopped) else "interrupted"
+                rd.set_status(PREEMPTED, self.step, reason=reason)
             raise
         except BaseException as e:
             if rd is not None:
@@ -395,6 +399,17 @@ class MiniTrainer(UpdateMixin):
             rd.write_summary(summary)
             rd.set_status(DONE, self.step)
         return summary
+
+    def _stop_here(self) -> None:
+        """Stop between steps on request (``fp8rl.runs.stop``): checkpoint the last finished step
+        (unless ``checkpoint_every`` just did), then raise ``RunStopped``; ``run`` records PREEMPTED."""
+        from fp8rl.runs.stop import RunStopped
+
+        every = self.cfg.checkpoint_every
+        if self.step > 0 and not (every and self.step % every == 0):
+            self.save_checkpoint()
+        at = f"step {self.step}" if self.step > 0 else "the start (no step done)"
+        raise RunStopped(f"stopped on request at {at}; relaunch to resume from there")
 
     def _log_eval(self, writer, row: dict) -> None:
         self.history.append({"eval": row})
