@@ -66,7 +66,7 @@ def bench(n_tokens: int, repeats: int) -> dict[str, float]:
     fp8_lp, shadow_lp, old, adv, mask = make_batch(n_tokens)
     ratio = torch.exp(fp8_lp - old)
     shadow_ratio = torch.exp(shadow_lp - old)
-    ctl = CalibratedClipController(0.2, 0.28, period=1, ema=0.5, upper_rule="contribution")
+    ctl = CalibratedClipController(0.2, 0.28, mode="periodic", period=1, ema=0.5, upper_rule="contribution")
     step = [0]
 
     def loss():

@@ -64,11 +64,11 @@ def count_below(x: torch.Tensor, bound: float) -> int:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_identical_ratios_give_vanilla_bounds(rule, seed):
     _, shadow, adv, mask = synthetic(seed)
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, upper_rule=rule, ema=0.0)
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", upper_rule=rule, ema=0.0)
     b = ctl.update(0, ratio=shadow.clone(), shadow_ratio=shadow, advantages=adv, mask=mask)
     assert b == Bounds(VL, VH)
     # the default EMA from the default (vanilla) init gives vanilla too
-    ctl2 = CalibratedClipController(EPS_LOW, EPS_HIGH, upper_rule=rule)
+    ctl2 = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", upper_rule=rule)
     assert ctl2.update(0, ratio=shadow, shadow_ratio=shadow, advantages=adv, mask=mask) == Bounds(VL, VH)
 
 
@@ -268,14 +268,14 @@ def test_shadow_q01_matches_numpy_and_diagnostics():
     fp8, shadow, adv, mask = synthetic(2, bf16_std=0.2)
     adv_tok = adv[:, None].expand_as(fp8)
     neg = mask & (adv_tok < 0)
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH)
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic")
     ctl.update(0, ratio=fp8, shadow_ratio=shadow, advantages=adv, mask=mask)
     q = ctl.metrics(0)["shadow/ratio_neg_q01"]
     assert q == pytest.approx(float(np.quantile(shadow[neg].double().numpy(), 0.01)), rel=1e-6)
     assert q == pytest.approx(float(masked_quantiles(shadow, neg, [0.01])[0]), rel=1e-6)
     # q01 above the vanilla bound (little BF16 clipping) takes the full-selection path
     _, s2, _, _ = synthetic(2, bf16_std=0.01)
-    ctl2 = CalibratedClipController(EPS_LOW, EPS_HIGH)
+    ctl2 = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic")
     ctl2.update(0, ratio=s2, shadow_ratio=s2, advantages=adv, mask=mask)
     assert ctl2.metrics()["shadow/ratio_neg_q01"] == pytest.approx(float(np.quantile(s2[neg].double().numpy(), 0.01)), rel=1e-6)
 
@@ -295,11 +295,11 @@ def staged_batch():
 
 
 def test_period_schedule():
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, period=3)
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=3)
     assert [ctl.is_calibration_step(s) for s in range(10)] == [True, False, False, True, False, False, True, False, False, True]
-    late = CalibratedClipController(EPS_LOW, EPS_HIGH, period=3, calibrate_at_start=False)
+    late = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=3, calibrate_at_start=False)
     assert [late.is_calibration_step(s) for s in range(7)] == [False, False, False, True, False, False, True]
-    static = CalibratedClipController(EPS_LOW, EPS_HIGH, period=3, reference="static", alpha=0.1, upper_rule="fixed")
+    static = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=3, reference="static", alpha=0.1, upper_rule="fixed")
     assert not any(static.needs_shadow(s) for s in range(7)) and static.is_calibration_step(3)
     assert [ctl.needs_shadow(s) for s in range(4)] == [True, False, False, True]
     with pytest.raises(ValueError, match="not a calibration step"):
@@ -313,7 +313,7 @@ def test_period_schedule():
 
 def test_ema_sequence_from_wide_init_bounds():
     # raw bounds each calibration: L = 0.625 (k = 2), H = 1.28 (fixed rule)
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, period=20, ema=0.5, upper_rule="fixed", init_bounds=(0.6, 1.8))
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=20, ema=0.5, upper_rule="fixed", init_bounds=(0.6, 1.8))
     seen = []
     for step in range(61):
         if step in (0, 1, 19):
@@ -333,7 +333,7 @@ def test_ema_sequence_from_wide_init_bounds():
 
 
 def test_no_smoothing_and_init_bounds_before_first_calibration():
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, period=5, ema=0.0, upper_rule="fixed", init_bounds=Bounds(0.6, 1.8), calibrate_at_start=False)
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=5, ema=0.0, upper_rule="fixed", init_bounds=Bounds(0.6, 1.8), calibrate_at_start=False)
     for step in range(5):
         assert ctl.bounds(step) == Bounds(0.6, 1.8)
         assert not ctl.is_calibration_step(step)
@@ -348,14 +348,14 @@ def test_no_smoothing_and_init_bounds_before_first_calibration():
 def test_static_reference():
     batch = staged_batch()
     batch.pop("shadow_ratio")
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, ema=0.0, reference="static", alpha=0.2, upper_rule="proportional")
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", ema=0.0, reference="static", alpha=0.2, upper_rule="proportional")
     b = ctl.update(0, **batch)
     assert b.low == 0.625 and b.high == pytest.approx(VH + (VL - 0.625) * EPS_HIGH / EPS_LOW)
     m = ctl.metrics(0)
     assert m["clip/alpha"] == 0.2 and "shadow/clipfrac_neg_low" not in m
     # static + contribution: p_target given from outside, reproduced within one token
     fp8, _, adv, mask = synthetic(1)
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, ema=0.0, reference="static", alpha=0.05, p_target=1.1, low_min=0.05, high_max=4.0)
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", ema=0.0, reference="static", alpha=0.05, p_target=1.1, low_min=0.05, high_max=4.0)
     b = ctl.update(0, ratio=fp8, advantages=adv, mask=mask)
     adv_tok = adv[:, None].expand_as(fp8)
     p, den = ref_p(fp8, adv_tok, mask, b.low, b.high)
@@ -368,17 +368,17 @@ def test_static_reference():
 def test_clamps():
     batch = staged_batch()
     batch["ratio"] = batch["ratio"] * 0.5  # k = 2 interval is now (0.28125, 0.3125]
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, ema=0.0, upper_rule="proportional", low_min=0.5, high_max=1.5)
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", ema=0.0, upper_rule="proportional", low_min=0.5, high_max=1.5)
     b = ctl.update(0, **batch)
     assert b == Bounds(0.5, 1.5)  # proportional H = 1.28 + 0.3 * 1.4 = 1.7 > 1.5
-    wide = CalibratedClipController(EPS_LOW, EPS_HIGH, ema=0.0, upper_rule="proportional", low_min=0.1, high_max=3.0)
+    wide = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", ema=0.0, upper_rule="proportional", low_min=0.1, high_max=3.0)
     b = wide.update(0, **batch)
     assert b.low == 0.3125 and b.high == pytest.approx(VH + (VL - 0.3125) * 1.4)
     # alpha near 1: the quantile lands above 1, clamped below 1
     up = staged_batch()
     up["shadow_ratio"] = torch.full((1, 10), 0.5)
     up["shadow_ratio"][0, -1] = 0.9
-    b = CalibratedClipController(EPS_LOW, EPS_HIGH, ema=0.0, upper_rule="fixed").update(0, **up)
+    b = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", ema=0.0, upper_rule="fixed").update(0, **up)
     # k = 9: the FP8 interval is (1.0625, 1.125], above 1: L is clamped to the float32 below 1
     assert b.low == float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))
 
@@ -410,7 +410,7 @@ def _degenerate_batches():
 
 
 def test_degenerate_input_keeps_bounds_and_counts():
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, period=1, ema=0.0, init_bounds=(0.7, 1.5))
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=1, ema=0.0, init_bounds=(0.7, 1.5))
     fp8, shadow, adv, mask = synthetic(9, noise=0.2)
     good = ctl.update(0, ratio=fp8, shadow_ratio=shadow, advantages=adv, mask=mask)
     assert good != Bounds(0.7, 1.5)
@@ -436,7 +436,7 @@ def test_non_finite_values_at_masked_positions_are_ignored():
 
 def test_caller_bugs_raise():
     fp8, shadow, adv, mask = synthetic(0)
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, period=1)
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=1)
     with pytest.raises(ValueError, match="shadow_ratio has shape"):
         ctl.update(0, ratio=fp8, shadow_ratio=shadow[:, :-1], advantages=adv, mask=mask)
     with pytest.raises(ValueError, match="mask has shape"):
@@ -467,16 +467,16 @@ def _run(ctl, steps, seed0=100):
 
 def test_state_dict_round_trip_resumes_identically():
     kw = dict(period=4, ema=0.3, init_bounds=(0.6, 1.8))
-    ref = CalibratedClipController(EPS_LOW, EPS_HIGH, **kw)
+    ref = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", **kw)
     full = _run(ref, range(30))
-    a = CalibratedClipController(EPS_LOW, EPS_HIGH, **kw)
+    a = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", **kw)
     _run(a, range(13))
     state = json.loads(json.dumps(a.state_dict()))  # checkpoints may go through JSON
-    b = CalibratedClipController(EPS_LOW, EPS_HIGH, **kw)
+    b = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", **kw)
     b.load_state_dict(state)
-    assert b.metrics() == a.metrics()
-    assert _run(b, range(13, 30)) == full[13:]
-    other = CalibratedClipController(EPS_LOW, EPS_HIGH, period=5)
+    assert repr(b.metrics()) == repr(a.metrics())  # repr: NaN rates compare equal
+    assert repr(_run(b, range(13, 30))) == repr(full[13:])
+    other = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=5)
     with pytest.raises(ValueError, match="period"):
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="version"):
@@ -522,7 +522,7 @@ def test_bad_config_raises(kwargs, match):
     args = {"eps_low": EPS_LOW, "eps_high": EPS_HIGH}
     args.update({k: kwargs.pop(k) for k in list(kwargs) if k in args})
     with pytest.raises((ValueError, TypeError, KeyError), match=match):
-        CalibratedClipController(args["eps_low"], args["eps_high"], **kwargs)
+        CalibratedClipController(args["eps_low"], args["eps_high"], **{"mode": "periodic", **kwargs})
 
 
 @pytest.mark.parametrize("pair", [(0.0, 1.2), (0.8, 1.0), (math.nan, 1.2), (0.8, math.inf), (1.1, 1.2)])
@@ -544,7 +544,7 @@ def test_more_than_16m_tokens():
     fp8 = shadow * torch.exp(torch.randn(B, T, generator=g) * 0.1)
     adv = torch.randn(B, generator=g)
     mask = torch.ones(B, T, dtype=torch.bool)
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, ema=0.0)
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", ema=0.0)
     b = ctl.update(0, ratio=fp8, shadow_ratio=shadow, advantages=adv, mask=mask)
     neg = (adv < 0)[:, None].expand(B, T)
     k = count_below(shadow[neg], VL)
@@ -573,7 +573,7 @@ def _flat_tokens(r, s, adv, mask):
 def test_window_pools_the_tokens_of_the_last_calibrations():
     """With window W the estimate equals one calibration on the concatenated tokens of the
     last W calibrations (reference: calibrate_bounds on the concatenation)."""
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, period=1, ema=0.0, window=2)
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=1, ema=0.0, window=2)
     batches = [synthetic(seed, B=8, T=24) for seed in range(3)]
     for step, (s, r, adv, mask) in enumerate(batches):
         ctl.update(step, ratio=r, shadow_ratio=s, advantages=adv, mask=mask)
@@ -590,10 +590,10 @@ def test_window_pools_the_tokens_of_the_last_calibrations():
 
 def test_window_state_round_trip_continues_exactly():
     batches = [synthetic(seed, B=8, T=24) for seed in range(5)]
-    a = CalibratedClipController(EPS_LOW, EPS_HIGH, period=1, window=3)
+    a = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=1, window=3)
     for step, (s, r, adv, mask) in enumerate(batches[:3]):
         a.update(step, ratio=r, shadow_ratio=s, advantages=adv, mask=mask)
-    b = CalibratedClipController(EPS_LOW, EPS_HIGH, period=1, window=3)
+    b = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=1, window=3)
     state = a.state_dict()
     assert len(state["pool"]) == 2
     b.load_state_dict(state)
@@ -601,12 +601,12 @@ def test_window_state_round_trip_continues_exactly():
         assert a.update(step, ratio=r, shadow_ratio=s, advantages=adv, mask=mask) == \
             b.update(step, ratio=r, shadow_ratio=s, advantages=adv, mask=mask)
     with pytest.raises(ValueError, match="window"):
-        CalibratedClipController(EPS_LOW, EPS_HIGH, period=1, window=2).load_state_dict(a.state_dict())
-    json.dumps(CalibratedClipController(EPS_LOW, EPS_HIGH).state_dict())  # window 1: plain JSON
+        CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=1, window=2).load_state_dict(a.state_dict())
+    json.dumps(CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic").state_dict())  # window 1: plain JSON
 
 
 def test_degenerate_calibration_adds_nothing_to_the_window():
-    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, period=1, ema=0.0, window=2)
+    ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=1, ema=0.0, window=2)
     s, r, adv, mask = synthetic(0, B=8, T=24)
     ctl.update(0, ratio=r, shadow_ratio=s, advantages=adv, mask=mask)
     before = ctl.bounds(0)
@@ -618,4 +618,4 @@ def test_degenerate_calibration_adds_nothing_to_the_window():
     ctl.update(2, ratio=r, shadow_ratio=s, advantages=adv, mask=torch.zeros_like(mask))
     assert ctl.metrics(2)["clip/pooled_calibrations"] == 2.0 and ctl.metrics()["clip/degenerate_updates"] == 1.0
     with pytest.raises(ValueError, match="window must be an integer >= 1"):
-        CalibratedClipController(EPS_LOW, EPS_HIGH, window=0)
+        CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", window=0)

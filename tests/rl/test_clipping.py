@@ -74,14 +74,14 @@ def test_vanilla_clip():
 
 
 def test_make_clipper_calibrated_passes_options():
-    clip = make_clipper("calibrated", 0.2, 0.28, period=10, ema=0.0, init_bounds=(0.6, 1.8))
+    clip = make_clipper("calibrated", 0.2, 0.28, mode="periodic", period=10, ema=0.0, init_bounds=(0.6, 1.8))
     assert isinstance(clip, CalibratedClipController) and isinstance(clip, ClipMethod)
     assert clip.period == 10 and clip.bounds(0) == Bounds(0.6, 1.8)
     assert clip.needs_shadow(0) and not clip.needs_shadow(5) and clip.needs_shadow(10)
     with pytest.raises(TypeError, match="does not take option"):
-        make_clipper("calibrated", 0.2, 0.28, periods=10)
+        make_clipper("calibrated", 0.2, 0.28, mode="periodic", periods=10)
     with pytest.raises(ValueError, match="period"):
-        make_clipper("calibrated", 0.2, 0.28, period=0)
+        make_clipper("calibrated", 0.2, 0.28, mode="periodic", period=0)
 
 
 def _run_loop(clipper, steps=3):
@@ -105,6 +105,6 @@ def test_calibrated_bounds_restore_bf16_lower_clipping_through_the_loss():
     vanilla = _run_loop(make_clipper("vanilla", 0.2, 0.28))
     assert all(fp8 > bf16 + 0.02 for fp8, bf16, _ in vanilla)
     # calibrated every step (period 1, no smoothing): the loss's own counter agrees with BF16
-    calibrated = _run_loop(make_clipper("calibrated", 0.2, 0.28, period=1, ema=0.0))
+    calibrated = _run_loop(make_clipper("calibrated", 0.2, 0.28, mode="periodic", period=1, ema=0.0))
     for fp8, bf16, n_neg in calibrated:
         assert abs(fp8 - bf16) <= 1 / n_neg + 1e-6

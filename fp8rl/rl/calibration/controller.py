@@ -1,110 +1,107 @@
-"""The Calibrated Clipping controller: when to calibrate, what data, smoothing, state, metrics.
+"""The Calibrated Clipping controller: modes, smoothing, state, metrics, agreement.
 
-A small stateful object beside the math (DESIGN.md), like a KL controller: the trainer asks it
-for the bounds in force (``bounds(step)``), whether a step calibrates and needs the BF16
-shadow pass (``is_calibration_step`` / ``needs_shadow``), and hands it the calibration tensors
-of a calibration step (``update``); the estimation itself (alpha, the lower-bound quantile,
-the upper rules) is ``fp8rl.rl.calibration.estimators.calibrate_bounds``.
+A small stateful object beside the math (DESIGN.md), like a KL controller. The trainer asks it
+whether a step measures the BF16 shadow (``measures``), hands it the measured tokens and asks
+it for bounds; the estimation itself (alpha, the lower-bound quantile, the upper rules) is
+``fp8rl.rl.calibration.estimators.calibrate_bounds``. The pieces:
+
+- ``schedule``: the calibration modes (``CALIBRATION_MODES``: ``periodic``, ``pooled``,
+  ``same_batch``; their docstring says which steps and mini-batches are measured and when the
+  bounds apply) and which steps calibrate;
+- ``state``: bounds in force, EMA, pooling window, counters, checkpoint state;
+- ``metrics``: the metrics and the agreement tally (which tokens FP8 clips against which BF16
+  would clip, ``agreement.agreement_counts``).
+
+Use, ``periodic`` / ``pooled`` (one trainer step ``step``):
+
+    low, high = ctl.bounds(step).as_tuple()          # in force for the whole step
+    ... mini-batch updates; if ctl.measures(step): keep their FP8 and BF16 shadow ratios ...
+    if ctl.is_calibration_step(step):
+        ctl.update(step, ratio=r_fp8, shadow_ratio=r_bf16, advantages=adv, mask=mask)  # pooled
+    log(ctl.metrics(step))                           # new bounds rule from step + 1
+
+``same_batch`` (per mini-batch, before its loss):
+
+    b = ctl.update_batch(step, ratio=r_fp8, shadow_ratio=r_bf16, advantages=adv, mask=mask)
+    loss = ppo_token_loss(..., low=b.low, high=b.high)
 
 Choices (the paper gives none of these; each is an option or documented):
 
-- ``period``: step s is a calibration step iff ``s % period == 0``; step 0 calibrates unless
-  ``calibrate_at_start=False`` (then ``init_bounds`` rule steps 0..period-1). Steps count
-  from 0. The bounds computed by ``update`` are in force from the moment it returns; when in
-  the step the trainer calls it (before the loss of the measured data, or after the step so
-  that the bounds rule the next step) is the trainer's choice and documented there;
+- ``period`` (``periodic``): step s is a calibration step iff ``s % period == 0``; step 0
+  calibrates unless ``calibrate_at_start=False`` (then ``init_bounds`` rule steps
+  0..period-1). Steps count from 0. ``pooled`` and ``same_batch`` calibrate every step;
+  ``period``, ``ema``, ``window`` and ``calibrate_at_start`` are ``periodic``'s options and
+  raise when set to non-default values with another mode;
 - the EMA acts on the **bounds**, not on alpha: ``new = prev + (1 - ema) (raw - prev)``,
   ``ema`` = weight of the previous bound, 0 = no smoothing; at the first calibration ``prev``
-  is ``init_bounds`` (the bounds in force), so with ``ema > 0`` wide initial bounds decay
-  towards calibrated ones; L is clamped first, H is solved against that (raw, unsmoothed) L
-  and clamped, then both bounds are smoothed;
-- ``window`` (W >= 1): the estimate pools the tokens of the last W calibrations (this one
-  included): with alpha ~ 1e-4 the alpha-quantile of one calibration's few hundred A<0 tokens
-  is just its minimum, which then clips about 1 / (n + 1) of the next batch (measured at mini
-  scale: pooling the 4 mini-batches of a step cut the next step's fraction 0.38% -> 0.15%,
-  pooling 3-5 steps -> 0.10%; BF16 0.05-0.075%). W = 1 pools nothing across calibrations;
-  a degenerate calibration adds nothing to the window;
+  is ``init_bounds``; L is clamped first, H is solved against that (raw, unsmoothed) L and
+  clamped, then both bounds are smoothed. ``pooled`` and ``same_batch`` use the raw bounds;
+- ``window`` (W >= 1, ``periodic``): the estimate pools the tokens of the last W calibrations
+  (this one included): with alpha ~ 1e-4 the alpha-quantile of one calibration's few hundred
+  A<0 tokens is just its minimum, which then clips about 1 / (n + 1) of the next batch
+  (measured at mini scale: pooling the 4 mini-batches of a step cut the next step's fraction
+  0.38% -> 0.15%, pooling 3-5 steps -> 0.10%; BF16 0.05-0.075%). A degenerate calibration
+  adds nothing to the window;
+- agreement: every measured token set (shadow reference) is counted with the bounds actually
+  applied to it (``periodic``/``pooled``: the bounds in force during the step, i.e. before
+  ``update``; ``same_batch``: the batch's own new bounds, or the kept ones if degenerate)
+  against the vanilla bounds on the BF16 side; counts are summed over the step and reported
+  by ``metrics(step)`` with recall/precision;
 - data sufficiency is reported, not enforced: ``clip/n_neg`` is the number of A<0 tokens the
-  estimate read and ``clip/low_data`` = 1 when alpha n < 5 (the quantile then rests on fewer
-  than five tokens below it: essentially an order statistic near the minimum);
+  estimate read and ``clip/low_data`` = 1 when alpha n < 5;
 - ``init_bounds`` default = vanilla; the paper's ablation starts from wide (0.6, 1.8);
 - clamps: L in [low_min, 1) and H in (1, high_max] (defaults 0.5 and 2.0); the vanilla and
   initial bounds must lie inside them;
 - ``reference="static"``: no shadow pass; alpha is a constant taken from a BF16 baseline
   (e.g. its logged ``actor/clipfrac_neg_low``); with the contribution rule the BF16 p must
-  then be given as ``p_target`` too;
+  then be given as ``p_target`` too; no agreement counts (nothing to compare with);
 - degenerate input keeps the previous bounds, increments ``clip/degenerate_updates``, logs a
-  warning and never raises; calling off-schedule, twice for one step, backwards, or without a
-  shadow ratio (shadow reference) raises;
+  warning and never raises; calling off-schedule, with the other mode's method, twice for one
+  step (``update``), backwards, or without a shadow ratio (shadow reference) raises;
 - defaults ``ema=0.5``, ``low_min=0.5``, ``high_max=2.0``, ``window=1`` are ours; ``period=20``
-  is the paper's K;
+  is the paper's K; the default mode is ``schedule.DEFAULT_CALIBRATION_MODE`` (provisional);
 - under data parallelism the caller gathers the calibration tensors first (the controller has
-  no ``torch.distributed``).
+  no ``torch.distributed``), so bounds and agreement counts are global;
+- checkpoints: ``state_dict`` version 2 holds the mode and the agreement tally; a version-1
+  state (before the modes) loads as ``periodic``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from fp8rl.rl.calibration.estimators import (
-    REFERENCES,
-    UPPER_RULES,
-    Bounds,
-    Calibration,
-    DegenerateCalibration,
-    calibrate_bounds,
+from fp8rl.rl.calibration.estimators import Bounds, DegenerateCalibration, calibrate_bounds
+from fp8rl.rl.calibration.metrics import LOW_DATA_TOKENS, AgreementTally, calibration_metrics
+from fp8rl.rl.calibration.options import check_options
+from fp8rl.rl.calibration.schedule import (
+    CALIBRATION_MODES,
+    DEFAULT_CALIBRATION_MODE,
+    PERIODIC_DEFAULTS,
 )
+from fp8rl.rl.calibration.schedule import is_calibration_step as _is_calibration_step
+from fp8rl.rl.calibration.state import CalibrationState, Tokens, flat_tokens
 
-__all__ = ["CalibratedClipController"]
+__all__ = ["LOW_DATA_TOKENS", "CalibratedClipController"]
 
 log = logging.getLogger("fp8rl.rl.calibration")
 
-_STATE_VERSION = 1
-#: ``clip/low_data`` flags a calibration whose alpha n (A<0 tokens below L) is under this.
-LOW_DATA_TOKENS = 5
-
-
-def _tokens(ratio: torch.Tensor, shadow_ratio: torch.Tensor | None, advantages: torch.Tensor,
-            mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """The unmasked tokens of one calibration, flat: ``(ratio [n], shadow [n] or None, adv [n])``.
-
-    Shapes are checked by the estimator's rules (``[B, T]`` tensors; advantages ``[B, T]`` or
-    ``[B]``); tokens with A == 0 are kept (the estimator ignores them).
-    """
-    from fp8rl.rl.calibration.estimators import _flat_inputs
-
-    r, sh, adv, valid = _flat_inputs(ratio, shadow_ratio, advantages, mask)
-    return r[valid], None if sh is None else sh[valid], adv[valid]
-
-
-def _finite(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {v}")
-    return v
+_STATE_VERSION = 2
 
 
 class CalibratedClipController:
-    """Calibrated Clipping bounds for the PPO loss, recalibrated every ``period`` steps.
+    """Calibrated Clipping bounds for the PPO loss, in one of the ``CALIBRATION_MODES``.
 
-    Use (one trainer step ``step``):
-
-        if ctl.is_calibration_step(step):          # == ctl.needs_shadow(step) for "shadow"
-            ctl.update(step, ratio=r_fp8, shadow_ratio=r_bf16, advantages=adv, mask=mask)
-        low, high = ctl.bounds(step).as_tuple()    # hand to ppo_token_loss
-        log(ctl.metrics(step))
+    See the module docstring for the use per mode, the method and every choice made.
 
     Args:
         eps_low, eps_high: the vanilla epsilons (0 < eps_low < 1, eps_high > 0).
-        period: K >= 1; calibration steps are ``step % K == 0``.
-        ema: weight of the previous bound in [0, 1); 0 = no smoothing.
+        mode: ``periodic`` | ``pooled`` | ``same_batch`` (``CALIBRATION_MODES``).
+        period: ``periodic``: K >= 1; calibration steps are ``step % K == 0``.
+        ema: ``periodic``: weight of the previous bound in [0, 1); 0 = no smoothing.
         upper_rule: ``contribution`` | ``proportional`` | ``fixed`` (``UPPER_RULES``).
         init_bounds: bounds before the first calibration (``Bounds`` or ``(low, high)``);
             None = vanilla. The paper's ablation uses (0.6, 1.8).
@@ -113,10 +110,8 @@ class CalibratedClipController:
         p_target: static reference with the contribution rule: the BF16 p (> 0).
         low_min: L is clamped to [low_min, 1); 0 < low_min <= 1 - eps_low.
         high_max: H is clamped to (1, high_max]; high_max >= 1 + eps_high.
-        calibrate_at_start: whether step 0 is a calibration step.
-        window: pool the tokens of the last ``window`` calibrations (>= 1; 1 = this one only).
-
-    See the module docstring for the method and every choice made.
+        calibrate_at_start: ``periodic``: whether step 0 is a calibration step.
+        window: ``periodic``: pool the tokens of the last ``window`` calibrations (>= 1).
     """
 
     def __init__(
@@ -124,8 +119,9 @@ class CalibratedClipController:
         eps_low: float,
         eps_high: float,
         *,
-        period: int = 20,
-        ema: float = 0.5,
+        mode: str = DEFAULT_CALIBRATION_MODE,
+        period: int = PERIODIC_DEFAULTS["period"],
+        ema: float = PERIODIC_DEFAULTS["ema"],
         upper_rule: str = "contribution",
         init_bounds: Bounds | Sequence[float] | None = None,
         reference: str = "shadow",
@@ -133,82 +129,16 @@ class CalibratedClipController:
         p_target: float | None = None,
         low_min: float = 0.5,
         high_max: float = 2.0,
-        calibrate_at_start: bool = True,
-        window: int = 1,
+        calibrate_at_start: bool = PERIODIC_DEFAULTS["calibrate_at_start"],
+        window: int = PERIODIC_DEFAULTS["window"],
     ) -> None:
-        eps_low = _finite("eps_low", eps_low)
-        eps_high = _finite("eps_high", eps_high)
-        if not 0.0 < eps_low < 1.0:
-            raise ValueError(f"eps_low must lie in (0, 1) so that 1 - eps_low is a ratio in (0, 1); got {eps_low}")
-        if not eps_high > 0.0:
-            raise ValueError(f"eps_high must be > 0; got {eps_high}")
-        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-            raise ValueError(f"period must be an integer >= 1 (steps between calibrations); got {period!r}")
-        ema = _finite("ema", ema)
-        if not 0.0 <= ema < 1.0:
-            raise ValueError(f"ema is the weight of the previous bound and must lie in [0, 1) (0 = no smoothing); got {ema}")
-        UPPER_RULES.check(upper_rule)
-        if reference not in REFERENCES:
-            raise ValueError(f"unknown reference {reference!r}; valid values are: {', '.join(REFERENCES)}")
-        low_min = _finite("low_min", low_min)
-        high_max = _finite("high_max", high_max)
-        if not 0.0 < low_min < 1.0:
-            raise ValueError(f"low_min must lie in (0, 1) (clamp of the lower bound); got {low_min}")
-        if not high_max > 1.0:
-            raise ValueError(f"high_max must be > 1 (clamp of the upper bound); got {high_max}")
-        vanilla = Bounds.vanilla(eps_low, eps_high)
-        if not (low_min <= vanilla.low and vanilla.high <= high_max):
-            raise ValueError(
-                f"the vanilla bounds ({vanilla.low}, {vanilla.high}) must lie inside the clamps "
-                f"[low_min={low_min}, 1) and (1, high_max={high_max}]; widen the clamps"
-            )
-        if reference == "static":
-            if alpha is None:
-                raise ValueError(
-                    "reference='static' needs alpha (the BF16 baseline's lower-clip fraction, "
-                    "e.g. its logged actor/clipfrac_neg_low)"
-                )
-            alpha = _finite("alpha", alpha)
-            if not 0.0 <= alpha < 1.0:
-                raise ValueError(f"alpha must lie in [0, 1); got {alpha}")
-            if upper_rule == "contribution":
-                if p_target is None:
-                    raise ValueError(
-                        "reference='static' with upper_rule='contribution' needs p_target (the BF16 "
-                        "baseline's positive/negative contribution ratio); or use upper_rule="
-                        "'proportional' or 'fixed'"
-                    )
-                p_target = _finite("p_target", p_target)
-                if not p_target > 0.0:
-                    raise ValueError(f"p_target must be > 0; got {p_target}")
-            elif p_target is not None:
-                raise ValueError("p_target is only used by upper_rule='contribution'")
-        else:
-            if alpha is not None or p_target is not None:
-                raise ValueError(
-                    "alpha / p_target are only used with reference='static' (the shadow reference "
-                    "measures them on each calibration step)"
-                )
-        if init_bounds is None:
-            init = vanilla
-        elif isinstance(init_bounds, Bounds):
-            init = init_bounds
-        else:
-            try:
-                lo, hi = init_bounds
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"init_bounds must be Bounds or a (low, high) pair; got {init_bounds!r}") from e
-            init = Bounds(lo, hi)
-        if not (low_min <= init.low and init.high <= high_max):
-            raise ValueError(
-                f"init_bounds ({init.low}, {init.high}) must lie inside the clamps "
-                f"[low_min={low_min}, 1) and (1, high_max={high_max}]"
-            )
-        if not isinstance(calibrate_at_start, bool):
-            raise TypeError(f"calibrate_at_start must be a bool; got {calibrate_at_start!r}")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be an integer >= 1 (calibrations pooled, 1 = none); got {window!r}")
-
+        o = check_options(eps_low, eps_high, mode=mode, period=period, ema=ema, upper_rule=upper_rule,
+                          init_bounds=init_bounds, reference=reference, alpha=alpha, p_target=p_target,
+                          low_min=low_min, high_max=high_max, calibrate_at_start=calibrate_at_start,
+                          window=window)
+        eps_low, eps_high, ema, alpha, p_target = o["eps_low"], o["eps_high"], o["ema"], o["alpha"], o["p_target"]
+        low_min, high_max, init, vanilla = o["low_min"], o["high_max"], o["init"], o["vanilla"]
+        self.mode = mode
         self.eps_low, self.eps_high = eps_low, eps_high
         self.period, self.ema = period, ema
         self.upper_rule, self.reference = upper_rule, reference
@@ -216,18 +146,10 @@ class CalibratedClipController:
         self.low_min, self.high_max = low_min, high_max
         self.calibrate_at_start = calibrate_at_start
         self.window = window
-        # the tokens of the last window - 1 successful calibrations: (ratio, shadow or None, adv)
-        self._pool: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
         self.init_bounds = init
         self.vanilla_bounds = vanilla
-        self._bounds = init
-        self._last_update_step: int | None = None
-        self._last_calibration_step: int | None = None
-        self._n_calibrations = 0
-        self._n_degenerate = 0
-        self._last_degenerate_reason: str | None = None
-        self._last: Calibration | None = None
-        self._last_pooled = 0
+        self._state = CalibrationState(init)
+        self._agreement = AgreementTally()
 
     # ----- schedule ---------------------------------------------------------------------
 
@@ -237,21 +159,63 @@ class CalibratedClipController:
             raise ValueError(f"step must be an integer >= 0; got {step!r}")
         return step
 
-    def is_calibration_step(self, step: int) -> bool:
-        """True iff ``step % period == 0`` (step 0 only if ``calibrate_at_start``)."""
-        step = self._check_step(step)
-        return step % self.period == 0 and (step > 0 or self.calibrate_at_start)
+    @property
+    def per_batch(self) -> bool:
+        """Whether each mini-batch gets its own bounds (``update_batch``; ``same_batch``)."""
+        return CALIBRATION_MODES[self.mode].per_batch
 
-    def needs_shadow(self, step: int) -> bool:
-        """Whether the trainer must run the BF16 shadow pass at ``step``."""
+    def is_calibration_step(self, step: int) -> bool:
+        """Whether ``step`` measures calibration data (``periodic``: ``step % period == 0``, step 0
+        only if ``calibrate_at_start``; ``pooled``, ``same_batch``: every step)."""
+        step = self._check_step(step)
+        return _is_calibration_step(self.mode, step, period=self.period, calibrate_at_start=self.calibrate_at_start)
+
+    def measures(self, step: int) -> bool:
+        """Whether the trainer runs the BF16 shadow on the mini-batches of ``step`` (all of them,
+        the first included)."""
         return self.reference == "shadow" and self.is_calibration_step(step)
 
+    def needs_shadow(self, step: int) -> bool:
+        """Same as :meth:`measures` (the ``ClipMethod`` protocol's name)."""
+        return self.measures(step)
+
     def bounds(self, step: int) -> Bounds:
-        """The bounds in force at ``step`` (after ``update`` on a calibration step)."""
+        """``periodic``/``pooled``: the bounds in force at ``step`` (from the last ``update``
+        before it); ``same_batch``: those of the last ``update_batch`` (the kept ones if it
+        was degenerate)."""
         self._check_step(step)
-        return self._bounds
+        return self._state.bounds
 
     # ----- calibration ------------------------------------------------------------------
+
+    def _estimate(self, parts: list[Tokens]):
+        static = self.reference == "static"
+        r = torch.cat([p[0] for p in parts])
+        return calibrate_bounds(
+            r,
+            None if static else torch.cat([p[1] for p in parts]),  # type: ignore[misc]
+            torch.cat([p[2] for p in parts]),
+            torch.ones(r.numel(), dtype=torch.bool, device=r.device),
+            eps_low=self.eps_low,
+            eps_high=self.eps_high,
+            upper_rule=self.upper_rule,
+            alpha=self.alpha if static else None,
+            p_target=self.p_target if static else None,
+            low_min=self.low_min,
+            high_max=self.high_max,
+        )
+
+    def _tokens(self, ratio, shadow_ratio, advantages, mask) -> Tokens:
+        static = self.reference == "static"
+        if not static and shadow_ratio is None:
+            raise ValueError("reference='shadow' needs shadow_ratio (the BF16 shadow ratios) on calibration steps")
+        return flat_tokens(ratio, None if static else shadow_ratio, advantages, mask)
+
+    def _count(self, step: int, tokens: Tokens, applied: Bounds) -> None:
+        r, sh, adv = tokens
+        if sh is not None:
+            self._agreement.add(step, r, sh, adv, torch.ones_like(r, dtype=torch.bool), applied=applied,
+                                vanilla=self.vanilla_bounds)
 
     def update(
         self,
@@ -262,107 +226,101 @@ class CalibratedClipController:
         advantages: torch.Tensor,
         mask: torch.Tensor,
     ) -> Bounds:
-        """Recalibrate on a calibration step; returns the bounds in force from this step on.
+        """``periodic``/``pooled``: recalibrate on the pooled measured tokens of calibration step
+        ``step`` (measured with the bounds in force during it); returns the bounds that rule
+        from the next step.
 
-        Args: ``ratio`` (FP8) and ``shadow_ratio`` (BF16; ignored for ``static``) ``[B, T]``,
-        ``advantages`` ``[B, T]`` or ``[B]``, ``mask`` ``[B, T]``. Degenerate input keeps the
-        previous bounds and is counted; calling off-schedule, twice for one step, backwards,
-        without ``shadow_ratio`` (shadow reference) or with mismatched shapes raises.
+        Args: ``ratio`` (FP8) and ``shadow_ratio`` (BF16; ignored for ``static``) ``[B, T]`` (or
+        flat ``[n]``), ``advantages`` ``[B, T]`` or ``[B]``, ``mask`` same shape as ``ratio``.
+        Degenerate input keeps the previous bounds and is counted; calling off-schedule, in
+        ``same_batch`` mode, twice for one step, backwards, without ``shadow_ratio`` (shadow
+        reference) or with mismatched shapes raises.
         """
         step = self._check_step(step)
+        if self.per_batch:
+            raise ValueError(f"mode {self.mode!r} calibrates each mini-batch: call update_batch, not update")
         if not self.is_calibration_step(step):
             raise ValueError(
                 f"step {step} is not a calibration step (period {self.period}, calibrate_at_start="
                 f"{self.calibrate_at_start}); call update only when is_calibration_step(step)"
             )
-        if self._last_update_step is not None and step <= self._last_update_step:
-            raise ValueError(f"update at step {step} after step {self._last_update_step}: steps must increase")
-        static = self.reference == "static"
-        if not static and shadow_ratio is None:
-            raise ValueError("reference='shadow' needs shadow_ratio (the BF16 shadow ratios) on calibration steps")
-        r, sh, adv = _tokens(ratio, None if static else shadow_ratio, advantages, mask)
-        parts = [*self._pool, (r, sh, adv)]
+        st = self._state
+        if st.last_update_step is not None and step <= st.last_update_step:
+            raise ValueError(f"update at step {step} after step {st.last_update_step}: steps must increase")
+        tokens = self._tokens(ratio, shadow_ratio, advantages, mask)
+        self._count(step, tokens, st.bounds)  # the bounds these tokens were clipped with
+        parts = [*st.pool, tokens]
         try:
-            cal = calibrate_bounds(
-                torch.cat([p[0] for p in parts]),
-                None if static else torch.cat([p[1] for p in parts]),  # type: ignore[misc]
-                torch.cat([p[2] for p in parts]),
-                torch.ones(sum(p[0].numel() for p in parts), dtype=torch.bool, device=r.device),
-                eps_low=self.eps_low,
-                eps_high=self.eps_high,
-                upper_rule=self.upper_rule,
-                alpha=self.alpha if static else None,
-                p_target=self.p_target if static else None,
-                low_min=self.low_min,
-                high_max=self.high_max,
-            )
+            cal = self._estimate(parts)
         except DegenerateCalibration as e:
-            self._last_update_step = step
-            self._n_degenerate += 1
-            self._last_degenerate_reason = str(e)
-            log.warning("calibrated clipping: step %d skipped (%s); keeping bounds %s", step, e, self._bounds)
-            return self._bounds
-        self._pool = parts[len(parts) - self.window + 1:] if self.window > 1 else []
-        self._last_pooled = len(parts)
-        self._last_update_step = step
-        prev = self._bounds
-        if self.ema == 0.0:  # exact: no rounding from prev + (raw - prev)
-            low, high = cal.low, cal.high
+            st.degenerate(step, str(e))
+            log.warning("calibrated clipping: step %d skipped (%s); keeping bounds %s", step, e, st.bounds)
+            return st.bounds
+        ema = self.ema if self.mode == "periodic" else 0.0  # pooled: raw bounds
+        return st.calibrated(step, cal, parts, window=self.window, ema=ema, low_min=self.low_min,
+                             high_max=self.high_max)
+
+    def update_batch(
+        self,
+        step: int,
+        *,
+        ratio: torch.Tensor,
+        shadow_ratio: torch.Tensor | None = None,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> Bounds:
+        """``same_batch``: the bounds of one mini-batch of step ``step`` from its own tokens (raw:
+        no EMA, no window), to be used by that mini-batch's loss. Call once per mini-batch,
+        before its loss; arguments as :meth:`update`. Degenerate input keeps the previous bounds
+        (counted); steps may repeat (several mini-batches) but not go backwards.
+        """
+        step = self._check_step(step)
+        if not self.per_batch:
+            raise ValueError(f"mode {self.mode!r} pools a step's tokens: call update once per step, not update_batch")
+        st = self._state
+        if st.last_update_step is not None and step < st.last_update_step:
+            raise ValueError(f"update_batch at step {step} after step {st.last_update_step}: steps must not go back")
+        tokens = self._tokens(ratio, shadow_ratio, advantages, mask)
+        try:
+            cal = self._estimate([tokens])
+        except DegenerateCalibration as e:
+            st.degenerate(step, str(e))
+            log.warning("calibrated clipping: a mini-batch of step %d skipped (%s); keeping bounds %s",
+                        step, e, st.bounds)
         else:
-            w = 1.0 - self.ema
-            low = prev.low + w * (cal.low - prev.low)
-            high = prev.high + w * (cal.high - prev.high)
-        low = min(max(low, self.low_min), math.nextafter(1.0, 0.0))
-        high = min(max(high, math.nextafter(1.0, 2.0)), self.high_max)
-        self._bounds = Bounds(low, high)
-        self._last = cal
-        self._last_calibration_step = step
-        self._n_calibrations += 1
-        return self._bounds
+            st.calibrated(step, cal, [tokens], window=1, ema=0.0, low_min=self.low_min, high_max=self.high_max)
+        self._count(step, tokens, st.bounds)  # the bounds this mini-batch's loss uses
+        return st.bounds
 
     # ----- metrics and checkpoints ------------------------------------------------------
 
     def metrics(self, step: int | None = None) -> dict[str, float]:
         """Metrics as floats.
 
-        Always: ``clip/low``, ``clip/high`` (in force), ``clip/calibrations``,
-        ``clip/degenerate_updates``, and ``clip/alpha`` once known. From the last successful
-        calibration (only if ``step`` is None or equals that step, so a logger calling this
-        every step gets them on calibration steps only): ``shadow/clipfrac_neg_low``,
-        ``shadow/ratio_neg_q01`` (shadow reference), ``clip/low_raw``, ``clip/high_raw``
-        (before EMA), ``clip/alpha_achieved`` (FP8 A<0 fraction below ``clip/low_raw``), and
-        ``clip/p_target``, ``clip/p_achieved`` (contribution rule), ``clip/n_neg`` (A<0 tokens
-        the estimate read), ``clip/low_data`` (1 when alpha n < 5: the lower bound rests on
-        fewer than five tokens) and ``clip/pooled_calibrations`` (calibrations in the estimate).
+        Always: ``clip/low``, ``clip/high`` (in force; ``same_batch``: the last mini-batch's),
+        ``clip/calibrations`` (``same_batch``: mini-batches calibrated), ``clip/degenerate_updates``,
+        and ``clip/alpha`` once known. From the last successful calibration (only if ``step`` is
+        None or equals that step, so a logger calling this every step gets them on calibration
+        steps only): ``shadow/clipfrac_neg_low``, ``shadow/ratio_neg_q01`` (shadow reference),
+        ``clip/low_raw``, ``clip/high_raw`` (before EMA), ``clip/alpha_achieved`` (FP8 A<0
+        fraction below ``clip/low_raw``), and ``clip/p_target``, ``clip/p_achieved``
+        (contribution rule), ``clip/n_neg`` (A<0 tokens the estimate read), ``clip/low_data``
+        (1 when alpha n < 5) and ``clip/pooled_calibrations`` (calibrations in the estimate).
+        The agreement of the tokens measured at ``step`` (or the last measured step if None):
+        ``shadow/{low,high}_{bf16,fp8,both}_n`` summed over the step and
+        ``shadow/{low,high}_{recall,precision}``.
         """
-        out: dict[str, float] = {
-            "clip/low": self._bounds.low,
-            "clip/high": self._bounds.high,
-            "clip/calibrations": float(self._n_calibrations),
-            "clip/degenerate_updates": float(self._n_degenerate),
-        }
-        if self.reference == "static":
-            out["clip/alpha"] = float(self.alpha)  # type: ignore[arg-type]
-        elif self._last is not None:
-            out["clip/alpha"] = self._last.alpha
-        cal = self._last
-        if cal is not None and (step is None or step == self._last_calibration_step):
-            out["clip/low_raw"] = cal.low
-            out["clip/high_raw"] = cal.high
-            out["clip/alpha_achieved"] = cal.alpha_achieved
-            out["clip/n_neg"] = float(cal.n_neg)
-            out["clip/low_data"] = float(cal.alpha * cal.n_neg < LOW_DATA_TOKENS)
-            out["clip/pooled_calibrations"] = float(self._last_pooled)
-            if self.reference == "shadow":
-                out["shadow/clipfrac_neg_low"] = cal.shadow_clipfrac_neg_low
-                out["shadow/ratio_neg_q01"] = cal.shadow_ratio_neg_q01
-            if self.upper_rule == "contribution":
-                out["clip/p_target"] = cal.p_target
-                out["clip/p_achieved"] = cal.p_achieved
+        st = self._state
+        out = calibration_metrics(
+            bounds=st.bounds, n_calibrations=st.n_calibrations, n_degenerate=st.n_degenerate, last=st.last,
+            last_step=st.last_calibration_step, last_pooled=st.last_pooled, step=step,
+            reference=self.reference, static_alpha=self.alpha, upper_rule=self.upper_rule)
+        out.update(self._agreement.metrics(step))
         return out
 
     def _config(self) -> dict[str, Any]:
         return {
+            "mode": self.mode,
             "eps_low": self.eps_low,
             "eps_high": self.eps_high,
             "period": self.period,
@@ -381,42 +339,28 @@ class CalibratedClipController:
     def state_dict(self) -> dict[str, Any]:
         """State for checkpoints: plain Python (JSON friendly) plus, with ``window > 1``, the
         pooled tokens of earlier calibrations as tensors (``torch.save`` friendly)."""
-        return {
-            "version": _STATE_VERSION,
-            "config": self._config(),
-            "bounds": list(self._bounds.as_tuple()),
-            "last_update_step": self._last_update_step,
-            "last_calibration_step": self._last_calibration_step,
-            "n_calibrations": self._n_calibrations,
-            "n_degenerate": self._n_degenerate,
-            "last_degenerate_reason": self._last_degenerate_reason,
-            "last": None if self._last is None else dict(self._last.__dict__),
-            "last_pooled": self._last_pooled,
-            "pool": [{"ratio": r.clone(), "shadow_ratio": None if sh is None else sh.clone(), "advantages": a.clone()}
-                     for r, sh, a in self._pool],
-        }
+        return {"version": _STATE_VERSION, "config": self._config(), **self._state.state_dict(),
+                "agreement": self._agreement.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict()`` output; the configuration must match this controller's."""
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"unsupported calibration state version {state.get('version')!r}; expected {_STATE_VERSION}")
-        mine, theirs = self._config(), state.get("config", {})
+        """Restore ``state_dict()`` output; the configuration must match this controller's.
+        A version-1 state (saved before the modes existed) is a ``periodic`` controller's."""
+        version = state.get("version")
+        if version not in (1, _STATE_VERSION):
+            raise ValueError(f"unsupported calibration state version {version!r}; expected 1 or {_STATE_VERSION}")
+        mine, theirs = self._config(), dict(state.get("config", {}))
+        if version == 1:
+            theirs.setdefault("mode", "periodic")
         diff = sorted(k for k in mine if mine[k] != theirs.get(k))
         if diff:
             detail = ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs now {mine[k]!r}" for k in diff)
             raise ValueError(f"calibration state was saved with a different configuration ({detail})")
-        self._bounds = Bounds(*state["bounds"])
-        self._last_update_step = state["last_update_step"]
-        self._last_calibration_step = state["last_calibration_step"]
-        self._n_calibrations = int(state["n_calibrations"])
-        self._n_degenerate = int(state["n_degenerate"])
-        self._last_degenerate_reason = state["last_degenerate_reason"]
-        self._last = None if state["last"] is None else Calibration(**state["last"])
-        self._last_pooled = int(state.get("last_pooled", 0))
-        self._pool = [(p["ratio"], p["shadow_ratio"], p["advantages"]) for p in state.get("pool", [])]
+        self._state.load_state_dict(state)
+        self._agreement.load_state_dict(state.get("agreement"))
 
     def __repr__(self) -> str:
         return (
-            f"CalibratedClipController(eps_low={self.eps_low}, eps_high={self.eps_high}, period={self.period}, "
-            f"ema={self.ema}, upper_rule={self.upper_rule!r}, reference={self.reference!r}, bounds={self._bounds})"
+            f"CalibratedClipController(mode={self.mode!r}, eps_low={self.eps_low}, eps_high={self.eps_high}, "
+            f"period={self.period}, ema={self.ema}, upper_rule={self.upper_rule!r}, reference={self.reference!r}, "
+            f"bounds={self._state.bounds})"
         )
