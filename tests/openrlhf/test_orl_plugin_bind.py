@@ -14,7 +14,7 @@ from importlib.metadata import version
 
 import pytest
 import torch
-from orl_helpers import load_upstream_loss, openrlhf_dir, random_batch
+from orl_helpers import load_upstream_loss, main_table_configs, openrlhf_dir, random_batch
 
 from fp8rl.backends.openrlhf import plugin
 from fp8rl.backends.openrlhf.plugin import PluginSpec, PluginVersionError, check_version
@@ -164,6 +164,26 @@ def test_binding_fails_loudly_when_upstream_moves(monkeypatch):
         plugin.install(PluginSpec(eps_low=0.2, eps_high=0.28), modules={"ppo_actor": ppo_actor})
 
 
+@pytest.mark.parametrize("mode", ["periodic", "pooled", "same_batch"])
+def test_calibration_mode_travels_from_the_config_to_the_loss(tmp_path, monkeypatch, mode):
+    """clip.calibration_mode -> PluginSpec.from_config -> the JSON the workers read -> the loss's
+    controller (a dropped argument would build the default mode)."""
+    import dataclasses
+
+    cfg = next(c for key, c in main_table_configs(tmp_path) if key[3] == "calibrated")
+    from fp8rl.rl.calibration.schedule import PERIODIC_DEFAULTS
+
+    cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, calibration_mode=mode, **PERIODIC_DEFAULTS))
+    spec = PluginSpec.from_json(PluginSpec.from_config(cfg).to_json())
+    ppo_actor, _ = load_ppo_actor(monkeypatch)
+    plugin.install(spec, modules={"ppo_actor": ppo_actor})
+    strategy = _Strategy()
+    strategy.args = _args(eps=(spec.eps_low, spec.eps_high))
+    assert _trainer(ppo_actor, strategy).actor_loss_fn.clipper.mode == mode
+    with pytest.raises(ValueError, match="shadow_diagnostics"):
+        PluginSpec.from_config(dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, shadow_diagnostics=True)))
+
+
 class _FakeActor(torch.nn.Module):
     """Stand-in for OpenRLHF's ``Actor`` (no model on CPU in the default suite): log-probs of
     samples ``sequences`` ``[B]`` under weight version ``k`` (= optimizer steps done): ``base +
@@ -185,7 +205,7 @@ class _FakeActor(torch.nn.Module):
         return lp if self.bf16 else lp + self.noise[self.k][sequences]
 
 
-def _flow(monkeypatch, mode, n=8, t=6, gas=2, steps=2):
+def _flow(monkeypatch, mode, n=8, t=64, gas=2, steps=2):
     """The binding around a ``ppo_train`` in upstream's order of events: the module's
     ``iter_grad_accum_global_norm`` (upstream's, from its source) groups ``micro_train_batch_size``
     1 micro-batches into optimizer steps of ``gas``; per micro-batch the wrapped ``training_step``
@@ -210,8 +230,9 @@ def _flow(monkeypatch, mode, n=8, t=6, gas=2, steps=2):
 
     monkeypatch.setattr(convert, "fp8_disabled", fp8_disabled)
     g = torch.Generator().manual_seed(1)
-    adv = torch.randn(n, 1, generator=g).expand(n, t).clone()
-    mask = torch.arange(t)[None, :] < torch.randint(2, t + 1, (n,), generator=g)[:, None]
+    sign = torch.tensor([(-1.0) ** i for i in range(n)])[:, None]  # both signs in every window
+    adv = (sign * (torch.rand(n, 1, generator=g) + 0.1)).expand(n, t).clone()
+    mask = torch.arange(t)[None, :] < torch.randint(t // 2, t + 1, (n,), generator=g)[:, None]
 
     def item(i):
         return types.SimpleNamespace(idx=i, action_mask=mask[i], info={})
