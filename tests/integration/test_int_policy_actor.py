@@ -36,7 +36,7 @@ def recipes(tmp_path_factory, integration_ready):
     return _scenario(tmp_path_factory, "policy_recipes", recipes=[list(k) for k in RECIPES])
 
 
-def _scenario(tmp_path_factory, name, **params):
+def _scenario(tmp_path_factory, name, scenario=None, **params):
     import json
     import subprocess
     import sys
@@ -45,7 +45,8 @@ def _scenario(tmp_path_factory, name, **params):
 
     out = tmp_path_factory.mktemp(name)
     (out / "params.json").write_text(json.dumps(params))
-    res = subprocess.run([sys.executable, str(SUPPORT / "scenarios.py"), name, str(out), f"@{out / 'params.json'}"],
+    res = subprocess.run([sys.executable, str(SUPPORT / "scenarios.py"), scenario or name, str(out),
+                          f"@{out / 'params.json'}"],
                          cwd=REPO, capture_output=True, text=True, timeout=420)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-6000:]
     return torch.load(out / "result.pt", weights_only=False)
@@ -119,34 +120,132 @@ def trained(tmp_path_factory, integration_ready):
     return _scenario(tmp_path_factory, "ppo_train")
 
 
+def _tokens(fwds, shadows=None) -> dict:
+    """The calibration tokens (unmasked, A != 0) of loss forwards, in order; ``shadows``: the BF16
+    ratios to use instead of the forwards' own."""
+    parts = {"ratio": [], "shadow": [], "adv": []}
+    for f in fwds:
+        m = f["mask"].bool() & (f["adv"] != 0)
+        parts["ratio"].append(_ratio(f)[m])
+        parts["adv"].append(f["adv"][m])
+        if shadows is None:
+            parts["shadow"].append(f["shadow"][m].float())
+    out = {k: torch.cat(v) for k, v in parts.items() if v}
+    if shadows is not None:
+        out["shadow"] = shadows
+    return out
+
+
+def _agreement(tok: dict, low: float, high: float, vlow: float, vhigh: float) -> dict:
+    r, s, a = tok["ratio"], tok["shadow"], tok["adv"]
+    neg, pos = a < 0, a > 0
+    return {"shadow/low_bf16_n": int((neg & (s < vlow)).sum()), "shadow/low_fp8_n": int((neg & (r < low)).sum()),
+            "shadow/low_both_n": int((neg & (s < vlow) & (r < low)).sum()),
+            "shadow/high_bf16_n": int((pos & (s > vhigh)).sum()), "shadow/high_fp8_n": int((pos & (r > high)).sum()),
+            "shadow/high_both_n": int((pos & (s > vhigh) & (r > high)).sum())}
+
+
+def _check_agreement(statuses, step, want: dict) -> int:
+    """Every rank logs the counts ``want`` (global) and the rates; returns the clipped tokens counted."""
+    for rank_status in statuses:
+        for k, v in want.items():
+            assert rank_status[k] == v, (step, k)
+        assert "shadow/low_recall" in rank_status and "shadow/high_precision" in rank_status
+    return sum(want.values())
+
+
 def test_two_gloo_ranks_calibrate_to_the_single_process_bounds(trained):
-    """Calibrated clipping inside the real ppo_train on 2 DP ranks: both ranks get identical
-    bounds, equal to one controller fed the concatenated tokens of both ranks."""
+    """``periodic`` (period 1, EMA) inside the real ppo_train on 2 DP ranks: every micro-batch of
+    both ranks is measured (the BF16 shadow handed to every loss forward), one update per step
+    after it on both ranks with the same global tensors and bounds, equal to one controller fed
+    the concatenated tokens; those bounds rule the next step; the agreement counts are global."""
     from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
 
     recs = trained["records"]
+    spec = PluginSpec.from_json(trained["spec"])
+    assert [r["mode"] for r in recs] == ["periodic", "periodic"] == [spec.clip_options["mode"]] * 2
     ups = [r["update"] for r in recs]
-    assert len(ups[0]) == len(ups[1]) == 2  # step 0 and step 1 both calibrated (period 1)
+    assert len(ups[0]) == len(ups[1]) == 2 and not recs[0]["update_batch"]  # one update per step (period 1)
     for a, b in zip(*ups, strict=True):
         assert a["bounds"] == b["bounds"] and a["step"] == b["step"]
         for k in ("ratio", "shadow_ratio", "advantages"):
             assert torch.equal(a[k], b[k])  # the same global tensors on both ranks
-    reference = PluginSpec.from_json(trained["spec"]).make_clipper()
+    reference = spec.make_clipper()
+    vlow, vhigh = 1 - spec.eps_low, 1 + spec.eps_high
+    in_force, counted = (0.9, 1.1), 0
     for step in (0, 1):
-        parts = {"ratio": [], "shadow": [], "adv": []}
-        for rank in (0, 1):  # rank order, as the all-gather concatenates
-            (fwd,) = [f for f in recs[rank]["forward"] if f["step"] == step and f["shadow"] is not None]
-            m = fwd["mask"].bool() & (fwd["adv"] != 0)
-            parts["ratio"].append(_ratio(fwd)[m])
-            parts["shadow"].append(fwd["shadow"][m].float())
-            parts["adv"].append(fwd["adv"][m])
-        r, s, a = (torch.cat(parts[k]) for k in ("ratio", "shadow", "adv"))
-        assert (a < 0).sum() > 0 and r.numel() > 0
-        bounds = reference.update(step, ratio=r, shadow_ratio=s, advantages=a, mask=torch.ones_like(r, dtype=torch.bool))
+        fwds = [[f for f in recs[rank]["forward"] if f["step"] == step] for rank in (0, 1)]
+        assert [len(f) for f in fwds] == [4, 4]  # 2 optimizer steps x 2 micro-batches per rank
+        assert all(f["measured"] and f["shadow"] is not None for fs in fwds for f in fs)  # every micro-batch
+        assert all(f["bounds"] == pytest.approx(in_force) for fs in fwds for f in fs)  # last step's bounds
+        tok = _tokens(fwds[0] + fwds[1])  # rank order, as the all-gather concatenates
+        assert torch.equal(tok["ratio"], ups[0][step]["ratio"]) and torch.equal(tok["adv"], ups[0][step]["advantages"])
+        assert (tok["adv"] < 0).sum() > 0
+        bounds = reference.update(step, ratio=tok["ratio"], shadow_ratio=tok["shadow"], advantages=tok["adv"],
+                                  mask=torch.ones_like(tok["ratio"], dtype=torch.bool))
         assert bounds.as_tuple() == pytest.approx(ups[0][step]["bounds"], abs=1e-12)
         assert bounds.as_tuple() != pytest.approx((0.9, 1.1))  # the controller moved the bounds
+        counted += _check_agreement(trained["statuses"][step], step, _agreement(tok, *in_force, vlow, vhigh))
+        in_force = ups[0][step]["bounds"]
+    assert counted > 0  # not vacuous
     final = [s["clip/low"] for s in trained["statuses"][-1]]
     assert final[0] == final[1] == reference.bounds(1).low
+
+
+@pytest.fixture(scope="module")
+def trained_same_batch(tmp_path_factory, integration_ready):
+    return _scenario(tmp_path_factory, "ppo_train_same_batch", "ppo_train", mode="same_batch", checkpoint=False)
+
+
+def test_two_gloo_ranks_calibrate_each_optimizer_step_before_its_loss(trained_same_batch):
+    """``same_batch`` inside the real ppo_train on 2 DP ranks (2 steps x 2 optimizer steps x 2
+    micro-batches per rank): before each optimizer step's first micro-batch, one ``update_batch``
+    on both ranks with the same global tensors -- the FP8 ratios of that optimizer step's
+    micro-batches on both ranks (equal to the ratios its losses then computed) and their BF16
+    shadow ratios -- whose bounds every loss of that optimizer step uses (the first included, not
+    one late), equal to one controller fed the concatenated tokens; agreement counts global."""
+    from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
+
+    got = trained_same_batch
+    recs = got["records"]
+    spec = PluginSpec.from_json(got["spec"])
+    assert [r["mode"] for r in recs] == ["same_batch", "same_batch"]
+    ups = [r["update_batch"] for r in recs]
+    assert len(ups[0]) == len(ups[1]) == 4 and not recs[0]["update"]  # one per optimizer step, all steps
+    for a, b in zip(*ups, strict=True):
+        assert a["bounds"] == b["bounds"] and a["step"] == b["step"]
+        for k in ("ratio", "shadow_ratio", "advantages"):
+            assert torch.equal(a[k], b[k])
+    reference = spec.make_clipper()
+    vlow, vhigh = 1 - spec.eps_low, 1 + spec.eps_high
+    counted = 0
+    for step in (0, 1):
+        fwds = [[f for f in recs[rank]["forward"] if f["step"] == step] for rank in (0, 1)]
+        assert [len(f) for f in fwds] == [4, 4]
+        assert not any(f["measured"] or f["shadow"] is not None for fs in fwds for f in fs)
+        want = dict.fromkeys(("shadow/low_bf16_n", "shadow/low_fp8_n", "shadow/low_both_n", "shadow/high_bf16_n",
+                              "shadow/high_fp8_n", "shadow/high_both_n"), 0)
+        for w in (0, 1):  # optimizer-step windows: micro-batches 2w, 2w + 1 of each rank
+            up = ups[0][2 * step + w]
+            assert up["step"] == step
+            window = fwds[0][2 * w: 2 * w + 2] + fwds[1][2 * w: 2 * w + 2]
+            assert all(f["n_update_batch"] == 2 * step + w + 1 for f in window)  # calibrated before these losses
+            assert all(f["bounds"] == up["bounds"] for f in window)  # and they use its bounds
+            tok = _tokens(window, shadows=up["shadow_ratio"])
+            assert tok["ratio"].numel() == up["ratio"].numel()  # every micro-batch of both ranks measured
+            torch.testing.assert_close(up["ratio"], tok["ratio"], rtol=1e-6, atol=0)  # the pre-pass = the loss's
+            assert torch.equal(up["advantages"], tok["adv"])
+            bounds = reference.update_batch(step, ratio=tok["ratio"], shadow_ratio=tok["shadow"],
+                                            advantages=tok["adv"], mask=torch.ones_like(tok["ratio"], dtype=torch.bool))
+            assert bounds.as_tuple() == pytest.approx(up["bounds"], abs=1e-9)
+            for k, v in _agreement(tok, *up["bounds"], vlow, vhigh).items():
+                want[k] += v
+        assert ups[0][2 * step]["bounds"] != pytest.approx((0.9, 1.1))  # the first optimizer step calibrated too
+        counted += _check_agreement(got["statuses"][step], step, want)
+        for key in got["statuses"][step][0]:
+            if key.startswith(("clip/", "shadow/")):
+                assert _same(got["statuses"][step][0][key], got["statuses"][step][1][key]), key
+    assert counted > 0  # not vacuous
 
 
 def test_metrics_reaching_openrlhfs_logger_equal_independent_counts(trained):

@@ -140,17 +140,33 @@ def test_mismatch_kl_is_a_token_weighted_sum(upstream_loss):
 
 
 def test_calibrated_bounds_move_the_loss(upstream_loss):
-    spec = PluginSpec(clip_method="calibrated", clip_options={"period": 1, "ema": 0.0, "init_bounds": [0.8, 1.2]},
+    """A measured forward hands the loss's FP8 ratio and the BF16 shadow to the step's tokens; the
+    update after the step widens the bound, which the next step's loss uses (periodic / pooled);
+    ``batch_bounds`` (same_batch) overrides the controller's bounds in the loss."""
+    from fp8rl.backends.openrlhf.plugin.calibration import StepTokens, global_update
+    from fp8rl.rl.calibration import Bounds
+
+    spec = PluginSpec(clip_method="calibrated", clip_options={"mode": "pooled", "init_bounds": [0.8, 1.2]},
                       eps_low=0.2, eps_high=0.2)
     cls = make_policy_loss_class(upstream_loss.PolicyLoss, spec)
     loss = cls(clip_eps_low=0.2, clip_eps_high=0.2)
     lp, old, _, adv, mask = random_batch(1)
     ratio = torch.exp((lp.detach() - old).clamp(-20, 20))
+    with pytest.raises(RuntimeError, match="not measured"):  # a shadow without a token sink is a binding bug
+        loss.pending_shadow = ratio
+        loss(lp, old, adv, mask)
+    loss.step_tokens = StepTokens()
     loss.pending_shadow = ratio ** 0.25  # a BF16 shadow that strays far less than the FP8 ratio
-    loss(lp, old, adv, mask)
-    low, _high = loss.clipper.bounds(0).as_tuple()
+    first = loss(lp, old, adv, mask)[0].detach()
+    assert loss.step_tokens.micro_batches == 1 and loss.pending_shadow is None
+    torch.testing.assert_close(loss.step_tokens.local()["ratio"], ratio[mask.bool() & (adv != 0)])
+    low, _high = global_update(loss.clipper, 0, loss.step_tokens.local(), None).as_tuple()
     assert low < 0.8  # FP8 ratios are noisier: the lower bound widens
     assert "clip/alpha" in loss.clipper.metrics(0)
+    loss.step_tokens, loss.step = None, 1
+    assert float(loss(lp, old, adv, mask)[0].detach()) != pytest.approx(float(first))  # the next step uses it
+    loss.batch_bounds = Bounds(0.8, 1.2)
+    assert float(loss(lp, old, adv, mask)[0].detach()) == pytest.approx(float(first))
 
 
 def test_correction_mapping_and_bad_input():

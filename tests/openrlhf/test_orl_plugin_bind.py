@@ -14,7 +14,7 @@ from importlib.metadata import version
 
 import pytest
 import torch
-from orl_helpers import load_upstream_loss, openrlhf_dir, random_batch
+from orl_helpers import load_upstream_loss, main_table_configs, openrlhf_dir, random_batch
 
 from fp8rl.backends.openrlhf import plugin
 from fp8rl.backends.openrlhf.plugin import PluginSpec, PluginVersionError, check_version
@@ -36,6 +36,14 @@ def _stub(name, **attrs):
     mod = types.ModuleType(name)
     mod.__dict__.update(attrs)
     mod.__path__ = []
+    return mod
+
+
+def _real(path, name):
+    """An upstream module executed from the installed wheel's source (it must import torch only)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
     return mod
 
 
@@ -75,8 +83,7 @@ def load_ppo_actor(monkeypatch):
                                                  torch_dist_barrier_and_cuda_sync=lambda: None),
         "openrlhf.utils.logging_utils": _stub("openrlhf.utils.logging_utils",
                                               init_logger=lambda n: __import__("logging").getLogger(n)),
-        "openrlhf.utils.loss_utils": _stub("openrlhf.utils.loss_utils", get_loss_batch_info=None,
-                                           iter_grad_accum_global_norm=None),
+        "openrlhf.utils.loss_utils": _real(root / "utils/loss_utils.py", "openrlhf.utils.loss_utils"),  # torch only
         "openrlhf.utils.vlm_utils": _stub("openrlhf.utils.vlm_utils", merge_mm_train_inputs=None),
     }
     for k, v in stubs.items():
@@ -157,39 +164,200 @@ def test_binding_fails_loudly_when_upstream_moves(monkeypatch):
         plugin.install(PluginSpec(eps_low=0.2, eps_high=0.28), modules={"ppo_actor": ppo_actor})
 
 
-def test_training_step_wrapper_calibrates_on_the_measured_micro_batch(monkeypatch):
+@pytest.mark.parametrize("mode", ["periodic", "pooled", "same_batch"])
+def test_calibration_mode_travels_from_the_config_to_the_loss(tmp_path, monkeypatch, mode):
+    """clip.calibration_mode -> PluginSpec.from_config -> the JSON the workers read -> the loss's
+    controller (a dropped argument would build the default mode)."""
+    import dataclasses
+
+    cfg = next(c for key, c in main_table_configs(tmp_path) if key[3] == "calibrated")
+    from fp8rl.rl.calibration.schedule import PERIODIC_DEFAULTS
+
+    cfg = dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, calibration_mode=mode, **PERIODIC_DEFAULTS))
+    spec = PluginSpec.from_json(PluginSpec.from_config(cfg).to_json())
     ppo_actor, _ = load_ppo_actor(monkeypatch)
-    spec = PluginSpec(clip_method="calibrated", clip_options={"period": 1, "ema": 0.0, "init_bounds": [0.8, 1.28],
-                                                             "reference": "static", "alpha": 0.01,
-                                                             "upper_rule": "proportional"},
-                      eps_low=0.2, eps_high=0.28)
-    bounds = []
+    plugin.install(spec, modules={"ppo_actor": ppo_actor})
+    strategy = _Strategy()
+    strategy.args = _args(eps=(spec.eps_low, spec.eps_high))
+    assert _trainer(ppo_actor, strategy).actor_loss_fn.clipper.mode == mode
+    with pytest.raises(ValueError, match="shadow_diagnostics"):
+        PluginSpec.from_config(dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, shadow_diagnostics=True)))
+
+
+class _FakeActor(torch.nn.Module):
+    """Stand-in for OpenRLHF's ``Actor`` (no model on CPU in the default suite): log-probs of
+    samples ``sequences`` ``[B]`` under weight version ``k`` (= optimizer steps done): ``base +
+    k * drift`` in BF16, plus an FP8 error ``noise[k]`` unless ``bf16`` (the test's
+    ``fp8_disabled`` sets it)."""
+
+    def __init__(self, n, t, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.model = self
+        self.base = -torch.rand(n, t, generator=g) - 0.5
+        self.drift = torch.randn(n, t, generator=g) * 0.3
+        self.noise = torch.randn(8, n, t, generator=g) * 0.2
+        self.k, self.bf16, self.calls = 0, False, []
+
+    def forward(self, sequences, action_mask, attention_mask=None, ring_attn_group=None):
+        self.calls.append(("bf16" if self.bf16 else "fp8", self.k, sequences.tolist()))
+        lp = self.base[sequences] + self.k * self.drift[sequences]
+        return lp if self.bf16 else lp + self.noise[self.k][sequences]
+
+
+def _flow(monkeypatch, mode, n=8, t=64, gas=2, steps=2):
+    """The binding around a ``ppo_train`` in upstream's order of events: the module's
+    ``iter_grad_accum_global_norm`` (upstream's, from its source) groups ``micro_train_batch_size``
+    1 micro-batches into optimizer steps of ``gas``; per micro-batch the wrapped ``training_step``
+    runs the FP8 forward and our loss; after each window the weights change (``actor.k += 1``)."""
+    import contextlib
+
+    import fp8rl.quant.convert as convert
+
+    ppo_actor, _ = load_ppo_actor(monkeypatch)
+    opts = {"mode": mode, "init_bounds": [0.8, 1.28], "upper_rule": "proportional",
+            **({"period": 2, "ema": 0.0} if mode == "periodic" else {})}
+    spec = PluginSpec(clip_method="calibrated", clip_options=opts, eps_low=0.2, eps_high=0.28)
+    actor = _FakeActor(n, t)
+
+    @contextlib.contextmanager
+    def fp8_disabled(model):
+        model.bf16 = True
+        try:
+            yield model
+        finally:
+            model.bf16 = False
+
+    monkeypatch.setattr(convert, "fp8_disabled", fp8_disabled)
+    g = torch.Generator().manual_seed(1)
+    sign = torch.tensor([(-1.0) ** i for i in range(n)])[:, None]  # both signs in every window
+    adv = (sign * (torch.rand(n, 1, generator=g) + 0.1)).expand(n, t).clone()
+    mask = torch.arange(t)[None, :] < torch.randint(t // 2, t + 1, (n,), generator=g)[:, None]
+
+    def item(i):
+        return types.SimpleNamespace(idx=i, action_mask=mask[i], info={})
+
+    def collate(chunk):
+        idx = torch.tensor([c.idx for c in chunk])
+        info = {k: [c.info[k] for c in chunk] for k in chunk[0].info}
+        return types.SimpleNamespace(sequences=idx, action_mask=mask[idx], attention_mask=None, advantages=adv[idx],
+                                     action_log_probs=None, info=info, to_device=lambda d, self=None: None)
+
+    forwards = []
 
     def fake_step(self, experience, kl_ctl, step, loss_batch_info=None):  # upstream's order of events
-        out = self.actor_loss_fn(experience.lp, experience.old, experience.adv, experience.mask)
-        bounds.append(self.actor_loss_fn.clipper.bounds(0).as_tuple())
+        lp = self.actor(experience.sequences, experience.action_mask)
+        loss = self.actor_loss_fn
+        out = loss(lp, experience.action_log_probs, experience.advantages, experience.action_mask,
+                   **loss_batch_info)
+        forwards.append({"step": loss.step, "k": self.actor.k, "idx": experience.sequences.tolist(),
+                         "bounds": (loss.batch_bounds or loss.clipper.bounds(loss.step)).as_tuple()})
+        if step % gas == gas - 1:
+            self.actor.k += 1
         return out
 
-    lp, old, _, adv, mask = random_batch(2)
-    exp = types.SimpleNamespace(lp=lp, old=old, adv=adv, mask=mask, info={}, action_log_probs=old,
-                                action_mask=mask)
-
-    def fake_ppo_train(self, kl_ctl):  # two micro-batches, one per optimizer step (accumulation 1)
-        self.training_step(exp, kl_ctl, 0)
-        self.training_step(exp, kl_ctl, 1)
+    def fake_ppo_train(self, kl_ctl):
+        batches = []
+        for i in range(n):
+            b = collate([self.replay_buffer.items[i]])
+            b.action_log_probs = old[i:i + 1]
+            batches.append(b)
+        windows = ppo_actor.iter_grad_accum_global_norm(iter(batches), self.strategy, gas, lambda e: e.action_mask)
+        for step, (exp, info) in enumerate(windows):
+            self.training_step(exp, kl_ctl, step, info)
         return {"policy_loss": 0.0}
 
     monkeypatch.setattr(ppo_actor.ActorPPOTrainer, "training_step", fake_step)
     monkeypatch.setattr(ppo_actor.ActorPPOTrainer, "ppo_train", fake_ppo_train)
     plugin.install(spec, modules={"ppo_actor": ppo_actor})
-    trainer = _trainer(ppo_actor)
-    trainer.replay_buffer.items = [types.SimpleNamespace(info={}) for _ in range(2)]
-    status = trainer.ppo_train(0.0)
-    assert bounds[0] == pytest.approx((0.8, 1.28))  # micro-batch 0: not the measured one (2nd optimizer step)
-    assert bounds[1][0] != pytest.approx(0.8)  # micro-batch 1 calibrated: static alpha=0.01 moved the bound
-    assert status["clip/low"] == pytest.approx(bounds[1][0])  # logged once, the bound in force after the step
-    assert status["policy_loss"] == 0.0 and "actor/clipfrac_neg_low" in status
-    assert trainer._fp8rl_step == 1 and trainer.actor_loss_fn.step_metrics is None
+    strategy = _Strategy()
+    strategy.ring_attn_group = None
+    trainer = ppo_actor.ActorPPOTrainer(strategy, actor=actor, ema_model=None, actor_optim=None, actor_scheduler=None)
+    trainer.micro_train_batch_size = 1
+    trainer.replay_buffer.collate_fn = collate
+    ctl = trainer.actor_loss_fn.clipper
+    assert ctl.mode == mode  # spec -> the loss's controller
+    calls = {"update": [], "update_batch": []}
+    for name in calls:
+        orig = getattr(ctl, name)
+
+        def record(step, _orig=orig, _name=name, **kw):
+            out = _orig(step, **kw)
+            calls[_name].append({"step": step, "bounds": out.as_tuple(), "n_calls": len(forwards), **kw})
+            return out
+
+        setattr(ctl, name, record)
+    statuses = []
+    for _ in range(steps):
+        actor.k = 0
+        old = actor.base + actor.noise[0]  # the FP8 trainer's old log-probs, before the step's first update
+        trainer.replay_buffer.items = [item(i) for i in range(n)]
+        statuses.append(trainer.ppo_train(0.0))
+    return spec, actor, adv, mask, old, forwards, calls, statuses
+
+
+def _want(actor, adv, mask, old, idx, k):
+    """The calibration tokens of samples ``idx`` on weights ``k``: FP8 and BF16 ratios, advantages."""
+    idx = torch.tensor(idx)
+    m = mask[idx] & (adv[idx] != 0)
+    lp = actor.base[idx] + k * actor.drift[idx]
+    fp8 = torch.exp((lp + actor.noise[k][idx] - old[idx]).clamp(-20, 20))
+    bf16 = torch.exp((lp - actor.base[idx]).clamp(-20, 20))
+    return fp8[m], bf16[m], adv[idx][m]
+
+
+def test_same_batch_calibrates_each_optimizer_step_before_its_loss(monkeypatch):
+    """``same_batch`` through the binding: one ``update_batch`` per optimizer step (the first
+    included), before its first loss, on the FP8 and BF16 ratios of all its micro-batches on the
+    weights its losses see; every loss of the window uses those bounds (not the previous window's)."""
+    spec, actor, adv, mask, old, forwards, calls, statuses = _flow(monkeypatch, "same_batch")
+    assert not calls["update"] and len(calls["update_batch"]) == 2 * 4  # 2 steps x 4 optimizer steps
+    reference = spec.make_clipper()
+    for w, up in enumerate(calls["update_batch"]):
+        window = forwards[2 * w: 2 * w + 2]
+        assert up["n_calls"] == 2 * w and {f["k"] for f in window} == {w % 4}  # before its losses, same weights
+        assert all(f["bounds"] == up["bounds"] for f in window)
+        fp8, bf16, a = (torch.cat(x) for x in zip(*[_want(actor, adv, mask, old, f["idx"], f["k"]) for f in window],
+                                                  strict=True))
+        torch.testing.assert_close(up["ratio"], fp8)
+        torch.testing.assert_close(up["shadow_ratio"], bf16)
+        want = reference.update_batch(up["step"], ratio=fp8, shadow_ratio=bf16, advantages=a,
+                                      mask=torch.ones_like(fp8, dtype=torch.bool))
+        assert want.as_tuple() == pytest.approx(up["bounds"])
+    assert len({f["bounds"] for f in forwards}) > 2  # the bounds move from window to window
+    assert "shadow/low_bf16_n" in statuses[0] and "shadow/low_recall" in statuses[0]
+
+
+@pytest.mark.parametrize("mode", ["periodic", "pooled"])
+def test_pooling_modes_measure_every_micro_batch_and_rule_from_the_next_step(monkeypatch, mode):
+    """``periodic`` (period 2) / ``pooled``: on a calibration step every micro-batch (the first
+    included) hands its FP8 ratio and its BF16 shadow ratio (on the weights its loss sees) to one
+    ``update`` after the step; the step ran on the previous bounds, the next one runs on the new."""
+    spec, actor, adv, mask, old, forwards, calls, statuses = _flow(monkeypatch, mode, steps=3)
+    assert not calls["update_batch"]
+    steps = [0, 2] if mode == "periodic" else [0, 1, 2]
+    assert [u["step"] for u in calls["update"]] == steps
+    reference = spec.make_clipper()
+    in_force = (0.8, 1.28)
+    for step in range(3):
+        fwds = [f for f in forwards if f["step"] == step]
+        assert len(fwds) == 8 and all(f["bounds"] == pytest.approx(in_force) for f in fwds)
+        if step not in steps:
+            continue
+        (up,) = [u for u in calls["update"] if u["step"] == step]
+        assert up["n_calls"] == 8 * (step + 1)  # after the step's last loss
+        fp8, bf16, a = (torch.cat(x) for x in zip(*[_want(actor, adv, mask, old, f["idx"], f["k"]) for f in fwds],
+                                                  strict=True))
+        torch.testing.assert_close(up["ratio"], fp8)  # all 8 micro-batches, in order
+        torch.testing.assert_close(up["shadow_ratio"], bf16)
+        want = reference.update(step, ratio=fp8, shadow_ratio=bf16, advantages=a,
+                                mask=torch.ones_like(fp8, dtype=torch.bool))
+        assert want.as_tuple() == pytest.approx(up["bounds"])
+        assert statuses[step]["shadow/low_bf16_n"] == float(((a < 0) & (bf16 < 0.8)).sum())
+        assert statuses[step]["shadow/low_fp8_n"] == float(((a < 0) & (fp8 < in_force[0])).sum())
+        in_force = up["bounds"]
+    shadow_calls = [c for c in actor.calls if c[0] == "bf16"]
+    assert len(shadow_calls) == 2 * 8 * len(steps)  # old log-probs + every micro-batch, calibration steps only
 
 
 def test_lazy_hook_binds_only_when_the_target_is_imported(monkeypatch, tmp_path):

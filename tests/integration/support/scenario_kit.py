@@ -196,16 +196,19 @@ def model_report(actor) -> dict:
 
 def instrument(actor) -> None:
     """Record every call of the real loss (inputs, bounds in force, outputs) and of the clip
-    controller's ``update`` (inputs, returned bounds)."""
+    controller's ``update`` / ``update_batch`` (inputs, returned bounds), and the calibration
+    mode the loss's controller was built with."""
     import torch
 
     loss = actor.trainer.actor_loss_fn
-    rec = actor._fp8rl_test_rec = {"forward": [], "update": []}
+    rec = actor._fp8rl_test_rec = {"forward": [], "update": [], "update_batch": [],
+                                   "mode": getattr(loss.clipper, "mode", None)}
 
     def pre(module, args, kwargs):
         shadow = module.pending_shadow
         rec["forward"].append({"shadow": None if shadow is None else shadow.detach().clone(),
-                               "step": module.step})
+                               "step": module.step, "n_update_batch": len(rec["update_batch"]),
+                               "measured": module.step_tokens is not None})
 
     def post(module, args, kwargs, out):
         lp, old, adv = args[:3]
@@ -213,7 +216,8 @@ def instrument(actor) -> None:
         rec["forward"][-1].update(
             lp=lp.detach().float().clone(), old=old.detach().float().clone(), adv=adv.detach().float().clone(),
             mask=kwargs["action_mask"].detach().clone(), roll=None if roll is None else roll.detach().float().clone(),
-            bounds=module.clipper.bounds(module.step).as_tuple(), clip_ratio=float(out[1]), loss=float(out[0]))
+            bounds=(module.batch_bounds or module.clipper.bounds(module.step)).as_tuple(), clip_ratio=float(out[1]),
+            loss=float(out[0]))
 
     loss.register_forward_pre_hook(pre, with_kwargs=True)
     loss.register_forward_hook(post, with_kwargs=True)
@@ -226,6 +230,16 @@ def instrument(actor) -> None:
         return bounds
 
     loss.clipper.update = update
+    orig_update_batch = getattr(loss.clipper, "update_batch", None)
+
+    def update_batch(step, **kw):
+        bounds = orig_update_batch(step, **kw)
+        rec["update_batch"].append({"step": step, "bounds": bounds.as_tuple(),
+                                    **{k: v.detach().clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}})
+        return bounds
+
+    if orig_update_batch is not None:
+        loss.clipper.update_batch = update_batch
 
 
 def records(actor) -> dict:

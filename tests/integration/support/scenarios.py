@@ -132,11 +132,18 @@ def make_experiences(args, world: int, *, seed: int, tokens_per_rank: int = 8):
     return batches
 
 
-def ppo_train(out: Path, recipe: str = "tensorwise", world: int = 2) -> dict:
-    """Two gloo ranks: the real ``ppo_train`` with calibrated clipping, a checkpoint through the
-    real save path, and a fresh pair of actors resuming from it. The first pair is created as
-    ``train_ppo_ray`` creates it (``RayActorGroup``), after the fp8rl driver's ``install_driver``:
-    its start-up attestation runs for real; a driver with another spec must refuse the actors."""
+#: The controller options of each calibration mode in the ``ppo_train`` scenario (``periodic``:
+#: every step, smoothed, so that step 1 runs on step 0's bounds; the others: their defaults).
+MODE_OPTIONS = {"periodic": {"period": 1, "ema": 0.5}, "pooled": {}, "same_batch": {}}
+
+
+def ppo_train(out: Path, recipe: str = "tensorwise", world: int = 2, mode: str = "periodic",
+              checkpoint: bool = True) -> dict:
+    """Two gloo ranks: the real ``ppo_train`` with calibrated clipping in calibration ``mode``, and
+    (``checkpoint``) a checkpoint through the real save path and a fresh pair of actors resuming
+    from it. The first pair is created as ``train_ppo_ray`` creates it (``RayActorGroup``), after
+    the fp8rl driver's ``install_driver``: its start-up attestation runs for real; a driver with
+    another spec must refuse the actors."""
     import ray
     import torch
 
@@ -150,7 +157,8 @@ def ppo_train(out: Path, recipe: str = "tensorwise", world: int = 2) -> dict:
     from openrlhf.utils import get_strategy
 
     spec = PluginSpec(clip_method="calibrated",
-                      clip_options={"period": 1, "ema": 0.5, "init_bounds": [0.9, 1.1], "upper_rule": "proportional"},
+                      clip_options={"mode": mode, **MODE_OPTIONS[mode], "init_bounds": [0.9, 1.1],
+                                    "upper_rule": "proportional"},
                       eps_low=float(args.actor.eps_clip_low_high[0]), eps_high=float(args.actor.eps_clip_low_high[1]),
                       trainer_recipe=recipe, max_steps=2)
     start_ray(2 * world, actor_env(spec))  # the group's placement group keeps its GPUs after the kill
@@ -189,6 +197,10 @@ def ppo_train(out: Path, recipe: str = "tensorwise", world: int = 2) -> dict:
     t_fit = time.perf_counter() - t0
     recs = ray.get([a.__ray_call__.remote(records) for a in actors])
     saved = ray.get([a.__ray_call__.remote(controller) for a in actors])
+    result = {"spec": spec.to_json(), "statuses": statuses, "refusals": refusals, "records": recs, "saved": saved,
+              "flags": flags, "seconds": {"init": t_init, "fit_2_steps": t_fit}}
+    if not checkpoint:
+        return result
     ray.get([a.save_checkpoint.remote("global_step2", {"global_step": 2}) for a in actors])
     for a in actors:
         ray.kill(a)
@@ -200,9 +212,8 @@ def ppo_train(out: Path, recipe: str = "tensorwise", world: int = 2) -> dict:
     states = ray.get([a.get_checkpoint_states.remote() for a in resumed_actors])
     t_resume = time.perf_counter() - t0
     report = ray.get(resumed_actors[0].__ray_call__.remote(model_report))
-    return {"spec": spec.to_json(), "statuses": statuses, "refusals": refusals, "records": recs, "saved": saved, "resumed": resumed,
-            "checkpoint_states": states, "report": report, "flags": flags,
-            "seconds": {"init": t_init, "fit_2_steps": t_fit, "resume": t_resume}}
+    result["seconds"]["resume"] = t_resume
+    return {**result, "resumed": resumed, "checkpoint_states": states, "report": report}
 
 
 def cli_parse(out: Path, lines: list) -> dict:

@@ -8,7 +8,9 @@ Modules, by concern (the import of this package is free: names below load their 
 - ``binding`` (a package: ``actor``, ``trainer``, ``driver``, ``vllm_worker``): **the one place
   that touches OpenRLHF internals**; its docstring lists every upstream object the plugin wraps,
   in which process, and why it is reached there.
-- ``loss``: our ``PolicyLoss`` subclass and the calibration all-gather over DP ranks.
+- ``loss``: our ``PolicyLoss`` subclass (the FP8 ratio a calibration reads is its own).
+- ``calibration``: the calibration tokens of a step or optimizer step, gathered over DP ranks,
+  into the controller (the three calibration modes at paper scale).
 - ``fp8_training``: converting the actor's Linears and the guard that refuses BF16-as-FP8.
 - ``fp8_rollout``: rollout recipe -> vLLM online FP8 quantization, engine kwargs.
 - ``vllm_sync``: the weight sync into FP8 vLLM engines (the one module touching vLLM internals).
@@ -28,8 +30,9 @@ _EXPORTS = {
     "bind_module": "binding", "install": "binding", "install_driver": "binding", "attest": "binding",
     "check_attestations": "binding", "PluginNotActiveError": "binding", "ResumeError": "binding",
     "UpstreamChangedError": "binding", "SHADOW_OLD_KEY": "binding",
-    "make_policy_loss_class": "loss", "correction_from_upstream": "loss", "calibration_tokens": "loss",
-    "gather_calibration": "loss", "global_update": "loss", "varlen_all_gather": "loss",
+    "make_policy_loss_class": "loss", "correction_from_upstream": "loss",
+    "StepTokens": "calibration", "calibration_tokens": "calibration", "gather_calibration": "calibration",
+    "global_update": "calibration", "global_update_batch": "calibration", "varlen_all_gather": "calibration",
     "Fp8ConversionError": "fp8_training", "convert_trainer_model": "fp8_training",
     "count_fp8_layers": "fp8_training", "require_conversion": "fp8_training",
     "VLLM_QUANTIZATION": "fp8_rollout", "check_rollout_recipe": "fp8_rollout",

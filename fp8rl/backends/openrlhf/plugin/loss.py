@@ -11,15 +11,14 @@ token/clip/threshold ``(0, C)`` = TIS with cap C; token/mask = ICEPOP; off = non
 raises. The loss adds each micro-batch's counts to ``self.step_metrics``
 (``plugin.metrics.StepMetrics``), never to ``experience.info`` (see ``metrics`` for why).
 
-**Calibrated Clipping across DP ranks.** On a calibration step the binding hands the loss the
-BF16 shadow ratios of the measured micro-batch (``pending_shadow``); the loss computes the FP8
-ratios from its own inputs, **all-gathers** ``(ratio, shadow ratio, advantage)`` of the unmasked
-A != 0 tokens of every DP rank (variable lengths: sizes first, then padded payloads;
-:func:`varlen_all_gather`) and runs the controller on the concatenation in rank order
-(:func:`global_update`). Every rank computes the same bounds from the same tensors, exactly what
-one process holding the whole micro-batch would compute. A histogram all-reduce would cost
-O(bins) but quantise the bound; 3 floats per token of one micro-batch every K steps is
-negligible next to the forward passes.
+**Calibrated Clipping.** The loss computes the FP8 ratio of its micro-batch from its own inputs
+(the same float32 clamp as the kernel) and, on a measured micro-batch of a ``periodic`` /
+``pooled`` step (``step_tokens`` set by the binding), adds it with the BF16 shadow ratio the
+binding computed for the same tokens (``pending_shadow``) to the step's tokens; the binding
+gathers them over the DP ranks after the step and runs one controller update (``plugin.calibration``).
+Under ``same_batch`` the binding has computed the optimizer step's bounds before its first
+micro-batch and hands them over as ``batch_bounds``; the loss uses them. The loss itself runs
+no collective.
 
 Torch and the project's ``fp8rl.rl`` only; upstream classes come in as arguments.
 """
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from fp8rl.backends.openrlhf.plugin.calibration import log_ratio_to_ratio
 from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
 
 
@@ -50,59 +50,20 @@ def correction_from_upstream(level: str, mode: str, gating: str, threshold: Sequ
     return "icepop", {"low": low, "high": high}
 
 
-def varlen_all_gather(t: torch.Tensor, group=None) -> list[torch.Tensor]:
-    """All-gather 1-D tensors of different lengths over ``group`` (sizes first, then padded payloads)."""
-    import torch.distributed as dist
-
-    n = torch.tensor([t.numel()], device=t.device, dtype=torch.long)
-    world = dist.get_world_size(group)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n, group=group)
-    top = int(max(int(s) for s in sizes))
-    padded = torch.zeros(top, dtype=t.dtype, device=t.device)
-    padded[: t.numel()] = t
-    outs = [torch.zeros_like(padded) for _ in range(world)]
-    dist.all_gather(outs, padded, group=group)
-    return [o[: int(s)] for o, s in zip(outs, sizes, strict=True)]
-
-
-def calibration_tokens(ratio, shadow_ratio, advantages, mask) -> dict[str, torch.Tensor]:
-    """The tokens a calibration reads, flattened: unmasked tokens with A != 0 (``[n]`` each)."""
-    m = mask.bool() & (advantages != 0)
-    out = {"ratio": ratio.detach()[m].float(), "adv": advantages.detach()[m].float()}
-    if shadow_ratio is not None:
-        out["shadow"] = shadow_ratio.detach()[m].float()
-    return out
-
-
-def gather_calibration(local: dict[str, torch.Tensor],
-                       all_gather: Callable[[torch.Tensor], list[torch.Tensor]] | None) -> dict[str, torch.Tensor]:
-    """Concatenate every rank's calibration tokens (rank order); ``all_gather=None``: this rank only."""
-    if all_gather is None:
-        return dict(local)
-    return {k: torch.cat(all_gather(v.contiguous())) for k, v in sorted(local.items())}
-
-
-def global_update(clipper, step: int, local: dict[str, torch.Tensor],
-                  all_gather: Callable[[torch.Tensor], list[torch.Tensor]] | None):
-    """Run the clip method's ``update`` on the tokens of all ranks; returns the new bounds."""
-    g = gather_calibration(local, all_gather)
-    ones = torch.ones_like(g["ratio"], dtype=torch.bool)
-    return clipper.update(step, ratio=g["ratio"], shadow_ratio=g.get("shadow"), advantages=g["adv"], mask=ones)
-
-
 def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
     """A subclass of upstream ``PolicyLoss`` (``base``) computing the loss with our kernel.
 
     The class has upstream's constructor and ``forward`` signature; ``spec`` fixes the clip
     method. Instances expose ``clipper``, ``step`` (the controller step, set by the trainer
     wrapper), ``step_metrics`` (a ``StepMetrics`` receiving each micro-batch's counts, or None),
-    ``pending_shadow`` (BF16 shadow ratios ``[B, T]`` for the next forward, which then
-    calibrates) and ``all_gather`` (the DP all-gather the calibration uses, None = this rank).
+    ``step_tokens`` (a ``calibration.StepTokens``: set, each forward adds its calibration tokens),
+    ``pending_shadow`` (BF16 shadow ratios ``[B, T]`` of the next forward's tokens, read with
+    ``step_tokens``), ``batch_bounds`` (``same_batch``: the bounds of the current optimizer step,
+    used instead of ``clipper.bounds(step)``) and ``all_gather`` (the DP all-gather the binding's
+    calibration uses, None = this rank).
     """
     from fp8rl.rl.aggregation import aggregate
     from fp8rl.rl.correction import corrected_ppo_token_loss
-    from fp8rl.rl.policy_loss import LOG_RATIO_CLAMP
 
     class Fp8rlPolicyLoss(base):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -121,6 +82,8 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
             self.step = 0
             self.step_metrics = None
             self.pending_shadow: torch.Tensor | None = None
+            self.step_tokens = None
+            self.batch_bounds = None
             self.all_gather: Callable | None = None
 
         def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
@@ -128,15 +91,14 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
             """``[B, T]`` log-probs, old log-probs, advantages, mask, rollout log-probs -> the 5-tuple."""
             if action_mask is None:
                 action_mask = torch.ones_like(log_probs, dtype=torch.bool)
-            with torch.no_grad():  # the kernel's ratio: float32 or wider, same clamp
-                dtype = torch.promote_types(log_probs.dtype, torch.float32)
-                log_ratio = log_probs.detach().to(dtype) - old_log_probs.detach().to(dtype)
-                ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-            if self.pending_shadow is not None:
-                shadow, self.pending_shadow = self.pending_shadow, None
-                local = calibration_tokens(ratio, shadow, advantages, action_mask)
-                global_update(self.clipper, self.step, local, self.all_gather)
-            low, high = self.clipper.bounds(self.step).as_tuple()
+            ratio = log_ratio_to_ratio(log_probs, old_log_probs)  # the kernel's ratio: float32 or wider, same clamp
+            shadow, self.pending_shadow = self.pending_shadow, None
+            if self.step_tokens is not None:  # a measured micro-batch (periodic / pooled)
+                self.step_tokens.add(ratio, shadow, advantages, action_mask)
+            elif shadow is not None:
+                raise RuntimeError("a BF16 shadow ratio was handed to a micro-batch that is not measured")
+            bounds = self.batch_bounds if self.batch_bounds is not None else self.clipper.bounds(self.step)
+            low, high = bounds.as_tuple()
             corr = self.correction if rollout_log_probs is not None else "none"
             loss_mat, m = corrected_ppo_token_loss(
                 log_probs, old_log_probs, rollout_log_probs if corr != "none" else None, advantages,

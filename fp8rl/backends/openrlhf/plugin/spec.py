@@ -81,7 +81,8 @@ class PluginSpec:
 
     Attributes:
         clip_method: ``vanilla`` or ``calibrated`` (``fp8rl.rl.clipping``).
-        clip_options: constructor options of the clip method (``ClipConfig.clipper_options``).
+        clip_options: constructor options of the clip method (``ClipConfig.clipper_options``;
+            for ``calibrated`` with ``mode``, the calibration mode, ``clip.calibration_mode``).
         eps_low, eps_high: the vanilla epsilons (also passed to OpenRLHF as flags).
         trainer_recipe, rollout_recipe: ``fp8rl.quant.RECIPES`` names.
         trainer_impl: the trainer's FP8 implementation (``fp8.impl``: ``auto``, ``torchao``,
@@ -140,6 +141,10 @@ class PluginSpec:
     @classmethod
     def from_config(cls, cfg, run_dir=None) -> PluginSpec:
         """The spec of a cell's config; ``run_dir`` places the loss dumps (``openrlhf.dump_loss_inputs``)."""
+        if getattr(cfg.clip, "shadow_diagnostics", False):
+            raise ValueError("clip.shadow_diagnostics (the BF16 shadow on a non-calibrated arm) is implemented by the "
+                             "mini backend only; the OpenRLHF plugin would ignore it: set clip.shadow_diagnostics=false "
+                             "at paper scale (the calibrated arm logs the shadow/* agreement metrics anyway)")
         dump = cfg.openrlhf.dump_loss_inputs
         if dump and run_dir is None:
             raise ValueError("openrlhf.dump_loss_inputs needs the run directory for the dumps")

@@ -19,8 +19,13 @@ upstream object (0.11.2)                       process                 what the 
                                                                        policy, step metrics from global counts;
                                                                        runs on the rank's own RNG stream (the
                                                                        replay-buffer shuffle resumes exactly)
-``ActorPPOTrainer.training_step``              PPO actors              BF16 shadow of the current policy on the
-                                                                       measured micro-batch (calibration steps)
+``ActorPPOTrainer.training_step``              PPO actors              BF16 shadow of the current policy on every
+                                                                       micro-batch of a measured step (periodic,
+                                                                       pooled)
+``ppo_actor.iter_grad_accum_global_norm``      PPO actors              ``same_batch``: before each optimizer-step
+(module attribute)                                                     window, the no-grad pre-pass and the window's
+                                                                       bounds; ``ppo_train`` reads the name from
+                                                                       this module's dict at call time
 ``DeepspeedStrategy._ds_init_train_model``     PPO actors              the policy's Linears -> FP8 right before
                                                                        ``deepspeed.initialize`` (+ FP8 guard)
 ``DeepspeedStrategy.save_ckpt`` / ``load_ckpt`` PPO actors             controller state + step, every rank's
@@ -62,13 +67,16 @@ Every wrapped signature is checked against what this module was written for when
 (:class:`UpstreamChangedError` names what moved); ``check_version`` refuses any other OpenRLHF.
 A binding never applies twice: rebinding with another spec (tests) starts from the originals.
 
-Calibration schedule (unchanged): the controller step is the number of ``ppo_train`` calls so
-far (saved with checkpoints); on a calibration step the BF16 log-probs of every replay-buffer
-sample are computed under ``fp8_disabled`` before the first update (stored in the sample's
-``info`` under :data:`SHADOW_OLD_KEY`, popped before upstream sees it), and the measured
-micro-batch is the first one of the *second* optimizer step (the first where the ratio carries
-the noise an update exposes, as in the mini backend; with one optimizer step per rollout, the
-first micro-batch). The loss calibrates there (``loss``), on the tokens of all DP ranks.
+Calibration schedule (``calibrate``; the modes of ``fp8rl.rl.calibration``): the controller step
+is the number of ``ppo_train`` calls so far (saved with checkpoints); on a step that needs the
+BF16 shadow, the BF16 log-probs of every replay-buffer sample are computed under
+``fp8_disabled`` before the first update (stored in the sample's ``info`` under
+:data:`SHADOW_OLD_KEY`, popped before upstream sees it). ``periodic`` / ``pooled``: every
+micro-batch of a measured step is measured (its BF16 ratio before upstream's forward, its FP8
+ratio in the loss) and one update on the tokens of all DP ranks runs after the step (bounds from
+the next step). ``same_batch``: a no-grad pre-pass over each optimizer-step window (FP8 and BF16
+forwards of its micro-batches), the tokens of all DP ranks, one ``update_batch``, bounds used by
+that window's losses; ``calibrate``'s docstring gives the choice, its cost and its deviations.
 
 Whole steps only (``trainer``): the last rollout batch of an episode, short when the prompts run
 out mid-batch (DAPO's dynamic filtering at every episode end), is dropped rather than trained:

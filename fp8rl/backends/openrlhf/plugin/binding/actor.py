@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
 import weakref
 
 import torch
 
+from fp8rl.backends.openrlhf.plugin.binding import calibrate
 from fp8rl.backends.openrlhf.plugin.binding.common import (
     SHADOW_OLD_KEY,
     PluginNotActiveError,
@@ -32,12 +32,13 @@ from fp8rl.backends.openrlhf.plugin.binding.common import (
     _check_params,
     _originals,
 )
+from fp8rl.backends.openrlhf.plugin.calibration import varlen_all_gather
 from fp8rl.backends.openrlhf.plugin.fp8_training import (
     convert_trainer_model,
     count_fp8_layers,
     require_conversion,
 )
-from fp8rl.backends.openrlhf.plugin.loss import make_policy_loss_class, varlen_all_gather
+from fp8rl.backends.openrlhf.plugin.loss import make_policy_loss_class
 from fp8rl.backends.openrlhf.plugin.metrics import StepMetrics
 from fp8rl.backends.openrlhf.plugin.spec import STATE_KEY, PluginSpec, check_version
 
@@ -173,6 +174,23 @@ def bind_ppo_actor(ppo_actor, spec: PluginSpec) -> None:
         return _training_step(self, experience, kl_ctl, step, loss_batch_info, orig["training_step"])
 
     cls.__init__, cls.ppo_train, cls.training_step = __init__, ppo_train, training_step
+
+    # same_batch: ppo_train reads this name from the module's dict at call time
+    upstream_iter = getattr(ppo_actor.iter_grad_accum_global_norm, "_fp8rl_upstream",
+                            ppo_actor.iter_grad_accum_global_norm)
+    _check_params(upstream_iter, ("data_iter", "strategy", "accumulated_gradient", "mask_fn"),
+                  "loss_utils.iter_grad_accum_global_norm")
+
+    def iter_grad_accum_global_norm(data_iter, strategy, accumulated_gradient, mask_fn):
+        windows = upstream_iter(data_iter, strategy, accumulated_gradient, mask_fn)
+        ref = _TRAINERS.get(strategy)
+        trainer = ref() if ref is not None else None
+        if trainer is None or not trainer._fp8rl_same_batch:
+            return windows
+        return calibrate.same_batch_windows(trainer, windows, accumulated_gradient)
+
+    iter_grad_accum_global_norm._fp8rl_upstream = upstream_iter
+    ppo_actor.iter_grad_accum_global_norm = iter_grad_accum_global_norm
     cpu = _originals(cls, ("_init_vllm_sync_group", "broadcast_to_vllm"))
     if spec.device == "cpu":  # no NCCL, no CUDA IPC: the tensors go through Ray (binding.cpu_sync)
         from fp8rl.backends.openrlhf.plugin.binding import cpu_sync
@@ -189,7 +207,7 @@ def _init_trainer(trainer, strategy, spec: PluginSpec) -> None:
     if getattr(type(loss), "_fp8rl_upstream", None) is None:
         raise PluginNotActiveError("ActorPPOTrainer built an upstream PolicyLoss: ppo_actor.PolicyLoss is not ours")
     require_conversion(spec, count_fp8_layers(trainer.actor), "ActorPPOTrainer.__init__")
-    trainer._fp8rl_step, trainer._fp8rl_micro, trainer._fp8rl_shadow = 0, 0, False
+    trainer._fp8rl_step, trainer._fp8rl_shadow, trainer._fp8rl_same_batch = 0, False, False
     ck = getattr(strategy, "_fp8rl_checkpoint", None)
     if ck is not None and ck["path"] is not None:
         if ck["state"] is not None:
@@ -216,28 +234,6 @@ def _dp_group(strategy):
     return group, dist.get_world_size(group) > 1
 
 
-def _shadow_log_probs(trainer, experience) -> torch.Tensor:
-    """BF16 log-probs ``[B, T]`` of ``experience`` under the current weights (``fp8_disabled``, no grad)."""
-    from fp8rl.quant.convert import fp8_disabled
-
-    counter = getattr(trainer, "_fp8rl_kernels", None)  # diagnostic dumps only (plugin.kernels)
-    with torch.no_grad(), fp8_disabled(trainer.actor.model), _counting(counter, "shadow"):
-        return trainer.actor(experience.sequences, experience.action_mask,
-                             attention_mask=experience.attention_mask,
-                             ring_attn_group=trainer.strategy.ring_attn_group)
-
-
-def _counting(counters: dict | None, phase: str):
-    """``plugin.kernels.count_matmuls`` into ``counters[phase]`` (a no-op without counters)."""
-    import contextlib
-
-    if counters is None:
-        return contextlib.nullcontext()
-    from fp8rl.backends.openrlhf.plugin.kernels import count_matmuls
-
-    return count_matmuls(counters[phase])
-
-
 def _ppo_train(self, kl_ctl, orig_ppo_train):
     import torch.distributed as dist
 
@@ -247,34 +243,26 @@ def _ppo_train(self, kl_ctl, orig_ppo_train):
     loss.step = step
     loss.all_gather = (lambda t: varlen_all_gather(t, group)) if active else None
     metrics = StepMetrics()
-    self._fp8rl_shadow = loss.clipper.needs_shadow(step)
-    self._fp8rl_micro = 0
     items = self.replay_buffer.items
     if loss.spec.dump_dir:  # which GEMMs this step ran (plugin.kernels; the smoke job's tests)
         from collections import Counter
 
         self._fp8rl_kernels = {"train": Counter(), "shadow": Counter()}
-    if self._fp8rl_shadow:  # the old policy's BF16 shadow forward, in micro-batches
-        t0 = time.perf_counter()
-        size = max(1, int(self.micro_train_batch_size))
-        for i in range(0, len(items), size):
-            chunk = items[i:i + size]
-            batch = self.replay_buffer.collate_fn(chunk)
-            batch.to_device(torch.cuda.current_device())
-            lp = _shadow_log_probs(self, batch).to("cpu")
-            for j, item in enumerate(chunk):
-                item.info[SHADOW_OLD_KEY] = lp[j, : item.action_mask.shape[0]]
-        metrics.shadow_s += time.perf_counter() - t0
-    loss.step_metrics = metrics
     self._fp8rl_metrics = metrics
     outer_rng = torch.get_rng_state()
-    torch.set_rng_state(rng_stream(self))  # the replay-buffer shuffle draws from this rank's stream
     try:
-        with _counting(getattr(self, "_fp8rl_kernels", None), "train"):
-            status = orig_ppo_train(self, kl_ctl)
+        calibrate.begin_step(self, step)  # the BF16 shadow of the old policy, the step's token sink
+        loss.step_metrics = metrics
+        torch.set_rng_state(rng_stream(self))  # the replay-buffer shuffle draws from this rank's stream
+        try:
+            with calibrate.counting(getattr(self, "_fp8rl_kernels", None), "train"):
+                status = orig_ppo_train(self, kl_ctl)
+        finally:
+            self._fp8rl_rng = torch.get_rng_state()
+            torch.set_rng_state(outer_rng)
+        calibrate.end_step(self, step)  # periodic / pooled: one update on the step's tokens of all ranks
     finally:
-        self._fp8rl_rng = torch.get_rng_state()
-        torch.set_rng_state(outer_rng)
+        calibrate.abort_step(self)
         loss.step_metrics = None
         for item in items:
             item.info.pop(SHADOW_OLD_KEY, None)
@@ -297,24 +285,5 @@ def _ppo_train(self, kl_ctl, orig_ppo_train):
 
 
 def _training_step(self, experience, kl_ctl, step, loss_batch_info, orig_training_step):
-    loss = self.actor_loss_fn
-    shadow_old = experience.info.pop(SHADOW_OLD_KEY, None)
-    micro = self._fp8rl_micro
-    self._fp8rl_micro += 1
-    accum = max(1, int(getattr(self.strategy, "accumulated_gradient", 1)))
-    n_micro = len(self.replay_buffer) // max(1, self.replay_buffer.sample_batch_size)
-    measure = accum if n_micro > accum else 0  # first micro-batch of the 2nd optimizer step
-    if loss.clipper.is_calibration_step(loss.step) and micro == measure:
-        shadow_ratio = None
-        if self._fp8rl_shadow and shadow_old is not None:
-            from torch.nn.utils.rnn import pad_sequence
-
-            t0 = time.perf_counter()
-            old_bf16 = pad_sequence(list(shadow_old), batch_first=True).to(experience.action_mask.device)
-            old_bf16 = old_bf16[:, : experience.action_mask.shape[1]]
-            cur_bf16 = _shadow_log_probs(self, experience)
-            shadow_ratio = torch.exp((cur_bf16 - old_bf16).clamp(-20, 20))
-            self._fp8rl_metrics.shadow_s += time.perf_counter() - t0
-        loss.pending_shadow = shadow_ratio if shadow_ratio is not None else torch.ones_like(
-            experience.action_log_probs)
+    calibrate.before_micro_batch(self, experience)  # periodic / pooled: the BF16 ratio of this micro-batch
     return orig_training_step(self, experience, kl_ctl, step, loss_batch_info)
