@@ -1,7 +1,9 @@
-"""Cost of one Calibrated Clipping update relative to the vanilla PPO loss forward.
+"""Cost of Calibrated Clipping: the controller update against the PPO loss, and a mini step per mode.
 
-For 1M, 4M and 16M tokens this times, in the same process and interleaved repeat by repeat
-(so that load from other processes hits both alike):
+Two parts (``--part controller|modes|all``, default all), each measured against a baseline in
+the same run, interleaved so that load from other processes hits every side alike.
+
+**controller**: for 1M, 4M and 16M tokens, repeat by repeat:
 
 - ``loss``: ``fp8rl.rl.policy_loss.ppo_token_loss`` forward with vanilla bounds (0.8, 1.28),
   including its clip-table and ratio-quantile metrics, under ``torch.no_grad``;
@@ -14,7 +16,20 @@ It prints median times (warm-up first), the median of the per-repeat ratios upda
 and the growth of the update time normalised by n log n relative to the smallest size
 (<= 1 means growth no worse than n log n). Targets (issue 2): update/loss <= 5 at 1M tokens.
 
-    .venv/bin/python benchmarks/bench_calibration.py [--sizes 1 4 16] [--repeats 7] [--threads N]
+**modes**: one mini trainer per arm (the mini defaults, ``8b`` slot, full-FP8
+tensorwise, emulated), all from the same SFT warm start and seed: ``none`` (the ``tis`` arm:
+TIS, no calibration, no shadow; the baseline) and the calibrated arm in each
+``clip.calibration_mode`` (``periodic`` with period 4, ``pooled``, ``same_batch``). Round by
+round, each trainer runs the same block of 4 steps (mode order rotated every round; one
+untimed warm-up round first), so ``periodic`` has exactly one calibration step per block and
+its cost is amortised over 4 steps. Per mode it prints the median over rounds of: the block's
+step time per step (``perf/step_s``), its ratio to ``none``'s block of the same round, and the
+shadow's share of the step (sum of ``perf/shadow_s`` / sum of ``perf/step_s``). The trainers
+train (their policies drift apart a little over the rounds), so the mean response length per
+mode is printed too: rollout time follows it.
+
+    .venv/bin/python benchmarks/bench_calibration.py [--part all] [--sizes 1 4 16] [--repeats 7] \\
+        [--rounds 5] [--threads N] [--cache runs/.cache/sft]
 
 On a loaded machine, intra-op threads that wait on each other slow both sides down a lot;
 ``--threads 1`` gives steadier numbers there.
@@ -101,21 +116,73 @@ def bench(n_tokens: int, repeats: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16], help="token counts in units of 2**20")
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument(
-        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)"
-    )
-    args = ap.parse_args()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    print(
-        f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-        f"{platform.machine()} {platform.system()}"
-    )
-    rows = [bench(s << 20, args.repeats) for s in args.sizes]
+#: The mini arm every mode trainer runs (``bench_mini.py``'s main-table cell, without the clip arm).
+FP8_ARM = ["fp8.name=tensorwise", "fp8.rollout_recipe=tensorwise", "fp8.trainer_recipe=tensorwise"]
+#: Overrides per mode; ``none`` (TIS without calibration) is the baseline. ``pooled`` and
+#: ``same_batch`` reset the periodic options the mini defaults set (period 4, window 4).
+MODES: dict[str, list[str]] = {
+    "none": ["clip.arm=tis"],
+    "periodic": ["clip.arm=calibrated", "clip.calibration_mode=periodic", "clip.period=4", "clip.window=4"],
+    "pooled": ["clip.arm=calibrated", "clip.calibration_mode=pooled", "clip.period=20", "clip.window=1"],
+    "same_batch": ["clip.arm=calibrated", "clip.calibration_mode=same_batch", "clip.period=20", "clip.window=1"],
+}
+BLOCK = 4  # steps per mode per round: one periodic calibration (period 4) per block
+
+
+def bench_modes(rounds: int, threads: int, cache: str) -> dict[str, dict[str, float]]:
+    """Median over ``rounds`` of per-step time, ratio to ``none`` and shadow share, per mode."""
+    from fp8rl.backends.mini.__main__ import parse_config
+    from fp8rl.backends.mini.run import sft_cache_dir
+    from fp8rl.backends.mini.runtime import torch_settings
+    from fp8rl.backends.mini.trainer import MiniTrainer
+    from fp8rl.runs import metrics as M
+
+    common = [*FP8_ARM, f"mini.cache_dir={cache}", f"mini.num_threads={threads}", "eval_every=0"]
+    cfgs = {m: parse_config([*common, *o])[0] for m, o in MODES.items()}
+    first = next(iter(cfgs.values()))
+    per_round: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+    with torch_settings(first.mini.deterministic, first.mini.num_threads, first.mini.device):
+        t0 = time.perf_counter()
+        trainers = {m: MiniTrainer(c, None, sft_cache=sft_cache_dir(c)) for m, c in cfgs.items()}
+        print(f"# {len(trainers)} mini trainers built (SFT warm start included) in {time.perf_counter() - t0:.1f} s")
+        names = list(MODES)
+        for r in range(rounds + 1):  # round 0: warm-up, not timed
+            steps = range(r * BLOCK + 1, (r + 1) * BLOCK + 1)
+            order = names[r % len(names):] + names[:r % len(names)]
+            for m in order:
+                rows = [trainers[m].train_step(k) for k in steps]
+                if r == 0:
+                    continue
+                step_s = sum(row[M.PERF_STEP_S] for row in rows)
+                shadow_s = sum(row.get(M.PERF_SHADOW_S) or 0.0 for row in rows)
+                per_round[m].append({
+                    "step_s": step_s / BLOCK, "shadow_share": shadow_s / step_s,
+                    "measured": sum(1 for row in rows if M.PERF_SHADOW_S in row),
+                    "response_len": statistics.mean(row[M.ROLLOUT_RESPONSE_LEN] for row in rows),
+                })
+    out = {}
+    for m, rs in per_round.items():
+        out[m] = {
+            "step_s": statistics.median(x["step_s"] for x in rs),
+            "ratio": statistics.median(x["step_s"] / b["step_s"] for x, b in zip(rs, per_round["none"], strict=True)),
+            "shadow_share": statistics.median(x["shadow_share"] for x in rs),
+            "measured": statistics.median(x["measured"] for x in rs),
+            "response_len": statistics.mean(x["response_len"] for x in rs),
+        }
+    return out
+
+
+def print_modes(res: dict[str, dict[str, float]], rounds: int) -> None:
+    print(f"# mini step per calibration mode: {rounds} rounds of {BLOCK} steps per mode, medians over rounds")
+    print(f"| mode | measured steps / {BLOCK} | step (s) | step / none | shadow share of step | mean response len |")
+    print("|---|---|---|---|---|---|")
+    for m, r in res.items():
+        print(f"| {m} | {r['measured']:.0f} | {r['step_s']:.3f} | {r['ratio']:.3f} | "
+              f"{100 * r['shadow_share']:.1f}% | {r['response_len']:.1f} |")
+
+
+def print_controller(sizes: list[int], repeats: int) -> None:
+    rows = [bench(s << 20, repeats) for s in sizes]
     base = rows[0]
     print("| tokens | loss fwd (ms) | bare kernel (ms) | update (ms) | update / loss | update / bare kernel | update growth / (n log n growth) |")
     print("|---|---|---|---|---|---|---|")
@@ -128,6 +195,31 @@ def main() -> None:
         )
     verdict = "meets" if base["ratio"] <= 5 and base["n"] == 1 << 20 else "check"
     print(f"# target update/loss <= 5 at 1M tokens: {verdict} ({base['ratio']:.2f})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("controller", "modes", "all"), default="all")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16], help="token counts in units of 2**20")
+    ap.add_argument("--repeats", type=int, default=7, help="controller part: timed repeats per size")
+    ap.add_argument("--rounds", type=int, default=5, help=f"modes part: timed rounds of {BLOCK} steps per mode")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)"
+    )
+    ap.add_argument("--cache", default="runs/.cache/sft", help="modes part: the mini SFT warm-start cache")
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.rounds < 1:
+        ap.error("--repeats and --rounds must be >= 1")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    print(
+        f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+        f"{platform.machine()} {platform.system()}"
+    )
+    if args.part in ("controller", "all"):
+        print_controller(args.sizes, args.repeats)
+    if args.part in ("modes", "all"):
+        print_modes(bench_modes(args.rounds, args.threads or 0, args.cache), args.rounds)
 
 
 if __name__ == "__main__":

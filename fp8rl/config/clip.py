@@ -1,0 +1,98 @@
+"""``clip:`` -- the clip-method arm (vanilla, TIS, Calibrated Clipping) and its calibration options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fp8rl.config.validation import _check_registry, _require
+from fp8rl.rl.calibration.schedule import DEFAULT_CALIBRATION_MODE, PERIODIC_DEFAULTS
+
+
+@dataclass
+class ClipConfig:
+    """Clip-method arm and its options (``fp8rl.rl.clipping.CLIP_ARMS`` and the controller).
+
+    Attributes:
+        arm: ``vanilla`` (vanilla bounds, no IS correction), ``tis`` (vanilla bounds + token
+            TIS) or ``calibrated`` (Calibrated Clipping + TIS); ``CLIP_ARMS`` maps the arm to
+            (clip method, IS correction).
+        tis_cap: TIS truncation C (paper: 2).
+        calibration_mode: when the calibrated arm measures and where its bounds apply
+            (``fp8rl.rl.calibration.CALIBRATION_MODES``: ``periodic``, ``pooled``,
+            ``same_batch``; default ``DEFAULT_CALIBRATION_MODE``, provisional).
+        period, ema, window, calibrate_at_start: ``periodic``'s options; setting one to a
+            non-default value with another mode raises.
+        upper_rule, init_bounds, reference, alpha, p_target, low_min, high_max: the other
+            options of ``fp8rl.rl.calibration.CalibratedClipController`` (used by
+            ``calibrated`` only; see that class). ``init_bounds`` default [0.6, 1.8] is the
+            paper's wide start.
+        shadow_diagnostics: on a non-calibrated arm (vanilla, tis), also run the BF16 shadow on
+            every step's mini-batches and log which tokens FP8 clips against which BF16 would
+            clip (``shadow/*`` agreement metrics) without changing training. The calibrated arm
+            logs them on its measured steps anyway.
+    """
+
+    arm: str = "vanilla"
+    tis_cap: float = 2.0
+    calibration_mode: str = DEFAULT_CALIBRATION_MODE
+    period: int = PERIODIC_DEFAULTS["period"]
+    ema: float = PERIODIC_DEFAULTS["ema"]
+    upper_rule: str = "contribution"
+    init_bounds: list[float] = field(default_factory=lambda: [0.6, 1.8])
+    reference: str = "shadow"
+    alpha: float | None = None
+    p_target: float | None = None
+    low_min: float = 0.5
+    high_max: float = 2.0
+    calibrate_at_start: bool = PERIODIC_DEFAULTS["calibrate_at_start"]
+    window: int = PERIODIC_DEFAULTS["window"]
+    shadow_diagnostics: bool = False
+
+    def __post_init__(self) -> None:
+        _check_registry("fp8rl.rl.clipping", "CLIP_ARMS", self.arm, "clip.arm")
+        _check_registry("fp8rl.rl.calibration", "CALIBRATION_MODES", self.calibration_mode, "clip.calibration_mode")
+        _check_registry("fp8rl.rl.calibration", "UPPER_RULES", self.upper_rule, "clip.upper_rule")
+        _require(self.tis_cap > 0, f"clip.tis_cap must be > 0 (inf = no truncation), got {self.tis_cap}")
+        _require(self.period >= 1, f"clip.period must be >= 1, got {self.period}")
+        _require(self.window >= 1, f"clip.window must be >= 1 (calibrations pooled; 1 = none), got {self.window}")
+        _require(0 <= self.ema < 1, f"clip.ema is the weight of the previous bound and must be in [0, 1) "
+                 f"(0 = no smoothing), got {self.ema}")
+        _require(isinstance(self.shadow_diagnostics, bool),
+                 f"clip.shadow_diagnostics must be true or false, got {self.shadow_diagnostics!r}")
+        from fp8rl.rl.calibration import check_periodic_options
+
+        check_periodic_options(self.calibration_mode, "clip.", period=self.period, ema=self.ema,
+                               window=self.window, calibrate_at_start=self.calibrate_at_start)
+        b = list(self.init_bounds)
+        _require(len(b) == 2 and 0 < b[0] < 1 < b[1],
+                 f"clip.init_bounds must be [low, high] with 0 < low < 1 < high, got {b}")
+
+    @property
+    def method(self) -> str:
+        """The clip method of the arm (``vanilla`` or ``calibrated``)."""
+        from fp8rl.rl.clipping import CLIP_ARMS
+
+        return CLIP_ARMS[self.arm].method
+
+    @property
+    def is_correction(self) -> str:
+        """The train/rollout IS correction of the arm (``none`` or ``tis``)."""
+        from fp8rl.rl.clipping import CLIP_ARMS
+
+        return CLIP_ARMS[self.arm].is_correction
+
+    def clipper_options(self) -> dict:
+        """Constructor options of the arm's clip method (empty for ``vanilla``)."""
+        if self.method != "calibrated":
+            return {}
+        return {
+            "mode": self.calibration_mode, "period": self.period, "ema": self.ema, "upper_rule": self.upper_rule,
+            "init_bounds": tuple(self.init_bounds), "reference": self.reference,
+            "alpha": self.alpha, "p_target": self.p_target, "low_min": self.low_min,
+            "high_max": self.high_max, "calibrate_at_start": self.calibrate_at_start,
+            "window": self.window,
+        }
+
+    def correction_params(self) -> dict:
+        """Parameters of the arm's IS correction (``{"cap": tis_cap}`` for tis)."""
+        return {"cap": self.tis_cap} if self.is_correction == "tis" else {}
