@@ -47,7 +47,7 @@ PATH_EXTENSIONS = (".py", ".md", ".yaml", ".yml", ".sh", ".txt", ".toml", ".cfg"
 
 #: Leading components of paths that a run writes (run directories, sweep directories, caches,
 #: venvs, report outputs): not in a clean checkout, so not checked to exist.
-RUN_OUTPUT_ROOTS = ("runs/", "out/", "report/", ".venv/", ".venv-integration/", ".cache/",
+RUN_OUTPUT_ROOTS = ("runs/", "out/", "report/", "build/", ".venv/", ".venv-integration/", ".cache/",
                     "figures/", "tables/", "checkpoint/", "tensorboard/", "samples/", "openrlhf/")
 
 #: Paths a doc names that are created at run time or live outside the repository, each with why.
@@ -66,6 +66,8 @@ CREATED_AT_RUN_TIME = {
     "metrics.jsonl": "inside a run directory",
     "eval.jsonl": "inside a run directory",
     "summary.json": "inside a run directory",
+    "run.log": "inside a run directory (what the cell printed)",
+    "wandb_id.txt": "inside a run directory (its W&B run id)",
     "provenance.json": "inside a run directory",
     "overrides.txt": "inside a run directory",
     "manifest.json": "inside a sweep directory",
@@ -617,6 +619,8 @@ def launch_commands() -> dict[tuple[str, ...], list[Item]]:
     out: dict[tuple[str, ...], list[Item]] = {}
     for cmd in python_commands():
         if cmd.module != "experiments.launch" or has_placeholder(list(cmd.args)):
+            continue
+        if {"--help", "-h"} & set(cmd.args):  # help, not a launch: checked by test_launch_help
             continue
         args = tuple(a for a in cmd.args if not a.startswith("dry_run="))
         paper = any(a == "scale=paper" for a in args)

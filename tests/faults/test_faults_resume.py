@@ -37,7 +37,7 @@ KILL_AT = Path(__file__).with_name("kill_at.py")
 TINY = ["steps=5", "prompts_per_step=4", "num_mini_batches=2", "max_response_len=32", "eval_every=2",
         "eval_k=2", "checkpoint_every=2", "samples_every=1", "lr=1e-3", "algorithm.n_samples_per_prompt=4",
         "fp8.name=tensorwise", "fp8.rollout_recipe=tensorwise", "fp8.trainer_recipe=tensorwise",
-        "fp8.emulate=true", "clip.arm=calibrated", "clip.period=2", "mini.n_train=200", "mini.n_eval=4",
+        "fp8.emulate=true", "clip.arm=calibrated", "clip.calibration_mode=periodic", "clip.period=2", "mini.n_train=200", "mini.n_eval=4",
         "mini.sft_steps=150", "mini.sft_batch_size=32", "mini.min_terms=2", "mini.max_terms=3",
         "mini.max_operand=9", "mini.num_threads=1"]
 #: wall-time keys: the only ones an interrupted run may log differently
