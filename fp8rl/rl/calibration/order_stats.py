@@ -65,7 +65,10 @@ def order_stats(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     if x.shape[0] == 1:
         def select(rank: torch.Tensor) -> torch.Tensor:
             _check_rank(x, rank)
-            return torch.kthvalue(x[0], int(rank[0])).values.reshape(1)
+            j = int(rank[0])
+            if j in (1, x.shape[1]):  # the extremes: one pass without a selection
+                return (x[0].min() if j == 1 else x[0].max()).reshape(1)
+            return torch.kthvalue(x[0], j).values.reshape(1)
         return select
     xs = torch.sort(x, dim=1).values
 
