@@ -139,6 +139,8 @@ def brute_lower(x: torch.Tensor, k: int, target: float) -> tuple[int, float]:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_lower_bound_against_brute_force_with_ties(seed):
+    # the in_sample estimator's convention (clip exactly k of these tokens, nearest vanilla);
+    # the default unbiased estimator targets new tokens and has its own reference below
     g = torch.Generator().manual_seed(seed)
     n = 30
     x = torch.randint(0, 12, (n,), generator=g).float() / 16 + 0.375  # heavy ties, exact in float32
@@ -148,7 +150,8 @@ def test_lower_bound_against_brute_force_with_ties(seed):
     for k in range(n + 1):
         alpha = k / n
         cal = calibrate_bounds(
-            x, None, adv, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH, upper_rule="fixed", alpha=alpha, low_min=0.01
+            x, None, adv, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH, upper_rule="fixed", alpha=alpha, low_min=0.01,
+            lower_estimator="in_sample",
         )
         cnt, dist = brute_lower(x, k, VL)
         if cal.low < cap:  # not clamped
@@ -286,7 +289,11 @@ def test_shadow_q01_matches_numpy_and_diagnostics():
 
 
 def staged_batch():
-    """10 A<0 tokens: BF16 clips 2 (alpha = 0.2); the FP8 interval for k = 2 is (0.5625, 0.625]."""
+    """10 A<0 tokens: BF16 clips 2 (alpha = 0.2), the two lowest FP8 ratios (p1 = 1, p2 = 0).
+
+    The unbiased L sits at plotting position k + p1 / (1 + p1 - p2) = 2.5: halfway between
+    s_2 = 0.5625 and s_3 = 0.625, L = 0.59375 (the in-sample estimator took s_3 = 0.625).
+    """
     fp8 = torch.tensor([[0.5, 0.5625, 0.625, 0.6875, 0.75, 0.875, 0.9375, 1.0, 1.0625, 1.125]])
     shadow = torch.tensor([[0.7, 0.75, 0.85, 0.9, 0.95, 1.0, 1.0, 1.05, 1.1, 1.1]])
     adv = -torch.ones(1, 10)
@@ -312,7 +319,7 @@ def test_period_schedule():
 
 
 def test_ema_sequence_from_wide_init_bounds():
-    # raw bounds each calibration: L = 0.625 (k = 2), H = 1.28 (fixed rule)
+    # raw bounds each calibration: L = 0.59375 (staged_batch), H = 1.28 (fixed rule)
     ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", period=20, ema=0.5, upper_rule="fixed", init_bounds=(0.6, 1.8))
     seen = []
     for step in range(61):
@@ -322,13 +329,13 @@ def test_ema_sequence_from_wide_init_bounds():
             ctl.update(step, **staged_batch())
         seen.append(ctl.bounds(step).as_tuple())
     # new = prev + (1 - ema) (raw - prev), starting from init_bounds at step 0
-    assert seen[0] == pytest.approx((0.6125, 1.54))
+    assert seen[0] == pytest.approx((0.596875, 1.54))
     assert seen[19] == seen[0]
-    assert seen[20] == pytest.approx((0.61875, 1.41))
-    assert seen[40] == pytest.approx((0.621875, 1.345))
-    assert seen[60] == pytest.approx((0.6234375, 1.3125))
+    assert seen[20] == pytest.approx((0.5953125, 1.41))
+    assert seen[40] == pytest.approx((0.59453125, 1.345))
+    assert seen[60] == pytest.approx((0.594140625, 1.3125))
     m = ctl.metrics(60)
-    assert m["clip/low_raw"] == 0.625 and m["clip/high_raw"] == VH and m["clip/calibrations"] == 4
+    assert m["clip/low_raw"] == 0.59375 and m["clip/high_raw"] == VH and m["clip/calibrations"] == 4
     assert "shadow/clipfrac_neg_low" not in ctl.metrics(61) and ctl.metrics(61)["clip/alpha"] == 0.2
 
 
@@ -338,8 +345,8 @@ def test_no_smoothing_and_init_bounds_before_first_calibration():
         assert ctl.bounds(step) == Bounds(0.6, 1.8)
         assert not ctl.is_calibration_step(step)
     assert "clip/alpha" not in ctl.metrics()
-    assert ctl.update(5, **staged_batch()) == Bounds(0.625, VH)
-    assert ctl.bounds(7) == Bounds(0.625, VH)
+    assert ctl.update(5, **staged_batch()) == Bounds(0.59375, VH)
+    assert ctl.bounds(7) == Bounds(0.59375, VH)
     m = ctl.metrics(5)
     assert m["clip/alpha"] == m["shadow/clipfrac_neg_low"] == 0.2
     assert m["clip/alpha_achieved"] == 0.2
@@ -350,7 +357,9 @@ def test_static_reference():
     batch.pop("shadow_ratio")
     ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", ema=0.0, reference="static", alpha=0.2, upper_rule="proportional")
     b = ctl.update(0, **batch)
-    assert b.low == 0.625 and b.high == pytest.approx(VH + (VL - 0.625) * EPS_HIGH / EPS_LOW)
+    # static: plotting position alpha (n + 1) = 2.2, between s_2 = 0.5625 and s_3 = 0.625
+    # (the in-sample estimator took s_3)
+    assert b.low == pytest.approx(0.575, abs=1e-15) and b.high == pytest.approx(VH + (VL - b.low) * EPS_HIGH / EPS_LOW)
     m = ctl.metrics(0)
     assert m["clip/alpha"] == 0.2 and "shadow/clipfrac_neg_low" not in m
     # static + contribution: p_target given from outside, reproduced within one token
@@ -367,19 +376,19 @@ def test_static_reference():
 
 def test_clamps():
     batch = staged_batch()
-    batch["ratio"] = batch["ratio"] * 0.5  # k = 2 interval is now (0.28125, 0.3125]
+    batch["ratio"] = batch["ratio"] * 0.5  # the unbiased L is now 0.296875 (position 2.5)
     ctl = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", ema=0.0, upper_rule="proportional", low_min=0.5, high_max=1.5)
     b = ctl.update(0, **batch)
     assert b == Bounds(0.5, 1.5)  # proportional H = 1.28 + 0.3 * 1.4 = 1.7 > 1.5
     wide = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", ema=0.0, upper_rule="proportional", low_min=0.1, high_max=3.0)
     b = wide.update(0, **batch)
-    assert b.low == 0.3125 and b.high == pytest.approx(VH + (VL - 0.3125) * 1.4)
+    assert b.low == 0.296875 and b.high == pytest.approx(VH + (VL - 0.296875) * 1.4)
     # alpha near 1: the quantile lands above 1, clamped below 1
     up = staged_batch()
     up["shadow_ratio"] = torch.full((1, 10), 0.5)
     up["shadow_ratio"][0, -1] = 0.9
     b = CalibratedClipController(EPS_LOW, EPS_HIGH, mode="periodic", ema=0.0, upper_rule="fixed").update(0, **up)
-    # k = 9: the FP8 interval is (1.0625, 1.125], above 1: L is clamped to the float32 below 1
+    # k = 9: position 9.5, between 1.0625 and 1.125, above 1: L is clamped to the float32 below 1
     assert b.low == float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))
 
 

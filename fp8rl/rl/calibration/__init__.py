@@ -1,12 +1,19 @@
 """Calibrated Clipping: PPO clip bounds for FP8 ratios, aligned with the BF16 ratio distribution.
 
-The paper's fix for the FP8 entropy surge (arXiv 2609.22870, Sec. "Calibrated Clipping"),
-in two parts:
+The paper's fix for the FP8 entropy surge (arXiv 2609.22870, Sec. "Calibrated Clipping"):
 
-- :mod:`~fp8rl.rl.calibration.estimators`: pure functions: alpha from the BF16 shadow, the
-  lower bound as the alpha-quantile of the FP8 ratios over A<0 tokens, the upper rules
-  (``UPPER_RULES``: contribution, proportional, fixed), ``calibrate_bounds``; the method and
-  every estimation choice are in its docstring;
+- :mod:`~fp8rl.rl.calibration.estimators`: ``calibrate_bounds``, one calibration as a pure
+  function (input checks, alpha from the BF16 shadow, then the lower and upper bound); the
+  method and the choices shared by its parts are in its docstring. Its parts:
+
+  - :mod:`~fp8rl.rl.calibration.bounds`: ``Bounds``, ``Calibration``, ``DegenerateCalibration``;
+  - :mod:`~fp8rl.rl.calibration.order_stats`: dtype-exact order statistics and projections;
+  - :mod:`~fp8rl.rl.calibration.lower`: the lower bound (``LOWER_ESTIMATORS``: ``unbiased``,
+    matching BF16's clip fraction on *new* tokens in expectation, derived there; ``in_sample``,
+    matching it exactly on the calibration tokens);
+  - :mod:`~fp8rl.rl.calibration.upper`: the upper rules (``UPPER_RULES``: contribution,
+    proportional, fixed) and the contribution solver;
+
 - :mod:`~fp8rl.rl.calibration.controller`: ``CalibratedClipController``, the stateful part,
   split by concern: ``schedule`` (the calibration modes ``CALIBRATION_MODES``: periodic,
   pooled, same_batch; which steps measure), ``state`` (bounds, EMA, window, checkpoints),
@@ -16,6 +23,7 @@ in two parts:
 
 from fp8rl.rl.calibration.controller import CalibratedClipController
 from fp8rl.rl.calibration.estimators import (
+    LOWER_ESTIMATORS,
     REFERENCES,
     UPPER_RULES,
     Bounds,
@@ -36,6 +44,7 @@ __all__ = [
     "CALIBRATION_MODES",
     "DEFAULT_CALIBRATION_MODE",
     "PERIODIC_DEFAULTS",
+    "LOWER_ESTIMATORS",
     "REFERENCES",
     "UPPER_RULES",
     "AgreementTally",
