@@ -26,6 +26,9 @@ class ClipConfig:
             options of ``fp8rl.rl.calibration.CalibratedClipController`` (used by
             ``calibrated`` only; see that class). ``init_bounds`` default [0.6, 1.8] is the
             paper's wide start.
+        lower_estimator: the lower bound's estimator (``fp8rl.rl.calibration.LOWER_ESTIMATORS``:
+            ``in_sample``, ``unbiased``); null = the mode's own (same_batch: in_sample, exact on
+            the tokens its bounds rule; periodic, pooled: unbiased for the later tokens).
         shadow_diagnostics: on a non-calibrated arm (vanilla, tis), also run the BF16 shadow on
             every step's mini-batches and log which tokens FP8 clips against which BF16 would
             clip (``shadow/*`` agreement metrics) without changing training. The calibrated arm
@@ -47,6 +50,7 @@ class ClipConfig:
     calibrate_at_start: bool = PERIODIC_DEFAULTS["calibrate_at_start"]
     window: int = PERIODIC_DEFAULTS["window"]
     shadow_diagnostics: bool = False
+    lower_estimator: str | None = None
 
     def __post_init__(self) -> None:
         _check_registry("fp8rl.rl.clipping", "CLIP_ARMS", self.arm, "clip.arm")
@@ -57,6 +61,8 @@ class ClipConfig:
         _require(self.window >= 1, f"clip.window must be >= 1 (calibrations pooled; 1 = none), got {self.window}")
         _require(0 <= self.ema < 1, f"clip.ema is the weight of the previous bound and must be in [0, 1) "
                  f"(0 = no smoothing), got {self.ema}")
+        if self.lower_estimator is not None:
+            _check_registry("fp8rl.rl.calibration", "LOWER_ESTIMATORS", self.lower_estimator, "clip.lower_estimator")
         _require(isinstance(self.shadow_diagnostics, bool),
                  f"clip.shadow_diagnostics must be true or false, got {self.shadow_diagnostics!r}")
         from fp8rl.rl.calibration import check_periodic_options
@@ -90,7 +96,7 @@ class ClipConfig:
             "init_bounds": tuple(self.init_bounds), "reference": self.reference,
             "alpha": self.alpha, "p_target": self.p_target, "low_min": self.low_min,
             "high_max": self.high_max, "calibrate_at_start": self.calibrate_at_start,
-            "window": self.window,
+            "window": self.window, "lower_estimator": self.lower_estimator,
         }
 
     def correction_params(self) -> dict:

@@ -36,9 +36,10 @@ def ctl(mode: str, **kw) -> CalibratedClipController:
     return CalibratedClipController(EPS_LOW, EPS_HIGH, mode=mode, init_bounds=(0.6, 1.8), **kw)
 
 
-def direct(b: dict) -> Bounds:
+def direct(b: dict, lower_estimator: str = "unbiased") -> Bounds:
     """Reference: one calibration of the batch's own tokens (raw, clamped)."""
-    c = calibrate_bounds(b["ratio"], b["shadow_ratio"], b["advantages"], b["mask"], eps_low=EPS_LOW, eps_high=EPS_HIGH)
+    c = calibrate_bounds(b["ratio"], b["shadow_ratio"], b["advantages"], b["mask"], eps_low=EPS_LOW, eps_high=EPS_HIGH,
+                         lower_estimator=lower_estimator)
     return Bounds(c.low, c.high)
 
 
@@ -100,7 +101,7 @@ def test_same_batch_bounds_come_from_the_batch_itself():
         for j in range(3):
             b = batch(10 * step + j)
             got = c.update_batch(step, **b)
-            assert got == direct(b) and c.bounds(step) == got
+            assert got == direct(b, "in_sample") and c.bounds(step) == got
         assert c.metrics(step)["clip/calibrations"] == 3 * (step + 1)
     # a degenerate mini-batch keeps the last bounds and is counted
     b = batch(99)
@@ -244,3 +245,25 @@ def test_clip_config_bad_values(kw, match):
 
     with pytest.raises(ValueError, match=match):
         ClipConfig(arm="calibrated", **kw)
+
+
+def test_each_mode_uses_its_own_lower_estimator_unless_told():
+    """same_batch's bounds rule the tokens they come from: the in-sample bound (FP8 clips exactly
+    the shadow's count there); periodic/pooled rule later tokens: the unbiased one."""
+    assert ctl("same_batch").lower_estimator == "in_sample"
+    assert ctl("pooled").lower_estimator == ctl("periodic").lower_estimator == "unbiased"
+    b = batch(3)
+    assert direct(b, "in_sample") != direct(b, "unbiased")  # the batch tells the two apart
+    assert ctl("same_batch").update_batch(0, **b) == direct(b, "in_sample")
+    told = ctl("same_batch", lower_estimator="unbiased")
+    assert told.update_batch(0, **b) == direct(b, "unbiased")
+    assert ctl("pooled", lower_estimator="in_sample").update(0, **b) == direct(b, "in_sample")
+    with pytest.raises(Exception, match="unknown calibration lower estimator 'median'"):
+        ctl("pooled", lower_estimator="median")
+    # the estimator is part of the checkpointed configuration; a state saved before it was an
+    # option was in-sample's
+    state = ctl("pooled").state_dict()
+    with pytest.raises(ValueError, match="lower_estimator"):
+        ctl("pooled", lower_estimator="in_sample").load_state_dict(state)
+    del state["config"]["lower_estimator"]
+    ctl("pooled", lower_estimator="in_sample").load_state_dict(state)

@@ -43,8 +43,8 @@ from fp8rl.rl.calibration.schedule import (
 __all__ = [
     "CALIBRATION_MODES",
     "DEFAULT_CALIBRATION_MODE",
-    "PERIODIC_DEFAULTS",
     "LOWER_ESTIMATORS",
+    "PERIODIC_DEFAULTS",
     "REFERENCES",
     "UPPER_RULES",
     "AgreementTally",

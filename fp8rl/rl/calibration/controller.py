@@ -81,6 +81,7 @@ from fp8rl.rl.calibration.schedule import (
     CALIBRATION_MODES,
     DEFAULT_CALIBRATION_MODE,
     PERIODIC_DEFAULTS,
+    resolve_lower_estimator,
 )
 from fp8rl.rl.calibration.schedule import is_calibration_step as _is_calibration_step
 from fp8rl.rl.calibration.state import CalibrationState, Tokens, flat_tokens
@@ -112,6 +113,9 @@ class CalibratedClipController:
         high_max: H is clamped to (1, high_max]; high_max >= 1 + eps_high.
         calibrate_at_start: ``periodic``: whether step 0 is a calibration step.
         window: ``periodic``: pool the tokens of the last ``window`` calibrations (>= 1).
+        lower_estimator: the lower bound's estimator (``LOWER_ESTIMATORS``: ``in_sample``,
+            ``unbiased``); None = the mode's own (``same_batch``: in_sample, exact on the tokens
+            its bounds rule; ``periodic`` / ``pooled``: unbiased for the later tokens theirs rule).
     """
 
     def __init__(
@@ -131,7 +135,9 @@ class CalibratedClipController:
         high_max: float = 2.0,
         calibrate_at_start: bool = PERIODIC_DEFAULTS["calibrate_at_start"],
         window: int = PERIODIC_DEFAULTS["window"],
+        lower_estimator: str | None = None,
     ) -> None:
+        self.lower_estimator = resolve_lower_estimator(mode, lower_estimator)
         o = check_options(eps_low, eps_high, mode=mode, period=period, ema=ema, upper_rule=upper_rule,
                           init_bounds=init_bounds, reference=reference, alpha=alpha, p_target=p_target,
                           low_min=low_min, high_max=high_max, calibrate_at_start=calibrate_at_start,
@@ -203,6 +209,7 @@ class CalibratedClipController:
             p_target=self.p_target if static else None,
             low_min=self.low_min,
             high_max=self.high_max,
+            lower_estimator=self.lower_estimator,
         )
 
     def _tokens(self, ratio, shadow_ratio, advantages, mask) -> Tokens:
@@ -334,6 +341,7 @@ class CalibratedClipController:
             "calibrate_at_start": self.calibrate_at_start,
             "init_bounds": list(self.init_bounds.as_tuple()),
             "window": self.window,
+            "lower_estimator": self.lower_estimator,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -351,6 +359,7 @@ class CalibratedClipController:
         mine, theirs = self._config(), dict(state.get("config", {}))
         if version == 1:
             theirs.setdefault("mode", "periodic")
+        theirs.setdefault("lower_estimator", "in_sample")  # saved before the estimator was an option
         diff = sorted(k for k in mine if mine[k] != theirs.get(k))
         if diff:
             detail = ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs now {mine[k]!r}" for k in diff)

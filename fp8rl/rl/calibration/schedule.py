@@ -101,3 +101,18 @@ def is_calibration_step(mode: str, step: int, *, period: int, calibrate_at_start
     if CALIBRATION_MODES[mode].every_step:
         return True
     return step % period == 0 and (step > 0 or calibrate_at_start)
+
+
+def resolve_lower_estimator(mode: str, lower_estimator: str | None) -> str:
+    """The lower-bound estimator a controller in ``mode`` uses: ``lower_estimator`` when given
+    (checked against ``LOWER_ESTIMATORS``), else the mode's own: ``in_sample`` for ``same_batch``
+    (its bounds rule the very tokens they are computed from, where clipping exactly the BF16
+    shadow's count is exact) and ``unbiased`` for ``periodic`` / ``pooled`` (their bounds rule
+    later tokens; ``fp8rl.rl.calibration.lower`` derives why the in-sample bound over-clips
+    those)."""
+    from fp8rl.rl.calibration.lower import LOWER_ESTIMATORS
+
+    if lower_estimator is None:
+        return "in_sample" if CALIBRATION_MODES[mode].per_batch else "unbiased"
+    LOWER_ESTIMATORS.check(lower_estimator)
+    return lower_estimator
