@@ -106,13 +106,25 @@ slurm-down:
 reproduce: install-run
 	$(BIN)/python -m experiments.launch +sweep=main_table
 
+# Calibrated Clipping against BF16 with intervals that can resolve +-25% (docs/results/mini/FINDINGS.md,
+# section 2): calibration_match (12 seeds x 10 cells) and the three calibration modes on full-FP8
+# tensorwise (10 seeds each; periodic with the mini settings period 4, window 4). About 45 minutes on
+# 2 cores, so not part of `make reproduce`.
+.PHONY: reproduce-calibration
+reproduce-calibration: install-run
+	$(BIN)/python -m experiments.launch +sweep=calibration_match seeds=12
+	$(BIN)/python -m experiments.launch +sweep=calibration_modes seeds=10 sweep_name=calibration_modes_periodic \
+	  clip.calibration_mode=periodic clip.period=4 clip.window=4
+	$(BIN)/python -m experiments.launch +sweep=calibration_modes seeds=10 sweep_name=calibration_modes_pooled \
+	  clip.calibration_mode=pooled
+
 # The published mini reproduction (docs/results/mini/README.md). After the sweeps have run:
 # copy each sweep's run directories (no checkpoints, samples or event files, no machine paths)
 # into $(RESULTS)/runs/ and regenerate its report from that copy with the published figures only
 # (PNG + CSV of analysis.report.PUBLISHED_FIGURES; all figures and PDFs: run analysis.report
 # yourself, --pdf); tests/analysis/test_published_results.py checks it.
 RESULTS ?= docs/results/mini
-SWEEPS  ?= main_table entropy_granularity calibration_ablation regime_ablation calibration_floor calibration_ema body_learning
+SWEEPS  ?= main_table calibration_match calibration_modes_periodic calibration_modes_pooled entropy_granularity calibration_ablation regime_ablation calibration_floor calibration_ema body_learning
 .PHONY: results
 results: install-run
 	@for s in $(SWEEPS); do \

@@ -45,7 +45,7 @@ class ClipConfig:
     reference: str = "shadow"
     alpha: float | None = None
     p_target: float | None = None
-    low_min: float = 0.5
+    low_min: float = 0.05
     high_max: float = 2.0
     calibrate_at_start: bool = PERIODIC_DEFAULTS["calibrate_at_start"]
     window: int = PERIODIC_DEFAULTS["window"]
