@@ -40,7 +40,7 @@ def _cfg(run_dir, cache) -> MiniRunConfig:
     return MiniRunConfig(
         algorithm=AlgorithmConfig(n_samples_per_prompt=2),
         fp8=Fp8Config(name="bf16", rollout_recipe="bf16", trainer_recipe="bf16", emulate=True),
-        clip=ClipConfig(arm="vanilla", period=2),
+        clip=ClipConfig(arm="vanilla", calibration_mode="periodic", period=2),
         mini=MiniSettings(n_train=50, n_eval=2, sft_steps=5, sft_batch_size=8, min_terms=2, max_terms=2,
                           max_operand=9, cache_dir=str(cache), num_threads=1),
         logging=LoggingConfig(tensorboard=False),
