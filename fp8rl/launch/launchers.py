@@ -279,8 +279,12 @@ class SlurmLauncher(Launcher):
     default_wait = False
 
     def launch(self, cells: list, plan) -> LaunchResult:
-        import submitit
+        import subprocess
 
+        import submitit
+        from submitit.core.utils import FailedJobError
+
+        from fp8rl.launch.errors import SweepError
         from fp8rl.launch.job import CellJob
 
         profile = plan.profile
@@ -297,7 +301,10 @@ class SlurmLauncher(Launcher):
         for resources, group in groups.items():
             executor.update_parameters(name=f"fp8rl-{plan.sweep_name}",
                                        **profile.executor_parameters(resources, array_parallelism=plan.array_parallelism))
-            submitted = executor.map_array(CellJob(), [c.payload() for c in group])
+            try:
+                submitted = executor.map_array(CellJob(), [c.payload() for c in group])
+            except (subprocess.CalledProcessError, FailedJobError, OSError) as e:
+                raise SweepError(_refused(e, group, resources, sorted(res.job_ids))) from e
             for c, job in zip(group, submitted, strict=True):
                 res.job_ids[c.run_dir.name] = str(job.job_id)
                 jobs.append((c, job))
@@ -335,3 +342,18 @@ class _Null:
 LAUNCHERS.add("local", LocalLauncher())
 LAUNCHERS.add("local_parallel", LocalParallelLauncher())
 LAUNCHERS.add("slurm", SlurmLauncher())
+
+
+def _refused(e: BaseException, group: list, resources, submitted: list[str]) -> str:
+    """One message for an array that sbatch refused: what was asked, sbatch's own last line,
+    what was already submitted, and how to check the request."""
+    detail = getattr(e, "stderr", None) or getattr(e, "output", None) or ""
+    detail = detail.decode(errors="replace") if isinstance(detail, bytes) else str(detail)
+    lines = [ln for ln in (detail.strip() or str(e)).splitlines() if ln.strip()]
+    why = lines[-1] if lines else type(e).__name__
+    done = (f"{len(submitted)} cell(s) of earlier arrays were submitted ({', '.join(submitted)})"
+            if submitted else "nothing was submitted")
+    return (f"sbatch refused the array of {len(group)} cell(s) asking for {resources.describe()}: {why}; "
+            f"{done}. Check the cluster profile's partition and resources (sinfo, scontrol show "
+            f"partition) or look at the request with dry_run=true")
+

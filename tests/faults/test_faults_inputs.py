@@ -190,10 +190,13 @@ def test_every_profile_field_reaches_a_valid_sbatch_script(_slurm_env, tmp_path,
 @pytest.mark.slurm
 def test_profile_fields_this_cluster_cannot_honour_still_reach_the_script(_slurm_env, tmp_path, capsys,
                                                                          monkeypatch):
-    """``account``, ``qos``, ``constraint``, ``exclude`` and ``mem_gb`` name things the one-node local
-    cluster does not have (``sbatch --test-only`` would refuse them there), so this checks the
-    script submitit writes through the launcher's real path carries each one, unsubmitted."""
+    """``account``, ``qos``, ``constraint`` and ``exclude`` name things the one-node local cluster
+    does not have (``sbatch --test-only`` would refuse them there), so this checks the script
+    submitit writes through the launcher's real path carries each one, unsubmitted. Memory: a mini
+    cell asks for its own (``MINI_MEM_GB``), not the profile's ``mem_gb`` (sized for paper cells)."""
     import yaml
+
+    from fp8rl.backends.mini.run import MINI_MEM_GB
 
     prof = tmp_path / "site.yaml"
     prof.write_text(yaml.safe_dump({
@@ -204,5 +207,28 @@ def test_profile_fields_this_cluster_cannot_honour_still_reach_the_script(_slurm
     }))
     script = _sbatch_script(prof, tmp_path, capsys, monkeypatch, test_only=False)
     for line in ("#SBATCH --account=proj-fp8", "#SBATCH --qos=high", "#SBATCH --constraint=h100",
-                 "#SBATCH --exclude='node[01-02]'", "#SBATCH --mem=12GB"):
+                 "#SBATCH --exclude='node[01-02]'", f"#SBATCH --mem={MINI_MEM_GB}GB"):
         assert line in script, f"{line!r} not in the sbatch script:\n{script}"
+
+
+@pytest.mark.slurm
+def test_an_array_sbatch_refuses_is_one_clear_error(_slurm_env, tmp_path, capsys):
+    """A request the cluster cannot satisfy (a GPU on the local cluster, which has none) is refused
+    by the real sbatch: the launcher says what was asked and sbatch's reason in one error, with no
+    traceback, and nothing is queued."""
+    import yaml
+
+    prof = tmp_path / "gpu.yaml"
+    prof.write_text(yaml.safe_dump({
+        "partition": _slurm_env.partition,
+        "resources": {"default": {"nodes": 1, "gpus_per_node": 1, "cpus_per_task": 1, "time_min": 5}},
+    }))
+    # a CUDA mini cell asks the profile's nodes for one GPU; the expand-time device check is for
+    # this machine's launchers, not Slurm nodes
+    res = _launch_in_process(["+sweep=smoke", "fp8=bf16", "clip=vanilla", "mini.device=cuda", "launcher=slurm",
+                              f"cluster={prof}", f"output_dir={tmp_path}/runs"], capsys)
+    assert res.code == 1, res.out + res.err
+    text = res.out + res.err
+    assert "sbatch refused the array of 1 cell(s) asking for 1 node(s) x 1 GPU(s)" in text, text
+    assert "gres" in text.lower() and "nothing was submitted" in text, text
+    assert "Traceback" not in text, text

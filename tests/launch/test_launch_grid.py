@@ -90,4 +90,6 @@ def test_launch_dry_run_slurm_shows_resources(launch, tmp_path):
     res = launch("+sweep=smoke", "launcher=slurm", "cluster=example", "dry_run=true", f"output_dir={tmp_path}/r")
     assert res.code == 0, res.err
     assert "cluster profile example" in res.out
-    assert "1 node(s) x 8 GPU(s), 64 CPU(s)/task, 512 GB, 2880 min" in res.out
+    # a mini cell asks for CPUs and memory, not the profile's 8-GPU node (its time limit is kept)
+    assert "1 node(s) x no GPU, 1 CPU(s)/task, 4 GB, 2880 min" in res.out
+    assert "8 GPU" not in res.out and "--gpus" not in res.out

@@ -29,7 +29,7 @@ from fp8rl.config import AlgorithmConfig, ClipConfig, Fp8Config, ModelConfig, Ru
         (lambda: RunConfig(algorithm=AlgorithmConfig(n_samples_per_prompt=1)), "silent no-op"),
         (lambda: RunConfig(prompts_per_step=3, num_mini_batches=5), "split evenly"),
         (lambda: RunConfig(algorithm=AlgorithmConfig(overlong_buffer=64)), "overlong_buffer"),
-        (lambda: RunConfig(clip=ClipConfig(arm="calibrated", init_bounds=[0.3, 1.8])), "clip options"),
+        (lambda: RunConfig(clip=ClipConfig(arm="calibrated", init_bounds=[0.01, 1.8])), "clip options"),
         (lambda: RunConfig(lr=-1.0), "lr"),
         (lambda: MiniSettings(device="tpu"), "mini.device"),
         (lambda: MiniSettings(min_terms=1), "min_terms"),

@@ -74,12 +74,14 @@ def cell_resources(cfg: MiniRunConfig, requested):
     """Launcher hook (``Backend.resources``): what a mini cell asks Slurm for. Not the profile's
     GPU node: one node, a GPU only when ``mini.device`` is CUDA, CPUs = its torch threads
     (``mini.num_threads``; 0, torch's default, asks for one), :data:`MINI_MEM_GB` of memory; the
-    profile's time limit is kept. A ``scheduler: local`` request is returned unchanged."""
+    profile's time limit is kept. A CUDA cell asks for one GPU only where the profile's nodes have
+    GPUs (on a CPU-only cluster it asks none and fails at run time, as on a workstation). A
+    ``scheduler: local`` request is returned unchanged."""
     import dataclasses
 
     if getattr(requested, "local", False):
         return requested
-    gpus = 1 if cfg.mini.device.startswith("cuda") else 0
+    gpus = min(1, requested.gpus_per_node) if cfg.mini.device.startswith("cuda") else 0
     return dataclasses.replace(requested, nodes=1, gpus_per_node=gpus,
                                cpus_per_task=max(1, cfg.mini.num_threads), mem_gb=MINI_MEM_GB)
 
