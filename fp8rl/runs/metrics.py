@@ -90,6 +90,20 @@ PERF_TRAIN_S = "perf/train_s"
 PERF_SHADOW_S = "perf/shadow_s"
 PERF_TOKENS_PER_S = "perf/tokens_per_s"
 
+#: Which tokens are clipped (``shadow/*`` counts and rates; on measured steps only).
+AGREEMENT_METRICS: tuple[str, ...] = (
+    SHADOW_LOW_BF16_N,
+    SHADOW_LOW_FP8_N,
+    SHADOW_LOW_BOTH_N,
+    SHADOW_HIGH_BF16_N,
+    SHADOW_HIGH_FP8_N,
+    SHADOW_HIGH_BOTH_N,
+    SHADOW_LOW_RECALL,
+    SHADOW_LOW_PRECISION,
+    SHADOW_HIGH_RECALL,
+    SHADOW_HIGH_PRECISION,
+)
+
 #: Every per-step metric name, in the order of docs/design.md's table (``step`` excluded).
 TRAIN_METRICS: tuple[str, ...] = (
     ACTOR_ENTROPY,
@@ -109,16 +123,7 @@ TRAIN_METRICS: tuple[str, ...] = (
     CLIP_ALPHA,
     SHADOW_CLIPFRAC_NEG_LOW,
     SHADOW_RATIO_NEG_Q01,
-    SHADOW_LOW_BF16_N,
-    SHADOW_LOW_FP8_N,
-    SHADOW_LOW_BOTH_N,
-    SHADOW_HIGH_BF16_N,
-    SHADOW_HIGH_FP8_N,
-    SHADOW_HIGH_BOTH_N,
-    SHADOW_LOW_RECALL,
-    SHADOW_LOW_PRECISION,
-    SHADOW_HIGH_RECALL,
-    SHADOW_HIGH_PRECISION,
+    *AGREEMENT_METRICS,
     ROLLOUT_MISMATCH_KL,
     ROLLOUT_IS_CLIPFRAC,
     ROLLOUT_REWARD_MEAN,
@@ -139,16 +144,7 @@ SPARSE_METRICS: tuple[str, ...] = (
     CLIP_ALPHA,
     SHADOW_CLIPFRAC_NEG_LOW,
     SHADOW_RATIO_NEG_Q01,
-    SHADOW_LOW_BF16_N,
-    SHADOW_LOW_FP8_N,
-    SHADOW_LOW_BOTH_N,
-    SHADOW_HIGH_BF16_N,
-    SHADOW_HIGH_FP8_N,
-    SHADOW_HIGH_BOTH_N,
-    SHADOW_LOW_RECALL,
-    SHADOW_LOW_PRECISION,
-    SHADOW_HIGH_RECALL,
-    SHADOW_HIGH_PRECISION,
+    *AGREEMENT_METRICS,
     DAPO_KEPT_GROUP_FRAC,
     PERF_SHADOW_S,
 )

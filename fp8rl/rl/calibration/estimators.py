@@ -82,13 +82,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def _flat_inputs(
+def flat_inputs(
     ratio: torch.Tensor,
     shadow_ratio: torch.Tensor | None,
     advantages: torch.Tensor,
     mask: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """Check shapes (caller bugs raise) and return flat (ratio, shadow, adv, valid)."""
+    """Check types and shapes (caller bugs raise) and return flat ``[N]`` (ratio, shadow, adv,
+    valid) in float32 or wider (the promoted dtype of the ratios); ``advantages`` may be ``[B]``
+    for 2-D inputs (broadcast over T); ``valid`` is ``mask != 0`` as bool."""
     named = {"ratio": ratio, "advantages": advantages, "mask": mask}
     if shadow_ratio is not None:
         named["shadow_ratio"] = shadow_ratio
@@ -167,7 +169,7 @@ def calibrate_bounds(
     static = alpha is not None
     if not static and shadow_ratio is None:
         raise ValueError("calibrate_bounds needs shadow_ratio (BF16 ratios) or a static alpha")
-    r, s, adv, valid = _flat_inputs(ratio, None if static else shadow_ratio, advantages, mask)
+    r, s, adv, valid = flat_inputs(ratio, None if static else shadow_ratio, advantages, mask)
     dtype = r.dtype
     if not bool(valid.any()):
         raise DegenerateCalibration("all tokens are masked")

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fp8rl.rl.calibration.estimators import Bounds, Calibration
+from fp8rl.rl.calibration.estimators import Bounds, Calibration, flat_inputs
 
 __all__ = ["CalibrationState", "Tokens", "flat_tokens", "smooth_bounds"]
 
@@ -33,33 +33,8 @@ def flat_tokens(ratio: torch.Tensor, shadow_ratio: torch.Tensor | None, advantag
     ``advantages`` same shape or ``[B]`` for 2-D inputs, ``mask`` same shape (bool or numeric,
     nonzero = token). Wrong types or shapes raise (caller bugs); tokens with A == 0 are kept.
     """
-    named = {"ratio": ratio, "advantages": advantages, "mask": mask}
-    if shadow_ratio is not None:
-        named["shadow_ratio"] = shadow_ratio
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    shape = ratio.shape
-    for name in ("shadow_ratio", "mask"):
-        if name in named and named[name].shape != shape:
-            raise ValueError(f"{name} has shape {tuple(named[name].shape)}, ratio has {tuple(shape)}")
-    if not ratio.is_floating_point() or (shadow_ratio is not None and not shadow_ratio.is_floating_point()):
-        raise TypeError("ratio and shadow_ratio must be floating-point tensors")
-    adv = advantages.detach()
-    if adv.shape != shape:
-        if ratio.dim() == 2 and adv.shape == shape[:1]:
-            adv = adv[:, None].expand(shape)
-        else:
-            raise ValueError(f"advantages has shape {tuple(adv.shape)}; expected {tuple(shape)} (token level) "
-                             f"or {tuple(shape[:1])} (one per sequence, 2-D inputs only)")
-    valid = mask.detach().reshape(-1)
-    valid = valid if valid.dtype == torch.bool else valid != 0
-    dtype = torch.promote_types(ratio.dtype, torch.float32)
-    if shadow_ratio is not None:
-        dtype = torch.promote_types(dtype, shadow_ratio.dtype)
-    r = ratio.detach().reshape(-1).to(dtype)[valid]
-    s = None if shadow_ratio is None else shadow_ratio.detach().reshape(-1).to(dtype)[valid]
-    return r, s, adv.reshape(-1).to(dtype)[valid]
+    r, s, adv, valid = flat_inputs(ratio, shadow_ratio, advantages, mask)
+    return r[valid], None if s is None else s[valid], adv[valid]
 
 
 def smooth_bounds(prev: Bounds, raw: Bounds, *, ema: float, low_min: float, high_max: float) -> Bounds:
