@@ -108,14 +108,14 @@ reproduce: install-run
 
 # Calibrated Clipping against BF16 with intervals that can resolve +-25% (docs/results/mini/FINDINGS.md,
 # section 2): calibration_match (12 seeds x 10 cells) and the three calibration modes on full-FP8
-# tensorwise (10 seeds each; periodic with the mini settings period 4, window 4). About 45 minutes on
+# tensorwise (6 seeds each; periodic with the mini settings period 4, window 4). About 40 minutes on
 # 2 cores, so not part of `make reproduce`.
 .PHONY: reproduce-calibration
 reproduce-calibration: install-run
 	$(BIN)/python -m experiments.launch +sweep=calibration_match seeds=12
-	$(BIN)/python -m experiments.launch +sweep=calibration_modes seeds=10 sweep_name=calibration_modes_periodic \
+	$(BIN)/python -m experiments.launch +sweep=calibration_modes seeds=6 sweep_name=calibration_modes_periodic \
 	  clip.calibration_mode=periodic clip.period=4 clip.window=4
-	$(BIN)/python -m experiments.launch +sweep=calibration_modes seeds=10 sweep_name=calibration_modes_pooled \
+	$(BIN)/python -m experiments.launch +sweep=calibration_modes seeds=6 sweep_name=calibration_modes_pooled \
 	  clip.calibration_mode=pooled
 
 # The published mini reproduction (docs/results/mini/README.md). After the sweeps have run:
