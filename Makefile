@@ -133,4 +133,4 @@ results: install-run
 	  $(BIN)/python -m analysis.report $(RESULTS)/runs/$$s --out $(RESULTS)/$$s --no-cache --no-progress --figures published || exit 1; \
 	done
 	@# The README's figure.
-	cp $(RESULTS)/entropy_granularity/figures/entropy.png docs/figures/entropy_granularity.png
+	cp $(RESULTS)/calibration_match/figures/clipfrac_summary.png docs/figures/calibration_match.png

@@ -77,12 +77,16 @@ def _config_mode(run_dir: str) -> str:
 def arm_modes(coll: Collection) -> dict[tuple[str, str, str, str], str]:
     """{(algorithm, model, fp8, clip): calibration mode} for every arm: the arm's variant's
     ``clip.calibration_mode=`` value when the sweep varies it, else the distinct values of its
-    runs' ``config.yaml`` joined by "/" ("" when no run sets it)."""
+    runs' ``config.yaml`` joined by "/" ("" when no run sets it); "—" for arms that do not
+    calibrate (vanilla, TIS: the mode is in their config but nothing reads it)."""
     out: dict[tuple[str, str, str, str], str] = {}
     runs = coll.runs.dropna(subset=["algorithm", "model"])
     for (algo, model, fp8, clip), g in runs.groupby(["algorithm", "model", "fp8", "clip"], sort=False):
-        variant = dict(kv.partition("=")[::2] for kv in split_clip(str(clip))[1].split() if "=" in kv)
-        if MODE_KEY in variant:
+        base, variant_text = split_clip(str(clip))
+        variant = dict(kv.partition("=")[::2] for kv in variant_text.split() if "=" in kv)
+        if base != "calibrated":
+            mode = "—"
+        elif MODE_KEY in variant:
             mode = variant[MODE_KEY]
         else:
             modes = sorted({m for m in (_config_mode(str(d)) for d in g["run_dir"] if isinstance(d, str)) if m})

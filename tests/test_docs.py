@@ -756,3 +756,19 @@ def test_no_pointer_to_a_design_file_outside_the_repository():
     out = subprocess.run(["git", "grep", "-n", "DESIGN", "--", ".", ":!tests/test_docs.py"], cwd=REPO,
                          capture_output=True, text=True, check=False).stdout
     assert out == "", out
+
+
+def test_the_readme_opens_with_a_published_figure():
+    """The README's first screen (its first 40 lines) shows one figure, a PNG in docs/figures/ that
+    `make results` copies from a published report (so it is regenerated, not drawn by hand)."""
+    import re
+
+    head = "\n".join((REPO / "README.md").read_text(encoding="utf-8").splitlines()[:40])
+    figures = re.findall(r"!\[[^\]]+\]\(([^)]+\.png)\)", head)
+    assert len(figures) == 1, figures
+    (fig,) = figures
+    assert fig.startswith("docs/figures/") and (REPO / fig).is_file(), fig
+    recipe = re.search(rf"cp (\S+) {re.escape(fig)}", (REPO / "Makefile").read_text(encoding="utf-8"))
+    assert recipe, f"no Makefile recipe copies a published figure to {fig}"
+    src = recipe.group(1).replace("$(RESULTS)", "docs/results/mini")
+    assert (REPO / src).read_bytes() == (REPO / fig).read_bytes(), f"{fig} is not the published {src}"
