@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import math
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -69,10 +70,32 @@ def scalars(row: Mapping) -> dict[str, float]:
     return out
 
 
+def _after_existing_event_files(tb_dir: Path) -> None:
+    """Wait until the clock has passed the second of every event file in ``tb_dir``.
+
+    TensorBoard reads a run's event files in name order, and a name starts with the second its
+    file was opened (``events.out.tfevents.<seconds>.<host>.<pid>...``). A resumed writer opened in
+    the same second as the interrupted attempt's file would sort by pid, possibly before it, and a
+    reader would then apply the interrupted attempt's events after the resume's purge (duplicate
+    steps). At most one second's wait, on resume only."""
+    stamps = []
+    for p in tb_dir.glob("events.out.tfevents.*"):
+        try:
+            stamps.append(int(p.name.split(".")[3]))
+        except (IndexError, ValueError):
+            continue
+    if stamps:
+        wait = max(stamps) + 1 - time.time()
+        if wait > 0:
+            time.sleep(wait)
+
+
 class _TensorBoard:
     def __init__(self, run_dir: Path, purge_step: int | None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        if purge_step is not None:
+            _after_existing_event_files(run_dir / TENSORBOARD_DIR)
         self.w = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR), purge_step=purge_step, flush_secs=10)
 
     def log(self, row: Mapping) -> None:

@@ -118,3 +118,28 @@ def test_wandb_offline_gets_the_same_rows(tiny, tmp_path):
         got = {k: v for k, v in history[step].items() if not k.startswith("_")}
         assert got.keys() == vals.keys(), step
         assert all(abs(got[k] - vals[k]) <= 1e-12 * max(1.0, abs(vals[k])) for k in vals)
+
+
+def test_a_resume_in_the_same_second_as_the_interrupted_attempt_still_purges(tmp_path):
+    """TensorBoard reads event files in name order (second opened, host, pid). An interrupted
+    attempt's file opened in the same second as the resume's, by a process whose pid sorts after
+    it, would be read last and its late steps would come back as duplicates; the resumed writer
+    waits for the next second so that it sorts after every earlier file."""
+    import time
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = tmp_path / "tensorboard"
+    with LiveLog(tmp_path, LoggingConfig()) as live:  # the interrupted attempt: steps 1-4
+        for step in range(1, 5):
+            live.log({"step": step, "actor/entropy": float(step)})
+    (old,) = tb.glob("events.out.tfevents.*")
+    parts = old.name.split(".")
+    parts[3], parts[5] = str(int(time.time())), "zzzz"  # this second, a pid that sorts last
+    old.rename(tb / ".".join(parts))
+    with LiveLog(tmp_path, LoggingConfig(), resume_step=2) as live:  # resumed from step 2's checkpoint
+        for step in range(3, 6):
+            live.log({"step": step, "actor/entropy": float(step)})
+    ea = EventAccumulator(str(tb), size_guidance={"scalars": 0})
+    ea.Reload()
+    assert sorted(e.step for e in ea.Scalars("actor/entropy")) == [1, 2, 3, 4, 5]
