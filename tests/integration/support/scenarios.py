@@ -77,7 +77,7 @@ def policy_recipes(out: Path, recipes: list, world: int = 1, concurrent: int = 4
     specs = {}
     for recipe, impl, emulate in recipes:
         key = f"{recipe}/{impl}/{'emulate' if emulate else 'native'}"
-        specs[key] = PluginSpec(clip_method="calibrated", clip_options={"period": 1}, eps_low=0.2, eps_high=0.2,
+        specs[key] = PluginSpec(clip_method="calibrated", clip_options={"mode": "periodic", "period": 1}, eps_low=0.2, eps_high=0.2,
                                 trainer_recipe=recipe, trainer_impl=impl, trainer_emulate=emulate, max_steps=2)
     args.actor.eps_clip_low_high = [0.2, 0.2]
     keys = list(specs)
@@ -350,7 +350,7 @@ def episode_end_resume(out: Path) -> dict:
 
     ckpt = tiny_checkpoint(out / "ckpt")
     args, reward = _dapo_cell(out, ckpt, out / "full", episodes=2)
-    spec = PluginSpec(clip_method="calibrated", clip_options={"period": 1},
+    spec = PluginSpec(clip_method="calibrated", clip_options={"mode": "periodic", "period": 1},
                       eps_low=float(args.actor.eps_clip_low_high[0]), eps_high=float(args.actor.eps_clip_low_high[1]),
                       trainer_recipe="tensorwise")
     _own_ray(2, actor_env(spec))
