@@ -60,10 +60,8 @@ import datetime as _dt
 import os
 import platform
 import socket
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping
-from importlib import metadata
 from pathlib import Path
 
 import yaml
@@ -81,6 +79,14 @@ from fp8rl.runs.jsonl import (  # noqa: F401  (re-exported: the run directory's 
     truncate_jsonl_after,
 )
 from fp8rl.runs.metrics import STEP
+from fp8rl.runs.provenance import (  # noqa: F401  (PROVENANCE_PACKAGES, SLURM_VARS re-exported)
+    PROVENANCE_PACKAGES,
+    SLURM_VARS,
+    cpu_info,
+    git_info,
+    package_versions,
+    slurm_env,
+)
 from fp8rl.runs.safe_io import refuse_symlink
 
 CONFIG_FILE = "config.yaml"
@@ -97,21 +103,6 @@ RUNNING, DONE, FAILED, PREEMPTED = "RUNNING", "DONE", "FAILED", "PREEMPTED"
 STATES: tuple[str, ...] = (RUNNING, DONE, FAILED, PREEMPTED)
 TERMINAL_STATES: tuple[str, ...] = (DONE, FAILED, PREEMPTED)
 
-#: Packages whose versions go into provenance.json (None when not installed).
-PROVENANCE_PACKAGES: tuple[str, ...] = ("torch", "torchao", "transformers", "fp8rl")
-#: Slurm variables recorded in provenance.json when set.
-SLURM_VARS: tuple[str, ...] = (
-    "SLURM_JOB_ID",
-    "SLURM_ARRAY_JOB_ID",
-    "SLURM_ARRAY_TASK_ID",
-    "SLURM_JOB_NAME",
-    "SLURM_JOB_NODELIST",
-    "SLURM_NNODES",
-    "SLURM_RESTART_COUNT",
-    "SLURM_CLUSTER_NAME",
-)
-
-
 class RunDirConflict(RuntimeError):
     """The run directory already holds a different config."""
 
@@ -119,46 +110,6 @@ class RunDirConflict(RuntimeError):
 def utc_now() -> str:
     """Current time as ISO 8601 UTC with seconds, e.g. ``2026-11-30T12:00:00Z``."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-# --- provenance helpers ------------------------------------------------------------------
-
-
-def _git_info(start: Path) -> dict:
-    """``{"sha": ..., "dirty": bool}`` of the git work tree containing ``start``, or Nones."""
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", "-C", str(start), *args],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    sha = git("rev-parse", "HEAD")
-    if sha is None:
-        return {"sha": None, "dirty": None}
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"sha": sha, "dirty": None if status is None else bool(status)}
-
-
-def _package_versions(names: Iterable[str]) -> dict:
-    out = {}
-    for name in names:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def _slurm_env() -> dict:
-    return {k: os.environ[k] for k in SLURM_VARS if k in os.environ}
 
 
 # --- the run directory -------------------------------------------------------------------
@@ -282,20 +233,22 @@ class RunDir:
         Fields: ``git`` (sha + dirty flag of the work tree containing the fp8rl package, Nones
         when it is not in one), ``packages`` (torch, torchao, transformers, fp8rl versions),
         ``python``, ``platform``, ``host``, ``device`` (the caller's description, e.g.
-        ``"cuda:0 NVIDIA H100"``), ``slurm`` (SLURM_* ids set at call time), ``argv``,
+        ``"cuda:0 NVIDIA H100"``), ``cpu`` (model and the vector extensions that change CPU
+        numerics: :func:`fp8rl.runs.provenance.cpu_info`), ``slurm`` (SLURM_* ids set at call time), ``argv``,
         ``time_started``, ``time_ended`` (filled by a terminal :meth:`set_status`), and
         ``extra``. Earlier attempts (a resume) move to ``previous_attempts``.
         """
         import fp8rl
 
         prov = {
-            "git": _git_info(Path(fp8rl.__file__).resolve().parent),
-            "packages": _package_versions(PROVENANCE_PACKAGES),
+            "git": git_info(Path(fp8rl.__file__).resolve().parent),
+            "packages": package_versions(PROVENANCE_PACKAGES),
             "python": platform.python_version(),
             "platform": platform.platform(),
             "host": socket.gethostname(),
             "device": device,
-            "slurm": _slurm_env(),
+            "cpu": cpu_info(),
+            "slurm": slurm_env(),
             "argv": list(sys.argv),
             "time_started": utc_now(),
             "time_ended": None,

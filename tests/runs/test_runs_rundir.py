@@ -87,6 +87,26 @@ def test_provenance_and_attempts(tmp_path, monkeypatch):
     assert prov["time_ended"] is None
 
 
+def test_provenance_records_the_cpu_and_its_numeric_extensions(tmp_path, monkeypatch):
+    from fp8rl.runs import provenance as pv
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480C\n"
+        "flags\t\t: fpu sse2 avx2 fma f16c avx512f avx512bw amx_tile amx_bf16 avx512_bf16\n\n"
+        "processor\t: 1\nmodel name\t: Other\nflags\t\t: fpu\n"
+    )
+    # Only the first processor's block; flags in NUMERIC_CPU_FLAGS order, others dropped.
+    assert pv.cpu_info(info) == {"model": "Intel(R) Xeon(R) Platinum 8480C",
+                                 "flags": ["avx2", "fma", "f16c", "avx512f", "avx512bw",
+                                           "avx512_bf16", "amx_tile", "amx_bf16"]}
+    # Unreadable: the model from platform, flags unknown (None), never an exception.
+    assert pv.cpu_info(tmp_path / "missing")["flags"] is None
+    monkeypatch.setattr(pv, "CPUINFO", info)
+    p = RunDir(tmp_path / "r").init(CFG).write_provenance(device="cpu")
+    assert p["cpu"]["model"] == "Intel(R) Xeon(R) Platinum 8480C" and "amx_bf16" in p["cpu"]["flags"]
+
+
 def test_writer_encodes_nonfinite_as_null_and_scalars(tmp_path):
     run = RunDir(tmp_path / "r").init(CFG)
     with run.metrics_writer() as w:
