@@ -15,8 +15,12 @@ arm that logged the agreement counts (``shadow/{low,high}_{bf16,fp8,both}_n``,
 :mod:`fp8rl.rl.calibration.agreement`; on measured steps): pooled recall = sum both / sum bf16
 and precision = sum both / sum fp8 over all measured steps of all runs, for the lower side
 (A<0 tokens) and the upper side (A>0 tokens), each with a 95% interval over seeds (Fieller on
-the per-run sums, numerator and denominator paired within each run, cut to [0, 1]), and the
-number of BF16-clipped tokens it rests on. Arms without the counts (runs from before them) are
+the per-run sums, numerator and denominator paired within each run, cut to [0, 1]), the
+number of BF16-clipped tokens it rests on, and the count ratio FP8-clipped / BF16-clipped on the
+same tokens. The count ratio splits the half-width table's ratio in two: calibrated FP8 / BF16
+run ~ (FP8-clipped / the run's own shadow-clipped) x (the FP8 run's shadow / the BF16 run). The
+first factor is what the bound controls (``same_batch``: ~1 by construction); the second is how
+far the FP8-trained policy's own BF16 ratio tail lies from the BF16 run's. Arms without the counts (runs from before them) are
 left out and named in a note. The calibration mode (``clip.calibration_mode``: periodic | pooled
 | same_batch) comes from the arm's variant when the sweep varies it, else from the runs'
 ``config.yaml``; "" where not set.
@@ -44,6 +48,8 @@ from fp8rl.runs.rundir import CONFIG_FILE
 HALF_WIDTH_MAX = 0.15
 MATCH_RANGE = (0.8, 1.25)
 MODE_KEY = "clip.calibration_mode"
+#: What the agreement table computes per side from the counts (see :func:`agreement_rows`).
+QUANTITIES: tuple[str, ...] = ("recall", "precision", "count")
 #: Per side: (bf16, fp8, both) count metrics.
 SIDES: dict[str, tuple[str, str, str]] = {
     "low": (M.SHADOW_LOW_BF16_N, M.SHADOW_LOW_FP8_N, M.SHADOW_LOW_BOTH_N),
@@ -257,7 +263,8 @@ def agreement_rows(coll: Collection) -> tuple[pd.DataFrame, list[str]]:
 
     Columns: ``algorithm, model, fp8, granularity, clip, method, mode, arm, runs,
     measured_steps``, per side s in (low, high): ``{s}_bf16_tokens, {s}_fp8_tokens,
-    {s}_both_tokens`` (sums over steps and runs) and for q in (recall, precision):
+    {s}_both_tokens`` (sums over steps and runs) and for q in :data:`QUANTITIES` (recall, precision,
+    count = FP8-clipped / BF16-clipped on the same tokens):
     ``{s}_{q}`` (pooled), ``{s}_{q}_lo``, ``{s}_{q}_hi``, ``{s}_{q}_boot_lo``,
     ``{s}_{q}_boot_hi``, ``{s}_{q}_ci`` (text).
     """
@@ -277,10 +284,11 @@ def agreement_rows(coll: Collection) -> tuple[pd.DataFrame, list[str]]:
                 for what, col in (("bf16", bf16), ("fp8", fp8n), ("both", both)):
                     v = r[col].to_numpy(dtype=float)
                     row[f"{side}_{what}_tokens"] = float(np.nansum(v)) if np.isfinite(v).any() else math.nan
-                for q, den in (("recall", bf16), ("precision", fp8n)):
-                    ok = r[[both, den]].notna().all(axis=1)
-                    ci = ratio_ci(dict(zip(r.loc[ok, "run"], r.loc[ok, both], strict=True)),
-                                  dict(zip(r.loc[ok, "run"], r.loc[ok, den], strict=True)), bounds=(0.0, 1.0))
+                for q, num, den, bounds in (("recall", both, bf16, (0.0, 1.0)), ("precision", both, fp8n, (0.0, 1.0)),
+                                            ("count", fp8n, bf16, (0.0, math.inf))):
+                    ok = r[[num, den]].notna().all(axis=1)
+                    ci = ratio_ci(dict(zip(r.loc[ok, "run"], r.loc[ok, num], strict=True)),
+                                  dict(zip(r.loc[ok, "run"], r.loc[ok, den], strict=True)), bounds=bounds)
                     row.update({f"{side}_{q}": ci.estimate, f"{side}_{q}_lo": ci.lo, f"{side}_{q}_hi": ci.hi,
                                 f"{side}_{q}_boot_lo": ci.boot_lo, f"{side}_{q}_boot_hi": ci.boot_hi,
                                 f"{side}_{q}_ci": ci.interval_text()})
@@ -288,7 +296,7 @@ def agreement_rows(coll: Collection) -> tuple[pd.DataFrame, list[str]]:
     cols = ["algorithm", "model", "fp8", "granularity", "clip", "method", "mode", "arm", "runs", "measured_steps"]
     for side in SIDES:
         cols += [f"{side}_{w}_tokens" for w in ("bf16", "fp8", "both")]
-        for q in ("recall", "precision"):
+        for q in QUANTITIES:
             cols += [f"{side}_{q}{s}" for s in ("", "_lo", "_hi", "_boot_lo", "_boot_hi", "_ci")]
     return pd.DataFrame(rows, columns=cols), omitted
 
@@ -297,8 +305,8 @@ def agreement_table(coll: Collection, *, name: str = "clip_agreement") -> Table:
     """Which tokens are clipped, FP8 against the BF16 shadow (see the module docstring)."""
     df, omitted = agreement_rows(coll)
     header = ["Granularity", "method", "mode", "seeds", "BF16-clipped A<0", "recall low", "95% CI",
-              "precision low", "95% CI", "BF16-clipped A>0", "recall high", "95% CI", "precision high",
-              "95% CI"]
+              "precision low", "95% CI", "FP8 / BF16 count low", "95% CI", "BF16-clipped A>0",
+              "recall high", "95% CI", "precision high", "95% CI", "FP8 / BF16 count high", "95% CI"]
 
     def cells(r, latex: bool) -> list[str]:
         def esc(s):
@@ -306,14 +314,15 @@ def agreement_table(coll: Collection, *, name: str = "clip_agreement") -> Table:
         out = [esc(r["granularity"]), esc(r["method"]), esc(r["mode"]), str(r["runs"])]
         for side in SIDES:
             out.append(_num(r[f"{side}_bf16_tokens"], ".0f"))
-            for q in ("recall", "precision"):
-                out += [_num(r[f"{side}_{q}"], ".3f"), esc(r[f"{side}_{q}_ci"])]
+            for q in QUANTITIES:
+                out += [_num(r[f"{side}_{q}"], ".2f" if q == "count" else ".3f"), esc(r[f"{side}_{q}_ci"])]
         return out
 
     md, tex = render_blocks(df, header, cells, lambda a, m, g: (
         "recall = FP8-and-BF16-clipped / BF16-clipped, precision = FP8-and-BF16-clipped / "
-        "FP8-clipped, summed over measured steps and seeds; 95% CI over seeds (Fieller, per-run "
-        "sums, cut to [0, 1])"))
+        "FP8-clipped, FP8 / BF16 count = FP8-clipped / BF16-clipped (the same tokens: how closely "
+        "the bound follows the run's own shadow), summed over measured steps and seeds; 95% CI over "
+        "seeds (Fieller, per-run sums; recall and precision cut to [0, 1])"))
     if omitted and not df.empty:
         note = ("Omitted (no `shadow/*_n` agreement counts logged, e.g. runs from before them): "
                 + "; ".join(omitted) + ".")
