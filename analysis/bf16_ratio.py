@@ -46,23 +46,19 @@ def _by_key(df: pd.DataFrame) -> dict:
     return out
 
 
-def bf16_ratios(coll: Collection, per_run: pd.DataFrame, column: str, *,
-                ref_column: str | None = None) -> dict[Arm, RatioCI]:
+def bf16_ratios(coll: Collection, per_run: pd.DataFrame, column: str) -> dict[Arm, RatioCI]:
     """{(algorithm, model, fp8, clip): RatioCI of ``column`` against the block's BF16 arm} for
     every non-reference arm of every block that has a BF16 arm.
 
     ``per_run``: one row per run, ``run`` and ``column`` (NaN = the run did not log it, dropped).
-    ``ref_column``: the BF16 arm's value, when it is another column than the arm's (e.g. an FP8
-    run's BF16 shadow fraction against the BF16 run's own fraction); default ``column``.
     """
     vals = keyed_values(per_run, coll, column)
-    ref_vals = vals if ref_column in (None, column) else keyed_values(per_run, coll, ref_column)
     out: dict[Arm, RatioCI] = {}
     for algo, model, arms in blocks(coll):
         ref = bf16_reference(arms)
         if ref is None:
             continue
-        y = _by_key(select(ref_vals, algo, model, *ref))
+        y = _by_key(select(vals, algo, model, *ref))
         for arm in arms:
             if arm == ref:
                 continue

@@ -134,15 +134,10 @@ def halfwidth_rows(coll: Collection) -> pd.DataFrame:
     calibrated ratio ``cal_estimate, cal_lo, cal_hi, cal_half_width, cal_boot_lo, cal_boot_hi,
     cal_n_x, cal_n_y, cal_paired, cal_ci``; ``half_width_ok`` (half-width <= 0.15; None without
     an interval), ``point_ok`` (estimate in [0.8, 1.25]; None without one), ``both_ok``;
-    the contrast arm ``contrast_clip`` and its ``con_*`` columns (the same as ``cal_*``); the
-    ``sh_*`` columns: the calibrated runs' own BF16 shadow fraction (``shadow/clipfrac_neg_low``,
-    the vanilla bound on the same tokens) over the BF16 run's ``actor/clipfrac_neg_low``, i.e.
-    the part of ``cal`` that comes from the FP8 trajectory, not from the bound (NaN where the
-    runs logged no shadow).
+    the contrast arm ``contrast_clip`` and its ``con_*`` columns (the same as ``cal_*``).
     """
     per_run = run_mechanism(coll)
     cis = bf16_ratios(coll, per_run, M.ACTOR_CLIPFRAC_NEG_LOW)
-    shadow = bf16_ratios(coll, per_run, M.SHADOW_CLIPFRAC_NEG_LOW, ref_column=M.ACTOR_CLIPFRAC_NEG_LOW)
     modes = arm_modes(coll)
     rows = []
     for algo, model, arms in blocks(coll):
@@ -162,11 +157,10 @@ def halfwidth_rows(coll: Collection) -> pd.DataFrame:
                 "bf16_reference": arm_label(*ref), **_ci_cols("cal", cal),
                 "half_width_ok": hw_ok, "point_ok": pt_ok, "both_ok": both_ok,
                 "contrast_clip": contrast, **_ci_cols("con", con),
-                **_ci_cols("sh", shadow.get((algo, model, fp8, clip))),
             })
     cols = ["algorithm", "model", "fp8", "granularity", "clip", "arm", "mode", "bf16_reference",
             *_ci_cols("cal", None), "half_width_ok", "point_ok", "both_ok", "contrast_clip",
-            *_ci_cols("con", None), *_ci_cols("sh", None)]
+            *_ci_cols("con", None)]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -211,8 +205,8 @@ def halfwidth_table(coll: Collection, *, name: str = "calibration_match") -> Tab
     first Markdown line."""
     df = halfwidth_rows(coll)
     header = ["Granularity", "calibrated arm", "mode", "seeds", "calibrated / BF16", "95% CI", "half-width",
-              f"≤ {HALF_WIDTH_MAX}", f"in [{MATCH_RANGE[0]}, {MATCH_RANGE[1]}]", "own shadow / BF16",
-              "95% CI", "uncalibrated / BF16", "95% CI"]
+              f"≤ {HALF_WIDTH_MAX}", f"in [{MATCH_RANGE[0]}, {MATCH_RANGE[1]}]", "uncalibrated / BF16",
+              "95% CI"]
 
     def cells(r, latex: bool) -> list[str]:
         def esc(s):
@@ -221,14 +215,11 @@ def halfwidth_table(coll: Collection, *, name: str = "calibration_match") -> Tab
         return [esc(r["granularity"]), esc(r["arm"]), esc(r["mode"]), str(r["cal_n_x"]),
                 _num(r["cal_estimate"], ".2f"), esc(r["cal_ci"]),
                 "unbounded" if np.isinf(r["cal_half_width"]) else _num(r["cal_half_width"], ".2f"),
-                _yes(r["half_width_ok"]), _yes(r["point_ok"]), _num(r["sh_estimate"], ".2f"), esc(r["sh_ci"]),
-                esc(con), esc(r["con_ci"])]
+                _yes(r["half_width_ok"]), _yes(r["point_ok"]), esc(con), esc(r["con_ci"])]
 
     md, tex = render_blocks(df, header, cells, lambda a, m, g: (
         f"`actor/clipfrac_neg_low` (run mean over steps), mean over seeds relative to "
-        f"{g['bf16_reference'].iloc[0]}; 95% CI: Fieller over seeds, paired by seed; own shadow = "
-        f"the calibrated runs' BF16 shadow fraction (`shadow/clipfrac_neg_low`, vanilla bound, "
-        f"same tokens) relative to the same BF16 arm: what the FP8 trajectory alone gives"))
+        f"{g['bf16_reference'].iloc[0]}; 95% CI: Fieller over seeds, paired by seed"))
     headline = halfwidth_headline(df)
     md = [f"**{headline}**", "", *md]
     tex = [f"% {headline}", *tex]

@@ -127,23 +127,6 @@ def test_mechanism_intervals_are_unpaired_when_the_seeds_differ(known_sweep, kno
 # --- B: the half-width criterion ---------------------------------------------------------------
 
 
-def test_own_shadow_ratio_is_the_calibrated_runs_shadow_over_the_bf16_runs_fraction(cal_sweep, cal_coll):
-    """The ``sh_*`` columns: x = a calibrated run's mean ``shadow/clipfrac_neg_low`` (logged on
-    measured steps only), y = the BF16 run's mean ``actor/clipfrac_neg_low``, paired by seed."""
-    runs = _runs_by_loop(cal_sweep)
-    b8 = halfwidth_rows(cal_coll).query("model == '8b'").set_index("fp8")
-    ref = runs[("8b", "bf16", "vanilla")]
-    y = [_run_mean(ref[s]) for s in sorted(ref)]
-    for fp8 in ("tensorwise", "blockwise"):
-        arm = runs[("8b", fp8, "calibrated")]
-        x = [_run_mean(arm[s], "shadow/clipfrac_neg_low") for s in sorted(arm)]
-        assert b8.loc[fp8, "sh_estimate"] == pytest.approx(sum(x) / sum(y))
-        lo, hi = fieller_ratio(x, y, paired=True)
-        assert (b8.loc[fp8, "sh_lo"], b8.loc[fp8, "sh_hi"]) == pytest.approx((max(lo, 0.0), hi))
-        assert b8.loc[fp8, "sh_estimate"] != pytest.approx(b8.loc[fp8, "cal_estimate"], rel=0.01)
-    assert "own shadow / BF16" in halfwidth_table(cal_coll).markdown
-
-
 def test_halfwidth_rows_recover_the_planted_ratios_and_apply_the_criterion(cal_coll):
     df = halfwidth_rows(cal_coll)
     b8 = df[df["model"] == "8b"].set_index("fp8")
