@@ -46,6 +46,7 @@ __all__ = [
     "masked_mean",
     "masked_quantiles",
     "masked_sum",
+    "neg_counts",
     "ratio_quantiles",
     "token_entropy",
 ]
@@ -215,6 +216,15 @@ def fractions_from_counts(counts: dict[str, torch.Tensor], prefix: str = "actor/
         f"{prefix}clipfrac_pos_low": frac(counts["pos_low"], counts["pos"]),
         f"{prefix}clipfrac_pos_high": frac(counts["pos_high"], counts["pos"]),
     }
+
+
+def neg_counts(counts: dict[str, torch.Tensor], prefix: str = "actor/") -> dict[str, torch.Tensor]:
+    """The A<0 token counts behind ``{prefix}clipfrac_neg_low`` (``clip_counts`` output, possibly
+    summed over ranks): ``{prefix}n_neg`` (its denominator) and ``{prefix}n_neg_low`` (its
+    numerator), as float64 0-d tensors. Logged beside the fraction because two runs' fractions
+    divide different numbers of A<0 tokens: the ratio of their counts is not the ratio of their
+    fractions when one run makes more A<0 tokens."""
+    return {f"{prefix}n_neg": counts["neg"].to(torch.float64), f"{prefix}n_neg_low": counts["neg_low"].to(torch.float64)}
 
 
 def clip_table(

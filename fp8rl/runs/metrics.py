@@ -48,6 +48,10 @@ ACTOR_CLIPFRAC_POS_HIGH = "actor/clipfrac_pos_high"
 ACTOR_RATIO_NEG_Q01 = "actor/ratio_neg_q01"
 ACTOR_RATIO_NEG_Q50 = "actor/ratio_neg_q50"
 ACTOR_RATIO_NEG_Q99 = "actor/ratio_neg_q99"
+# the counts behind actor/clipfrac_neg_low (its denominator and numerator): a ratio of counts
+# between two runs is not the ratio of their fractions when one run makes more A<0 tokens
+ACTOR_N_NEG = "actor/n_neg"
+ACTOR_N_NEG_LOW = "actor/n_neg_low"
 
 # --- clip bounds ------------------------------------------------------------------------
 CLIP_LOW = "clip/low"
@@ -70,6 +74,22 @@ SHADOW_LOW_RECALL = "shadow/low_recall"
 SHADOW_LOW_PRECISION = "shadow/low_precision"
 SHADOW_HIGH_RECALL = "shadow/high_recall"
 SHADOW_HIGH_PRECISION = "shadow/high_precision"
+# out of sample (fp8rl.rl.calibration.heldout): A<0 tokens with a BF16 shadow that did not feed the
+# estimate of the bounds applied to them: how many, how many FP8 puts below the lower bound applied,
+# how many the BF16 shadow puts below 1 - eps_low; their ratio is the calibration's real error
+SHADOW_OOS_N_NEG = "shadow/oos_n_neg"
+SHADOW_OOS_FP8_LOW_N = "shadow/oos_fp8_low_n"
+SHADOW_OOS_BF16_LOW_N = "shadow/oos_bf16_low_n"
+SHADOW_OOS_CLIPFRAC_NEG_LOW = "shadow/oos_clipfrac_neg_low"
+SHADOW_OOS_BF16_CLIPFRAC_NEG_LOW = "shadow/oos_bf16_clipfrac_neg_low"
+# the same by 2-fold cross-fitting, for a mode whose bounds rule only the tokens they come from
+# (same_batch): each half's tokens against the bounds the mode's estimator gives on the other half
+SHADOW_XFIT_N_NEG = "shadow/xfit_n_neg"
+SHADOW_XFIT_FP8_LOW_N = "shadow/xfit_fp8_low_n"
+SHADOW_XFIT_BF16_LOW_N = "shadow/xfit_bf16_low_n"
+# cosine between the policy-loss gradient as trained (FP8 ratios, the arm's bounds) and the one with
+# BF16 shadow ratios and the vanilla bounds through the BF16 model, same weights and tokens
+SHADOW_GRAD_COS = "shadow/grad_cos"
 
 # --- rollout ----------------------------------------------------------------------------
 ROLLOUT_MISMATCH_KL = "rollout/mismatch_kl"
@@ -104,6 +124,19 @@ AGREEMENT_METRICS: tuple[str, ...] = (
     SHADOW_HIGH_PRECISION,
 )
 
+#: Held-out calibration error and the gradient's agreement (diagnostic steps; ``shadow/*``).
+HELDOUT_METRICS: tuple[str, ...] = (
+    SHADOW_OOS_N_NEG,
+    SHADOW_OOS_FP8_LOW_N,
+    SHADOW_OOS_BF16_LOW_N,
+    SHADOW_OOS_CLIPFRAC_NEG_LOW,
+    SHADOW_OOS_BF16_CLIPFRAC_NEG_LOW,
+    SHADOW_XFIT_N_NEG,
+    SHADOW_XFIT_FP8_LOW_N,
+    SHADOW_XFIT_BF16_LOW_N,
+    SHADOW_GRAD_COS,
+)
+
 #: Every per-step metric name, in the order of docs/design.md's table (``step`` excluded).
 TRAIN_METRICS: tuple[str, ...] = (
     ACTOR_ENTROPY,
@@ -118,12 +151,15 @@ TRAIN_METRICS: tuple[str, ...] = (
     ACTOR_RATIO_NEG_Q01,
     ACTOR_RATIO_NEG_Q50,
     ACTOR_RATIO_NEG_Q99,
+    ACTOR_N_NEG,
+    ACTOR_N_NEG_LOW,
     CLIP_LOW,
     CLIP_HIGH,
     CLIP_ALPHA,
     SHADOW_CLIPFRAC_NEG_LOW,
     SHADOW_RATIO_NEG_Q01,
     *AGREEMENT_METRICS,
+    *HELDOUT_METRICS,
     ROLLOUT_MISMATCH_KL,
     ROLLOUT_IS_CLIPFRAC,
     ROLLOUT_REWARD_MEAN,
@@ -145,6 +181,7 @@ SPARSE_METRICS: tuple[str, ...] = (
     SHADOW_CLIPFRAC_NEG_LOW,
     SHADOW_RATIO_NEG_Q01,
     *AGREEMENT_METRICS,
+    *HELDOUT_METRICS,
     DAPO_KEPT_GROUP_FRAC,
     PERF_SHADOW_S,
 )

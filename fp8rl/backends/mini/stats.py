@@ -37,12 +37,13 @@ class UpdateStats:
         self.skipped += res["skipped"]
 
     def result(self) -> dict:
-        from fp8rl.rl.diagnostics import fractions_from_counts, ratio_quantiles
+        from fp8rl.rl.diagnostics import fractions_from_counts, neg_counts, ratio_quantiles
 
         if not self.items:
             return {}
         counts = {k: sum(r["counts"][k] for r in self.items) for k in self.items[0]["counts"]}
         out = {k: to_float(v) for k, v in fractions_from_counts(counts).items()}
+        out.update({k: to_float(v) for k, v in neg_counts(counts).items()})
         t = max(r["ratio"].shape[1] for r in self.items)
 
         def cat(key: str) -> torch.Tensor:

@@ -23,6 +23,8 @@ summed over the step's mini-batches). Metrics (names as in docs/design.md):
   the summed ``clip_counts``, each micro-batch counted against the bounds in force for it;
   NaN when the whole step has no token of that advantage sign. ``actor/clipfrac`` is left to
   upstream's ``ppo_clip_ratio`` (token-weighted, hence exact; ingested as ``actor/clipfrac``).
+- ``actor/n_neg``, ``actor/n_neg_low``: the summed A<0 count and its part below the lower bound
+  (``fractions_from_counts``' denominator and numerator, global over ranks).
 - ``actor/ratio_neg_q01|q50|q99``: quantiles over the A<0 ratios of the whole step (all ranks).
 - ``rollout/mismatch_kl``: the k3 estimate summed over tokens / number of tokens (TIS arms).
 - ``perf/shadow_s``: seconds in BF16 shadow forwards (calibration steps).
@@ -76,7 +78,7 @@ class StepMetrics:
                  all_gather: Callable[[torch.Tensor], list[torch.Tensor]] | None = None) -> dict[str, float]:
         """The step's metrics over all ranks (``None`` collectives: this rank only). Every rank must
         call it (collectives inside), also a rank that saw no micro-batch."""
-        from fp8rl.rl.diagnostics import fractions_from_counts, ratio_quantiles
+        from fp8rl.rl.diagnostics import fractions_from_counts, neg_counts, ratio_quantiles
 
         device = self._device()
         has_mismatch = torch.tensor([0.0 if self.mismatch_sum is None else 1.0], dtype=torch.float64,
@@ -92,6 +94,7 @@ class StepMetrics:
             vec = all_reduce_sum(vec)
         counts = {k: vec[i] for i, k in enumerate(COUNT_KEYS)}
         out = {k: float(v) for k, v in fractions_from_counts(counts).items() if k != "actor/clipfrac"}
+        out.update({k: float(v) for k, v in neg_counts(counts).items()})
         neg = torch.cat(self.neg_ratios) if self.neg_ratios else torch.zeros(0, device=device)
         if all_gather is not None:
             neg = torch.cat(all_gather(neg.to(device).contiguous()))
