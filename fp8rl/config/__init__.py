@@ -28,11 +28,17 @@ from fp8rl.config.algorithm import ALGORITHMS, AlgorithmConfig
 from fp8rl.config.clip import ClipConfig
 from fp8rl.config.fp8 import COMPUTE_DTYPES, Fp8Config, torch_dtype
 from fp8rl.config.model import MODEL_SLOTS, ModelConfig
-from fp8rl.config.run import IDENTITY_EXCLUDE, MAX_SEED, LoggingConfig, RunConfig
+from fp8rl.config.run import (
+    IDENTITY_EXCLUDE,
+    IDENTITY_LATE_DEFAULTS,
+    MAX_SEED,
+    LoggingConfig,
+    RunConfig,
+)
 from fp8rl.config.validation import _check_registry, _require
 
 __all__ = [
-    "ALGORITHMS", "COMPUTE_DTYPES", "IDENTITY_EXCLUDE", "MAX_SEED", "MODEL_SLOTS",
+    "ALGORITHMS", "COMPUTE_DTYPES", "IDENTITY_EXCLUDE", "IDENTITY_LATE_DEFAULTS", "MAX_SEED", "MODEL_SLOTS",
     "AlgorithmConfig", "ClipConfig", "Fp8Config", "LoggingConfig", "ModelConfig", "RunConfig",
     "_check_registry", "_require", "torch_dtype",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fp8rl.config.validation import _check_registry, _require
-from fp8rl.rl.calibration.schedule import DEFAULT_CALIBRATION_MODE, PERIODIC_DEFAULTS
+from fp8rl.rl.calibration.schedule import DEFAULT_CALIBRATION_MODE, MODE_OPTION_DEFAULTS
 
 
 @dataclass
@@ -17,11 +17,14 @@ class ClipConfig:
             TIS) or ``calibrated`` (Calibrated Clipping + TIS); ``CLIP_ARMS`` maps the arm to
             (clip method, IS correction).
         tis_cap: TIS truncation C (paper: 2).
-        calibration_mode: when the calibrated arm measures and where its bounds apply
+        calibration_mode: when the calibrated arm measures and which tokens its bounds rule
             (``fp8rl.rl.calibration.CALIBRATION_MODES``: ``periodic``, ``pooled``,
-            ``same_batch``; default ``DEFAULT_CALIBRATION_MODE``, provisional).
+            ``same_batch``, ``sampled``; default ``DEFAULT_CALIBRATION_MODE``).
         period, ema, window, calibrate_at_start: ``periodic``'s options; setting one to a
             non-default value with another mode raises.
+        sample_fraction, sample_min, sample_max, sample_pool, sample_target: ``sampled``'s options
+            (``fp8rl.rl.calibration.CalibrationOptions``; ``sampling`` has the share rule);
+            setting one to a non-default value with another mode raises.
         upper_rule, init_bounds, reference, alpha, p_target, low_min, high_max: the other
             options of ``fp8rl.rl.calibration.CalibratedClipController`` (used by
             ``calibrated`` only; see that class). ``init_bounds`` default [0.6, 1.8] is the
@@ -38,8 +41,8 @@ class ClipConfig:
     arm: str = "vanilla"
     tis_cap: float = 2.0
     calibration_mode: str = DEFAULT_CALIBRATION_MODE
-    period: int = PERIODIC_DEFAULTS["period"]
-    ema: float = PERIODIC_DEFAULTS["ema"]
+    period: int = MODE_OPTION_DEFAULTS["period"]
+    ema: float = MODE_OPTION_DEFAULTS["ema"]
     upper_rule: str = "contribution"
     init_bounds: list[float] = field(default_factory=lambda: [0.6, 1.8])
     reference: str = "shadow"
@@ -47,31 +50,29 @@ class ClipConfig:
     p_target: float | None = None
     low_min: float = 0.05
     high_max: float = 2.0
-    calibrate_at_start: bool = PERIODIC_DEFAULTS["calibrate_at_start"]
-    window: int = PERIODIC_DEFAULTS["window"]
+    calibrate_at_start: bool = MODE_OPTION_DEFAULTS["calibrate_at_start"]
+    window: int = MODE_OPTION_DEFAULTS["window"]
     shadow_diagnostics: bool = False
     lower_estimator: str | None = None
+    sample_fraction: float | None = MODE_OPTION_DEFAULTS["sample_fraction"]
+    sample_min: float = MODE_OPTION_DEFAULTS["sample_min"]
+    sample_max: float = MODE_OPTION_DEFAULTS["sample_max"]
+    sample_pool: int = MODE_OPTION_DEFAULTS["sample_pool"]
+    sample_target: float = MODE_OPTION_DEFAULTS["sample_target"]
 
     def __post_init__(self) -> None:
         _check_registry("fp8rl.rl.clipping", "CLIP_ARMS", self.arm, "clip.arm")
         _check_registry("fp8rl.rl.calibration", "CALIBRATION_MODES", self.calibration_mode, "clip.calibration_mode")
         _check_registry("fp8rl.rl.calibration", "UPPER_RULES", self.upper_rule, "clip.upper_rule")
-        _require(self.tis_cap > 0, f"clip.tis_cap must be > 0 (inf = no truncation), got {self.tis_cap}")
-        _require(self.period >= 1, f"clip.period must be >= 1, got {self.period}")
-        _require(self.window >= 1, f"clip.window must be >= 1 (calibrations pooled; 1 = none), got {self.window}")
-        _require(0 <= self.ema < 1, f"clip.ema is the weight of the previous bound and must be in [0, 1) "
-                 f"(0 = no smoothing), got {self.ema}")
         if self.lower_estimator is not None:
             _check_registry("fp8rl.rl.calibration", "LOWER_ESTIMATORS", self.lower_estimator, "clip.lower_estimator")
+        _require(self.tis_cap > 0, f"clip.tis_cap must be > 0 (inf = no truncation), got {self.tis_cap}")
         _require(isinstance(self.shadow_diagnostics, bool),
                  f"clip.shadow_diagnostics must be true or false, got {self.shadow_diagnostics!r}")
-        from fp8rl.rl.calibration import check_periodic_options
-
-        check_periodic_options(self.calibration_mode, "clip.", period=self.period, ema=self.ema,
-                               window=self.window, calibrate_at_start=self.calibrate_at_start)
         b = list(self.init_bounds)
         _require(len(b) == 2 and 0 < b[0] < 1 < b[1],
                  f"clip.init_bounds must be [low, high] with 0 < low < 1 < high, got {b}")
+        self.calibration_options()  # every calibration option, checked once (CalibrationOptions)
 
     @property
     def method(self) -> str:
@@ -87,17 +88,31 @@ class ClipConfig:
 
         return CLIP_ARMS[self.arm].is_correction
 
-    def clipper_options(self) -> dict:
-        """Constructor options of the arm's clip method (empty for ``vanilla``)."""
+    def calibration_options(self):
+        """The calibration options as one validated ``fp8rl.rl.calibration.CalibrationOptions``
+        (built for every arm: the config carries them either way; errors name ``clip.<key>``)."""
+        from fp8rl.rl.calibration import CalibrationOptions
+
+        try:
+            return CalibrationOptions.from_dict({
+                "mode": self.calibration_mode, "period": self.period, "ema": self.ema,
+                "upper_rule": self.upper_rule, "init_bounds": tuple(self.init_bounds), "reference": self.reference,
+                "alpha": self.alpha, "p_target": self.p_target, "low_min": self.low_min, "high_max": self.high_max,
+                "calibrate_at_start": self.calibrate_at_start, "window": self.window,
+                "lower_estimator": self.lower_estimator, "sample_fraction": self.sample_fraction,
+                "sample_min": self.sample_min, "sample_max": self.sample_max, "sample_pool": self.sample_pool,
+                "sample_target": self.sample_target}, prefix="clip.")
+        except (TypeError, ValueError) as e:
+            if str(e).startswith("clip."):
+                raise
+            raise type(e)(f"clip options: {e}") from e
+
+    def clipper_options(self, seed: int = 0) -> dict:
+        """Constructor options of the arm's clip method (``make_clipper``): for ``calibrated`` the
+        ``CalibrationOptions`` and the run's ``seed`` (``sampled``'s draw); empty for ``vanilla``."""
         if self.method != "calibrated":
             return {}
-        return {
-            "mode": self.calibration_mode, "period": self.period, "ema": self.ema, "upper_rule": self.upper_rule,
-            "init_bounds": tuple(self.init_bounds), "reference": self.reference,
-            "alpha": self.alpha, "p_target": self.p_target, "low_min": self.low_min,
-            "high_max": self.high_max, "calibrate_at_start": self.calibrate_at_start,
-            "window": self.window, "lower_estimator": self.lower_estimator,
-        }
+        return {"options": self.calibration_options(), "seed": int(seed)}
 
     def correction_params(self) -> dict:
         """Parameters of the arm's IS correction (``{"cap": tis_cap}`` for tis)."""

@@ -168,3 +168,14 @@ class RunConfig:
 #: Config keys left out of the run-identity hash besides ``fp8rl.runs.identity.DEFAULT_EXCLUDE``:
 #: where outputs go and how often checkpoints are written do not change what a run computes.
 IDENTITY_EXCLUDE: tuple[str, ...] = ("output_dir", "run_dir", "checkpoint_every", "mini.cache_dir")
+
+#: Options added after published runs were made, with their defaults: at the default they are
+#: left out of the run-identity hash and of a resume's config comparison
+#: (``fp8rl.runs.identity.drop_defaults``), so those runs keep their directories.
+IDENTITY_LATE_DEFAULTS: dict[str, object] = {
+    "clip.sample_fraction": None,
+    "clip.sample_min": 1.0 / 64,
+    "clip.sample_max": 0.125,
+    "clip.sample_pool": 8,
+    "clip.sample_target": 5.0,
+}

@@ -9,12 +9,14 @@ a clip method is the small stateful object that supplies them (docs/design.md, "
   Clipping"): ``fp8rl.rl.calibration.CalibratedClipController``, which recalibrates the
   bounds against BF16 shadow ratios every ``period`` steps.
 
-Every clip method has the same interface (``ClipMethod``), so the trainer loop reads
+Every clip method has the same interface (``ClipMethod``), so the trainer loop reads the same
+for all of them: the step's plan (``fp8rl.rl.calibration.plan``) says which sequences get a BF16
+shadow, which bounds rule which tokens, and collects the step's metrics:
 
     clipper = make_clipper(cfg.clip_method, eps_low, eps_high, **cfg.clip_options)
-    if clipper.needs_shadow(step): shadow = bf16_ratios(...)
-    if clipper.is_calibration_step(step): clipper.update(step, ratio=..., shadow_ratio=..., ...)
-    low, high = clipper.bounds(step).as_tuple()
+    plan = clipper.begin_step(step, eligible=seq_has_nonzero_adv, diagnostics=...)
+    for rows in windows: w = plan.window(rows); ... w.calibrate(...) ... w.observe(...)
+    metrics = plan.finish()
 
 The paper's sweep axis ``clip`` has three arms, each a pair of independent choices (clip
 method x train/rollout IS correction, ``fp8rl.rl.correction.IS_CORRECTIONS``), registered
@@ -37,7 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from fp8rl.registry import Registry
-from fp8rl.rl.calibration import Bounds, CalibratedClipController
+from fp8rl.rl.calibration import Bounds, CalibratedClipController, StepPlan
 from fp8rl.rl.correction import IS_CORRECTIONS
 
 __all__ = ["CLIP_ARMS", "CLIP_METHODS", "ClipArm", "ClipMethod", "VanillaClip", "make_clipper"]
@@ -48,6 +50,9 @@ class ClipMethod(Protocol):
     """What the trainer needs from a clip method (see the module docstring for the loop)."""
 
     def needs_shadow(self, step: int) -> bool: ...
+
+    def begin_step(self, step: int, *, eligible: torch.Tensor, diagnostics: bool = False,
+                   rank: int = 0) -> StepPlan: ...
 
     def is_calibration_step(self, step: int) -> bool: ...
 
@@ -97,6 +102,16 @@ class VanillaClip:
     def bounds(self, step: int) -> Bounds:
         return self._bounds
 
+    def begin_step(self, step: int, *, eligible: torch.Tensor, diagnostics: bool = False, rank: int = 0) -> StepPlan:
+        """A plan that measures nothing; with ``diagnostics`` every sequence gets a BF16 shadow
+        (the agreement and out-of-sample counts of the vanilla bounds; training unchanged)."""
+        if not isinstance(eligible, torch.Tensor) or eligible.dim() != 1:
+            raise ValueError("eligible must be a 1-D tensor: one flag per sequence of the step")
+        none = torch.zeros(eligible.numel(), dtype=torch.bool, device=eligible.device)
+        return StepPlan(self, step, n=eligible.numel(), measured=none,
+                        shadowed=torch.ones_like(none) if diagnostics else none, calibrates=False,
+                        eligible=eligible if eligible.dtype == torch.bool else eligible != 0)
+
     def update(
         self,
         step: int,
@@ -131,7 +146,8 @@ CLIP_METHODS.add("calibrated", CalibratedClipController)
 def make_clipper(method: str, eps_low: float, eps_high: float, **options: Any) -> ClipMethod:
     """Build a clip method by registry name; ``options`` go to its constructor.
 
-    ``make_clipper("calibrated", 0.2, 0.28, period=20, init_bounds=(0.6, 1.8))``.
+    ``make_clipper("calibrated", 0.2, 0.28, mode="periodic", period=20, init_bounds=(0.6, 1.8))``, or
+    ``make_clipper("calibrated", 0.2, 0.28, options=CalibrationOptions(...), seed=run_seed)``.
     Unknown names raise listing the valid ones; options the method does not take raise.
     """
     cls = CLIP_METHODS[method]

@@ -139,6 +139,23 @@ def _drop(cfg: dict, dotted: str) -> None:
         node.pop(parts[-1], None)
 
 
+def drop_defaults(config: Mapping, defaults: Mapping[str, object]) -> dict:
+    """A copy of ``config`` without the dotted keys of ``defaults`` whose value equals the default.
+
+    For options added after runs were made: a key at its default is left out of the hash (and of
+    a resume's config comparison), so a run made before the key existed keeps its identity; any
+    other value is part of it. Keys absent from ``config`` are ignored."""
+    out = copy.deepcopy(dict(config))
+    for dotted, default in defaults.items():
+        node: object = out
+        parts = dotted.split(".")
+        for p in parts[:-1]:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and parts[-1] in node and node[parts[-1]] == default:
+            del node[parts[-1]]
+    return out
+
+
 def canonical_json(config: Mapping, exclude: Iterable[str] = DEFAULT_EXCLUDE) -> str:
     """The exact string that :func:`config_hash` hashes (handy for debugging a hash change)."""
     if not isinstance(config, Mapping):

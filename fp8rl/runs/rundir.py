@@ -171,14 +171,17 @@ class RunDir:
         return self.path / CHECKPOINT_DIR
 
     # config
-    def init(self, config: Mapping, overrides: Iterable[str] = (), *, may_differ: Iterable[str] = ()) -> RunDir:
+    def init(self, config: Mapping, overrides: Iterable[str] = (), *, may_differ: Iterable[str] = (),
+             late_defaults: Mapping[str, object] | None = None) -> RunDir:
         """Create the directory and write ``config.yaml`` and ``overrides.txt``.
 
         If ``config.yaml`` exists and holds the same config (compared after a YAML round trip),
         this is a resume and nothing is rewritten; if it holds a different one,
         :class:`RunDirConflict` is raised naming the first differing keys. ``may_differ``: dotted
         keys that are not part of what runs (they may change on a resume; see
-        :attr:`resume_changes`).
+        :attr:`resume_changes`). ``late_defaults``: options added after runs were made; at their
+        default they are left out of the comparison (``identity.drop_defaults``), so a run
+        written before they existed resumes.
         """
         if not isinstance(config, Mapping):
             raise TypeError(f"config must be a mapping, got {type(config).__name__}")
@@ -191,6 +194,10 @@ class RunDir:
             may_differ = tuple(may_differ)
             new_full = yaml.safe_load(text)
             self.resume_changes = changed_values(existing, new_full, may_differ)
+            if late_defaults:
+                from fp8rl.runs.identity import drop_defaults
+
+                existing, new_full = drop_defaults(existing, late_defaults), drop_defaults(new_full, late_defaults)
             existing, new = _what_runs(existing, may_differ), _what_runs(new_full, may_differ)
             if existing != new:
                 diffs = _diff_keys(existing, new)

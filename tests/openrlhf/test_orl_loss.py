@@ -140,33 +140,42 @@ def test_mismatch_kl_is_a_token_weighted_sum(upstream_loss):
 
 
 def test_calibrated_bounds_move_the_loss(upstream_loss):
-    """A measured forward hands the loss's FP8 ratio and the BF16 shadow to the step's tokens; the
-    update after the step widens the bound, which the next step's loss uses (periodic / pooled);
-    ``batch_bounds`` (same_batch) overrides the controller's bounds in the loss."""
-    from fp8rl.backends.openrlhf.plugin.calibration import StepTokens, global_update
-    from fp8rl.rl.calibration import Bounds
+    """The loss clips with its window's bounds: the ones in force until the window calibrates, the
+    window's own after; while the window's sink is open a measured micro-batch hands its FP8 ratio
+    and BF16 shadow to it, and its shadowed rows are counted against the bounds it used. Outside a
+    window the controller's bounds rule; plan rows without a window are a binding bug."""
+    from fp8rl.backends.openrlhf.plugin.calibration import Pending, StepTokens
 
-    spec = PluginSpec(clip_method="calibrated", clip_options={"mode": "pooled", "init_bounds": [0.8, 1.2]},
+    spec = PluginSpec(clip_method="calibrated", clip_options={"mode": "sampled", "init_bounds": [0.8, 1.2],
+                                                              "sample_fraction": 1.0},
                       eps_low=0.2, eps_high=0.2)
     cls = make_policy_loss_class(upstream_loss.PolicyLoss, spec)
     loss = cls(clip_eps_low=0.2, clip_eps_high=0.2)
     lp, old, _, adv, mask = random_batch(1)
+    rows = torch.arange(lp.shape[0])
     ratio = torch.exp((lp.detach() - old).clamp(-20, 20))
-    with pytest.raises(RuntimeError, match="not measured"):  # a shadow without a token sink is a binding bug
-        loss.pending_shadow = ratio
-        loss(lp, old, adv, mask)
-    loss.step_tokens = StepTokens()
-    loss.pending_shadow = ratio ** 0.25  # a BF16 shadow that strays far less than the FP8 ratio
+    plain = loss(lp, old, adv, mask)[0].detach()  # no window: the controller's bounds (0.8, 1.2)
+    plan = loss.clipper.begin_step(0, eligible=torch.ones_like(rows, dtype=torch.bool))
+    w = plan.window(rows)
+    assert bool(w.measured.all()) and bool(w.first.all())
+    loss.window, loss.sink = w, StepTokens(shadow=True)
+    loss.pending = Pending(rows, w.measured, w.shadowed, ratio ** 0.25)  # a shadow that strays far less
     first = loss(lp, old, adv, mask)[0].detach()
-    assert loss.step_tokens.micro_batches == 1 and loss.pending_shadow is None
-    torch.testing.assert_close(loss.step_tokens.local()["ratio"], ratio[mask.bool() & (adv != 0)])
-    low, _high = global_update(loss.clipper, 0, loss.step_tokens.local(), None).as_tuple()
-    assert low < 0.8  # FP8 ratios are noisier: the lower bound widens
-    assert "clip/alpha" in loss.clipper.metrics(0)
-    loss.step_tokens, loss.step = None, 1
-    assert float(loss(lp, old, adv, mask)[0].detach()) != pytest.approx(float(first))  # the next step uses it
-    loss.batch_bounds = Bounds(0.8, 1.2)
-    assert float(loss(lp, old, adv, mask)[0].detach()) == pytest.approx(float(first))
+    assert float(first) == pytest.approx(float(plain))  # the bounds in force before the calibration
+    assert loss.sink.micro_batches == 1 and loss.pending is None
+    torch.testing.assert_close(loss.sink.local()["ratio"], ratio[mask.bool() & (adv != 0)])
+    got = loss.sink.local()
+    after = w.calibrate(got["ratio"], got["shadow"], got["adv"], torch.ones_like(got["ratio"], dtype=torch.bool),
+                        seq=got["seq"])
+    loss.sink = None
+    assert after.low < 0.8  # FP8 ratios are noisier: the lower bound widens
+    assert float(loss(lp, old, adv, mask)[0].detach()) != pytest.approx(float(first))  # the window's own now
+    metrics = plan.finish()
+    assert metrics["shadow/oos_n_neg"] == float((mask.bool() & (adv < 0)).sum())  # counted with the bounds used
+    loss.window = None
+    loss.pending = Pending(rows, w.measured, w.shadowed, None)
+    with pytest.raises(RuntimeError, match="no window"):
+        loss(lp, old, adv, mask)
 
 
 def test_correction_mapping_and_bad_input():

@@ -216,7 +216,8 @@ def _flow(monkeypatch, mode, n=8, t=64, gas=2, steps=2):
 
     ppo_actor, _ = load_ppo_actor(monkeypatch)
     opts = {"mode": mode, "init_bounds": [0.8, 1.28], "upper_rule": "proportional",
-            **({"period": 2, "ema": 0.0} if mode == "periodic" else {})}
+            **({"period": 2, "ema": 0.0} if mode == "periodic" else {}),
+            **({"sample_fraction": 0.25} if mode == "sampled" else {})}
     spec = PluginSpec(clip_method="calibrated", clip_options=opts, eps_low=0.2, eps_high=0.28)
     actor = _FakeActor(n, t)
 
@@ -235,7 +236,7 @@ def _flow(monkeypatch, mode, n=8, t=64, gas=2, steps=2):
     mask = torch.arange(t)[None, :] < torch.randint(t // 2, t + 1, (n,), generator=g)[:, None]
 
     def item(i):
-        return types.SimpleNamespace(idx=i, action_mask=mask[i], info={})
+        return types.SimpleNamespace(idx=i, action_mask=mask[i], advantages=adv[i], info={})
 
     def collate(chunk):
         idx = torch.tensor([c.idx for c in chunk])
@@ -250,8 +251,9 @@ def _flow(monkeypatch, mode, n=8, t=64, gas=2, steps=2):
         loss = self.actor_loss_fn
         out = loss(lp, experience.action_log_probs, experience.advantages, experience.action_mask,
                    **loss_batch_info)
+        w = loss.window
         forwards.append({"step": loss.step, "k": self.actor.k, "idx": experience.sequences.tolist(),
-                         "bounds": (loss.batch_bounds or loss.clipper.bounds(loss.step)).as_tuple()})
+                         "bounds": (w.bounds() if w is not None else loss.clipper.bounds(loss.step)).as_tuple()})
         if step % gas == gas - 1:
             self.actor.k += 1
         return out
@@ -277,16 +279,21 @@ def _flow(monkeypatch, mode, n=8, t=64, gas=2, steps=2):
     trainer.replay_buffer.collate_fn = collate
     ctl = trainer.actor_loss_fn.clipper
     assert ctl.mode == mode  # spec -> the loss's controller
-    calls = {"update": [], "update_batch": []}
-    for name in calls:
-        orig = getattr(ctl, name)
+    calls = {"update": [], "update_batch": []}  # the plan's pooled update (step-level) and window calibrations
 
-        def record(step, _orig=orig, _name=name, **kw):
-            out = _orig(step, **kw)
-            calls[_name].append({"step": step, "bounds": out.as_tuple(), "n_calls": len(forwards), **kw})
-            return out
+    def record_step(step, parts, _orig=ctl._update_step):
+        out = _orig(step, parts)
+        calls["update"].append({"step": step, "bounds": out.as_tuple(), "n_calls": len(forwards),
+                                "ratio": torch.cat([p[0] for p in parts]), "shadow_ratio": torch.cat([p[1] for p in parts])})
+        return out
 
-        setattr(ctl, name, record)
+    def record_window(step, tokens, _orig=ctl._calibrate_window, **kw):
+        out = _orig(step, tokens, **kw)
+        calls["update_batch"].append({"step": step, "bounds": out.as_tuple(), "n_calls": len(forwards),
+                                      "ratio": tokens[0], "shadow_ratio": tokens[1], "seq": kw.get("seq")})
+        return out
+
+    ctl._update_step, ctl._calibrate_window = record_step, record_window
     statuses = []
     for _ in range(steps):
         actor.k = 0
@@ -358,6 +365,43 @@ def test_pooling_modes_measure_every_micro_batch_and_rule_from_the_next_step(mon
         in_force = up["bounds"]
     shadow_calls = [c for c in actor.calls if c[0] == "bf16"]
     assert len(shadow_calls) == 2 * 8 * len(steps)  # old log-probs + every micro-batch, calibration steps only
+
+
+def test_sampled_measures_its_subset_first_and_rules_the_rest(monkeypatch):
+    """``sampled`` through the binding: each step a seeded subset of the samples (share 1/4) gets
+    the BF16 shadow (old and current log-probs of those samples only); in every optimizer-step
+    window the micro-batches holding subset samples run first, under the bounds in force, their
+    losses' FP8 ratios and the shadow's ratios feed the window's calibration, and the window's
+    other micro-batches run under its result (out of sample)."""
+    spec, actor, adv, mask, old, forwards, calls, statuses = _flow(monkeypatch, "sampled", steps=2)
+    assert not calls["update"] and len(calls["update_batch"]) == 2 * 4  # one calibration per window
+    reference = spec.make_clipper()
+    in_force = (0.8, 1.28)
+    for step in range(2):
+        measured = reference.begin_step(step, eligible=torch.ones(8, dtype=torch.bool)).measured
+        assert int(measured.sum()) == 2  # the share: 1/4 of 8 samples
+        for w in range(4):
+            up = calls["update_batch"][4 * step + w]
+            window = forwards[8 * step + 2 * w: 8 * step + 2 * w + 2]
+            mine = [f for f in window if measured[f["idx"][0]]]
+            assert window[: len(mine)] == mine  # the subset's micro-batches run first
+            assert all(f["bounds"] == pytest.approx(in_force) for f in mine)  # under the bounds in force
+            assert up["n_calls"] == 8 * step + 2 * w + len(mine)  # calibrated right after them
+            assert all(f["bounds"] == pytest.approx(up["bounds"]) for f in window[len(mine):])
+            if mine:
+                fp8, bf16, _ = (torch.cat(x) for x in zip(*[_want(actor, adv, mask, old, f["idx"], f["k"])
+                                                            for f in mine], strict=True))
+                torch.testing.assert_close(up["ratio"], fp8)
+                torch.testing.assert_close(up["shadow_ratio"], bf16)
+            else:
+                assert up["ratio"].numel() == 0
+            in_force = up["bounds"]
+        assert statuses[step]["clip/sample_share"] == 0.25 and statuses[step]["clip/sample_seqs"] == 2
+        neg = sum(int((mask[i] & (adv[i] < 0)).sum()) for i in torch.nonzero(measured).flatten().tolist())
+        assert statuses[step]["shadow/oos_n_neg"] == neg  # every shadowed A<0 token is out of sample
+        assert "shadow/xfit_n_neg" not in statuses[step]
+    # the BF16 shadow ran on the subsets only: old and current log-probs of 2 samples per step
+    assert len([c for c in actor.calls if c[0] == "bf16"]) == 2 * 2 * 2
 
 
 def test_lazy_hook_binds_only_when_the_target_is_imported(monkeypatch, tmp_path):

@@ -49,7 +49,7 @@ def direct_counts(b: dict, applied: Bounds) -> torch.Tensor:
 
 
 def test_registry_and_default():
-    assert sorted(CALIBRATION_MODES) == ["periodic", "pooled", "same_batch"]
+    assert sorted(CALIBRATION_MODES) == ["periodic", "pooled", "same_batch", "sampled"]
     assert DEFAULT_CALIBRATION_MODE in CALIBRATION_MODES
     assert CalibratedClipController(EPS_LOW, EPS_HIGH).mode == DEFAULT_CALIBRATION_MODE
 

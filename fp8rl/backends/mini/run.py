@@ -27,17 +27,23 @@ import torch
 from fp8rl.backends.mini.config import MiniRunConfig
 from fp8rl.backends.mini.runtime import torch_settings
 from fp8rl.backends.mini.trainer import MiniTrainer, config_dict
-from fp8rl.config import IDENTITY_EXCLUDE
+from fp8rl.config import IDENTITY_EXCLUDE, IDENTITY_LATE_DEFAULTS
 
 
 def resolve_run_dir(cfg: MiniRunConfig) -> Path:
     """The run directory of ``cfg`` (``cfg.run_dir`` or derived from its identity)."""
-    from fp8rl.runs.identity import DEFAULT_EXCLUDE, config_hash, run_dir_name, run_name
+    from fp8rl.runs.identity import (
+        DEFAULT_EXCLUDE,
+        config_hash,
+        drop_defaults,
+        run_dir_name,
+        run_name,
+    )
 
     if cfg.run_dir:
         return Path(cfg.run_dir)
     name = run_name(cfg.algorithm.name, cfg.model.slot, cfg.fp8.name, cfg.clip.arm, cfg.seed)
-    h = config_hash(config_dict(cfg), exclude=(*DEFAULT_EXCLUDE, *IDENTITY_EXCLUDE))
+    h = config_hash(drop_defaults(config_dict(cfg), IDENTITY_LATE_DEFAULTS), exclude=(*DEFAULT_EXCLUDE, *IDENTITY_EXCLUDE))
     return Path(cfg.output_dir) / run_dir_name(name, h)
 
 
@@ -95,7 +101,7 @@ def run_mini(cfg: MiniRunConfig, overrides: Iterable[str] = (), *, progress: boo
     with own(rd.path):  # raises RunOwned while another live process runs it
         if rd.is_done():
             return {**(rd.summary() or {}), "run_dir": str(rd.path), "skipped": True}
-        rd.init(config_dict(cfg), overrides, may_differ=IDENTITY_EXCLUDE)
+        rd.init(config_dict(cfg), overrides, may_differ=IDENTITY_EXCLUDE, late_defaults=IDENTITY_LATE_DEFAULTS)
         device = torch.device(cfg.mini.device)
         desc = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}"
         extra = {"backend": "mini"}

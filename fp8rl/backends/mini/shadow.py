@@ -1,28 +1,31 @@
-"""The BF16 shadow of one mini trainer step: what is measured, which bounds each loss uses.
+"""The BF16 shadow of one mini trainer step, and the diagnostic gradient comparison.
 
 Calibrated Clipping needs FP8 and BF16 ratios of the *same* tokens (the paper's shadow is two
-extra BF16 forwards: old policy and current policy). On a measured step:
+extra BF16 forwards: old policy and current policy). The step's plan
+(``fp8rl.rl.calibration.plan``; the clip method's ``begin_step``) says which sequences get a
+shadow and which feed the estimate; this module computes what the plan asks for:
 
-1. the old log-probs are also computed under ``fp8_disabled`` (BF16 old log-probs, the first
-   shadow forward, on the weights theta_0 that sampled the batch, in the same micro-batches),
-   once per step;
-2. **every** mini-batch (the first included) is measured: before its update (weights
-   theta_j) its training forward gives the FP8 log-probs and one more no-grad forward under
-   ``fp8_disabled`` the BF16 current log-probs of the same tokens (the second shadow forward);
-3. by ``clip.calibration_mode`` (``fp8rl.rl.calibration.CALIBRATION_MODES``):
-   ``periodic`` / ``pooled``: after the step's updates the controller gets all measured tokens
-   pooled (``update``) and its bounds rule from the next step; ``same_batch``: each
-   mini-batch's bounds come from its own tokens (``update_batch``) and its own loss uses them.
+1. :func:`shadow_old_log_probs`: the BF16 old log-probs of the shadowed sequences, on the weights
+   theta_0 that sampled the batch (``fp8_disabled``), in rollout order in micro-batches of
+   ``logprob_micro_batch`` rows (when every row is shadowed: the very micro-batches of the FP8
+   old log-probs);
+2. :func:`shadow_ratio`: in each mini-batch, before its update (weights theta_j), the BF16
+   current log-probs of its shadowed rows (one no-grad forward of those rows with FP8 off) over
+   their BF16 old log-probs: the shadow ratio of the same tokens the loss's FP8 ratio is
+   computed on.
 
-``clip.shadow_diagnostics`` on a non-calibrated arm measures every step the same way and only
-counts which tokens the loss clips (vanilla bounds) against which BF16 would clip; training is
-unchanged. A trainer without FP8 layers (``bf16``, ``rollout_only``) computes BF16 already: its
-own ratios are the shadow, no extra forward runs (recall = precision = 1, logged for the table).
+A trainer without FP8 layers (``bf16``, ``rollout_only``) computes BF16 already: its own ratios
+are the shadow and no extra forward runs.
 
-Metrics: the agreement counts and rates (``shadow/*``; ``fp8rl.rl.calibration.agreement``) on
-measured steps; ``perf/shadow_s`` = the shadow forwards and the controller's work; with
-``same_batch`` ``clip/low`` / ``clip/high`` are the mean over the step's mini-batches of the
-bounds their losses used (``clip/low_min_batch`` / ``clip/high_max_batch`` the extremes).
+**The gradient as trained against BF16's** (``shadow/grad_cos``, :func:`reference_grad_cos`;
+``clip.shadow_diagnostics`` only): after a mini-batch's backward, the policy-loss gradient as
+trained (its FP8 forward, FP8 ratios, the arm's bounds, its IS weights) is set aside; the same
+loss is then computed through the BF16 model (``fp8_disabled``, with grad) with the BF16 shadow
+ratios (BF16 current over BF16 old log-probs), the **vanilla** bounds and the IS weights a BF16
+trainer would compute (its old log-probs against the engine's), on the same weights and tokens,
+and backpropagated; the cosine of the two gradients over every trainable parameter is logged and
+the trained gradient restored before clipping and the optimizer step (training is unchanged).
+One more forward and backward per mini-batch on diagnostic steps.
 """
 
 from __future__ import annotations
@@ -31,81 +34,83 @@ import time
 
 import torch
 
-from fp8rl.rl.calibration import AgreementTally, Bounds
-from fp8rl.runs import metrics as M
+from fp8rl.backends.mini.batch import token_logprobs
 
-__all__ = ["StepShadow"]
+__all__ = ["grad_cosine", "reference_grad_cos", "shadow_old_log_probs", "shadow_ratio"]
 
 
-class StepShadow:
-    """The shadow / calibration work of one step (controller step ``ctl_step``, from 0).
+@torch.no_grad()
+def shadow_old_log_probs(trainer, rb, rows: torch.Tensor) -> torch.Tensor:
+    """BF16 old log-probs ``[N, T]`` of the sequences ``rows`` (``[N]`` bool; zeros elsewhere)."""
+    from fp8rl.quant.convert import fp8_disabled
 
-    Attributes: ``measure`` (mini-batches get a shadow ratio), ``extra_forward`` (the shadow
-    needs its own BF16 forwards: the trainer has FP8 layers), ``calibrate`` (the controller
-    gets data this step), ``per_batch`` (``same_batch``).
-    """
+    out = torch.zeros_like(rb.rollout_log_probs)
+    idx = torch.nonzero(rows, as_tuple=False).flatten().to(trainer.device)
+    size = trainer.cfg.logprob_micro_batch
+    with fp8_disabled(trainer.policy):
+        for i in range(0, idx.numel(), size):
+            part = idx[i:i + size]
+            out[part] = token_logprobs(trainer.forward_logits(rb, part), rb.response_ids[part], trainer.cfg.temperature)
+    return out
 
-    def __init__(self, clipper, clip_cfg, ctl_step: int, *, has_fp8: bool) -> None:
-        calibrated = clip_cfg.method == "calibrated"
-        self.clipper, self.ctl_step = clipper, ctl_step
-        self.calibrate = calibrated and clipper.is_calibration_step(ctl_step)
-        self.per_batch = self.calibrate and clipper.per_batch
-        self.diagnostic = not calibrated and clip_cfg.shadow_diagnostics
-        self.measure = (self.calibrate and clipper.measures(ctl_step)) or self.diagnostic
-        self.extra_forward = self.measure and has_fp8
-        self.tally = AgreementTally()
-        self.measured: list[dict] = []
-        self.applied: list[Bounds] = []
-        self.shadow_s = 0.0
-        self.step_bounds = clipper.bounds(ctl_step)  # in force for the step (not same_batch)
 
-    def bounds_for(self, ratio: torch.Tensor, shadow_ratio: torch.Tensor | None, adv: torch.Tensor,
-                   mask: torch.Tensor) -> Bounds:
-        """The bounds of one mini-batch's loss, given its FP8 ratios ``[n, T]`` (before its
-        update) and, when measured, the BF16 shadow ratios of the same tokens; records what the
-        step's metrics and the controller need."""
-        t0 = time.perf_counter()
-        if self.per_batch:
-            b = self.clipper.update_batch(self.ctl_step, ratio=ratio, shadow_ratio=shadow_ratio, advantages=adv,
-                                          mask=mask)
-        else:
-            b = self.step_bounds
-            if self.calibrate:
-                self.measured.append({"ratio": ratio, "shadow_ratio": shadow_ratio, "advantages": adv, "mask": mask})
-            if self.diagnostic:
-                vanilla = Bounds.vanilla(self.clipper.eps_low, self.clipper.eps_high)
-                self.tally.add(self.ctl_step, ratio, shadow_ratio, adv, mask, applied=b, vanilla=vanilla)
-        self.applied.append(b)
-        if self.measure or self.calibrate:
-            self.shadow_s += time.perf_counter() - t0
-        return b
+@torch.no_grad()
+def shadow_ratio(trainer, rb, idx: torch.Tensor, shadow_old: torch.Tensor) -> torch.Tensor:
+    """BF16 shadow ratio ``[n, T]`` of rows ``idx`` on the current weights (FP8 off)."""
+    from fp8rl.quant.convert import fp8_disabled
+    from fp8rl.rl.policy_loss import LOG_RATIO_CLAMP
 
-    def finish(self) -> dict:
-        """After the step's updates: the pooled controller update (``periodic``/``pooled``) and
-        the step's clip / shadow metrics."""
-        from fp8rl.backends.mini.stats import pooled_calibration
+    with fp8_disabled(trainer.policy):
+        logp = token_logprobs(trainer.forward_logits(rb, idx), rb.response_ids[idx], trainer.cfg.temperature)
+    return torch.exp((logp - shadow_old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
-        t0 = time.perf_counter()
-        out: dict = {}
-        ctl, step = self.clipper, self.ctl_step
-        if self.per_batch:
-            lows = [b.low for b in self.applied]
-            highs = [b.high for b in self.applied]
-            out.update({M.CLIP_LOW: sum(lows) / len(lows), M.CLIP_HIGH: sum(highs) / len(highs),
-                        "clip/low_min_batch": min(lows), "clip/high_max_batch": max(highs)})
-        else:
-            out.update({M.CLIP_LOW: self.step_bounds.low, M.CLIP_HIGH: self.step_bounds.high})
-        if self.calibrate:
-            if not self.per_batch:
-                new = ctl.update(step, **pooled_calibration(self.measured, self.measure))
-                out.update({"clip/low_next": new.low, "clip/high_next": new.high})
-            out.update({k: v for k, v in ctl.metrics(step).items() if k not in (M.CLIP_LOW, M.CLIP_HIGH)})
-        elif hasattr(ctl, "mode"):  # calibrated, not measured this step: the running counters
-            out.update({k: v for k, v in ctl.metrics().items()
-                        if k in ("clip/calibrations", "clip/degenerate_updates", M.CLIP_ALPHA)})
-        out.update(self.tally.metrics(step))
-        if self.measure or self.calibrate:
-            self.shadow_s += time.perf_counter() - t0
-        if self.measure:
-            out[M.PERF_SHADOW_S] = self.shadow_s
-        return out
+
+def _grads(params: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    return [None if p.grad is None else p.grad.detach().clone() for p in params]
+
+
+def grad_cosine(a: list[torch.Tensor | None], b: list[torch.Tensor | None]) -> float:
+    """Cosine of two gradients given per parameter (None = zero; float64 accumulation; NaN if
+    either is zero)."""
+    dot = na = nb = 0.0
+    for x, y in zip(a, b, strict=True):
+        if x is not None:
+            na += float((x.double() ** 2).sum())
+        if y is not None:
+            nb += float((y.double() ** 2).sum())
+        if x is not None and y is not None:
+            dot += float((x.double() * y.double()).sum())
+    return dot / (na ** 0.5 * nb ** 0.5) if na > 0 and nb > 0 else float("nan")
+
+
+def reference_grad_cos(trainer, rb, idx: torch.Tensor, adv: torch.Tensor, shadow_old: torch.Tensor,
+                       ref_weights: torch.Tensor) -> tuple[float, float]:
+    """``(cosine, seconds)``: the gradient now in ``.grad`` (the loss as trained, just
+    backpropagated) against the BF16 reference gradient of the same rows (module docstring);
+    the trained gradient is back in ``.grad`` on return.
+
+    ``adv`` ``[n, T]``, ``shadow_old`` ``[n, T]`` BF16 old log-probs, ``ref_weights`` ``[n, T]``
+    the IS weights a BF16 trainer would apply (ones without IS correction)."""
+    from fp8rl.quant.convert import fp8_disabled
+    from fp8rl.rl.aggregation import aggregate
+    from fp8rl.rl.calibration import Bounds
+    from fp8rl.rl.policy_loss import ppo_token_loss
+
+    t0 = time.perf_counter()
+    cfg, a = trainer.cfg, trainer.cfg.algorithm
+    params = [p for p in trainer.policy.parameters() if p.requires_grad]
+    trained = _grads(params)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    vanilla = Bounds.vanilla(a.eps_low, a.eps_high)
+    mask = rb.response_mask[idx]
+    with fp8_disabled(trainer.policy):
+        logp = token_logprobs(trainer.forward_logits(rb, idx), rb.response_ids[idx], cfg.temperature)
+    loss_mat, _ = ppo_token_loss(logp, shadow_old, adv, mask, low=vanilla.low, high=vanilla.high,
+                                 dual_clip=a.dual_clip, metrics=False)
+    loss = aggregate(loss_mat * ref_weights, mask, a.loss_agg_mode, horizon=cfg.max_response_len)
+    loss.backward()
+    reference = _grads(params)
+    cos = grad_cosine(trained, reference)
+    for p, g in zip(params, trained, strict=True):
+        p.grad = g
+    return cos, time.perf_counter() - t0

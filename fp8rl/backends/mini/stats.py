@@ -1,7 +1,9 @@
 """Per-step bookkeeping of the mini trainer: mini-batch results -> the step's metrics,
-calibration input, optimizer groups, and the brief history rows the summary reads."""
+optimizer groups, and the brief history rows the summary reads."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -11,17 +13,6 @@ from fp8rl.runs import metrics as M
 
 def to_float(x: object) -> float:
     return float(x.detach().float()) if isinstance(x, torch.Tensor) else float(x)  # type: ignore[arg-type]
-
-
-def pooled_calibration(measured: list[dict], shadow: bool) -> dict:
-    """The measured mini-batches' tokens as one calibration input (flat, masked tokens only)."""
-    def cat(key: str) -> torch.Tensor:
-        return torch.cat([m[key][m["mask"].bool()] for m in measured])
-
-    out = {"ratio": cat("ratio"), "advantages": cat("advantages")}
-    out["mask"] = torch.ones_like(out["ratio"], dtype=torch.bool)
-    out["shadow_ratio"] = cat("shadow_ratio") if shadow else None
-    return out
 
 
 class UpdateStats:
@@ -58,6 +49,11 @@ class UpdateStats:
 
         out.update({M.ACTOR_PG_LOSS: mean("pg_loss"), M.ACTOR_GRAD_NORM: mean("grad_norm"),
                     M.ACTOR_PPO_KL: mean("ppo_kl")})
+        # diagnostic steps: the trained gradient against BF16's (shadow.reference_grad_cos); a
+        # mini-batch without gradient (every A = 0) has no direction and is left out
+        cos = [r["grad_cos"] for r in good if r.get("grad_cos") is not None and math.isfinite(r["grad_cos"])]
+        if cos:
+            out[M.SHADOW_GRAD_COS] = sum(cos) / len(cos)
         return out
 
 

@@ -132,7 +132,7 @@ class MiniTrainer(UpdateMixin):
         self.optimizer = torch.optim.AdamW(param_groups(self.policy, cfg), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                                            weight_decay=cfg.weight_decay, foreach=True)
         a = cfg.algorithm
-        self.clipper = make_clipper(cfg.clip.method, a.eps_low, a.eps_high, **cfg.clip.clipper_options())
+        self.clipper = make_clipper(cfg.clip.method, a.eps_low, a.eps_high, **cfg.clip.clipper_options(seed=cfg.seed))
         self.step = 0  # last completed step
         self.bad_steps = 0  # consecutive
         self.skipped_updates = 0  # total

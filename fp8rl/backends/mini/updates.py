@@ -13,7 +13,6 @@ import torch
 from fp8rl.backends.mini.batch import response_logits, token_logprobs
 from fp8rl.backends.mini.rollout import RolloutBatch
 from fp8rl.backends.mini.scored import ScoredBatch
-from fp8rl.backends.mini.shadow import StepShadow
 from fp8rl.backends.mini.stats import UpdateStats, to_float
 from fp8rl.runs import metrics as M
 
@@ -66,49 +65,70 @@ class UpdateMixin:
         return old, ({} if ent is None else {M.ACTOR_ENTROPY: to_float(masked_mean(ent, rb.response_mask))})
 
     def update(self, step: int, batch: ScoredBatch, gen: torch.Generator) -> dict:
-        """Advantages, old log-probs, IS weights, the mini-batch updates and, on a measured step,
-        the BF16 shadow and the controller's updates (``shadow.StepShadow``)."""
+        """Advantages, old log-probs, IS weights, the mini-batch updates, and the step's
+        calibration plan (``fp8rl.rl.calibration.plan``: which rows get a BF16 shadow, which feed
+        the estimate, which bounds rule which rows; ``shadow.py`` computes the shadow)."""
+        from fp8rl.backends.mini.shadow import shadow_old_log_probs
         from fp8rl.quant.convert import fp8_layers
         from fp8rl.rl.correction import is_weights
 
         cfg, rb = self.cfg, batch.rollout
         perm = torch.randperm(len(batch), generator=gen, device=gen.device).to(self.device)
         parts = [p for p in torch.tensor_split(perm, cfg.num_mini_batches) if p.numel() > 0]
-        sh = StepShadow(self.clipper, cfg.clip, step - 1, has_fp8=bool(fp8_layers(self.policy)))
         adv = self.advantages(batch)
+        eligible = ((adv != 0) & rb.response_mask.bool()).any(1)
+        plan = self.clipper.begin_step(step - 1, eligible=eligible, diagnostics=cfg.clip.shadow_diagnostics)
+        has_fp8 = bool(fp8_layers(self.policy))
         self.policy.train()
         old, out = self.old_log_probs(rb)
+        shadow_s = 0.0
         shadow_old = None
-        if sh.extra_forward:
+        if bool(plan.shadowed.any()):
             t0 = time.perf_counter()
-            shadow_old, _ = self.old_log_probs(rb, shadow=True)
-            sh.shadow_s += time.perf_counter() - t0
+            shadow_old = shadow_old_log_probs(self, rb, plan.shadowed) if has_fp8 else old
+            shadow_s += time.perf_counter() - t0
         weights, is_metrics = is_weights(old, rb.rollout_log_probs, rb.response_mask,
                                          cfg.clip.is_correction, **cfg.clip.correction_params())
         out.update({k: to_float(v) for k, v in is_metrics.items()})
+        ref_weights = None
+        if cfg.clip.shadow_diagnostics:  # the IS weights a BF16 trainer would apply (shadow/grad_cos)
+            ref_weights, _ = is_weights(shadow_old, rb.rollout_log_probs, rb.response_mask,
+                                        cfg.clip.is_correction, **cfg.clip.correction_params())
         acc = UpdateStats()
         for idx in parts:
-            res = self.minibatch_update(rb, idx, old[idx], adv[idx], weights[idx], sh,
-                                        None if shadow_old is None else shadow_old[idx])
+            res = self.minibatch_update(rb, idx, old[idx], adv[idx], weights[idx], plan.window(idx), has_fp8,
+                                        None if shadow_old is None else shadow_old[idx],
+                                        None if ref_weights is None else ref_weights[idx])
+            shadow_s += res.pop("shadow_s")
             acc.add(res)
         out.update(acc.result())
-        out.update(sh.finish())
+        t0 = time.perf_counter()
+        out.update(plan.finish())
+        shadow_s += time.perf_counter() - t0
+        if bool(plan.shadowed.any()) or plan.calibrates:
+            out[M.PERF_SHADOW_S] = shadow_s
         self.skipped_updates += acc.skipped
         out["train/skipped_updates"] = acc.skipped
         return out
 
     def minibatch_update(self, rb: RolloutBatch, idx: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
-                         weights: torch.Tensor, sh: StepShadow, shadow_old: torch.Tensor | None) -> dict:
-        """One AdamW step on mini-batch ``idx``; returns its counts and metrics.
+                         weights: torch.Tensor, win, has_fp8: bool, shadow_old: torch.Tensor | None,
+                         ref_weights: torch.Tensor | None) -> dict:
+        """One AdamW step on mini-batch ``idx`` (one window of the step's plan); returns its
+        counts and metrics.
 
-        Forward with grad -> FP8 ratio; when the step is measured, the shadow forward (no grad,
-        FP8 off, same weights) -> BF16 shadow ratio of the same tokens; ``sh.bounds_for`` -> the
-        bounds of this loss; loss; backward; step. ``old``/``adv``/``weights`` ``[n, T]``,
-        ``shadow_old`` the BF16 old log-probs ``[n, T]`` (None: no extra forward)."""
-        from fp8rl.quant.convert import fp8_disabled
+        Forward with grad -> FP8 ratio; the BF16 shadow ratio of the window's shadowed rows (one
+        no-grad forward of those rows with FP8 off; the trainer's own ratio without FP8 layers);
+        ``win.calibrate`` on the measured rows -> the bounds of the other rows (the measured rows
+        of a mode whose bounds do not rule their own tokens keep ``win.before``: their loss "ran
+        first"); loss; backward; on diagnostic steps the gradient against BF16's
+        (``shadow.reference_grad_cos``); step. ``old``/``adv``/``weights`` ``[n, T]``,
+        ``shadow_old`` the BF16 old log-probs ``[n, T]`` (None: no row is shadowed),
+        ``ref_weights`` the BF16 trainer's IS weights (diagnostics only)."""
+        from fp8rl.backends.mini.shadow import reference_grad_cos, shadow_ratio
         from fp8rl.rl.aggregation import aggregate
-        from fp8rl.rl.diagnostics import clip_counts, masked_mean
-        from fp8rl.rl.policy_loss import LOG_RATIO_CLAMP, ppo_token_loss
+        from fp8rl.rl.diagnostics import masked_mean
+        from fp8rl.rl.policy_loss import LOG_RATIO_CLAMP
 
         cfg, a = self.cfg, self.cfg.algorithm
         mask = rb.response_mask[idx]
@@ -116,31 +136,49 @@ class UpdateMixin:
         logp = token_logprobs(logits, rb.response_ids[idx], cfg.temperature)
         log_ratio = logp.detach() - old
         ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        shadow_ratio = None
-        if sh.measure:
-            shadow_ratio = ratio  # no FP8 layers: the trainer's own ratio is the BF16 one
-            if sh.extra_forward:
-                t0 = time.perf_counter()
-                with torch.no_grad(), fp8_disabled(self.policy):
-                    shadow_logp = token_logprobs(self.forward_logits(rb, idx), rb.response_ids[idx],
-                                                 cfg.temperature)
-                shadow_ratio = torch.exp((shadow_logp - shadow_old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-                sh.shadow_s += time.perf_counter() - t0
-        low, high = sh.bounds_for(ratio, shadow_ratio, adv, mask).as_tuple()
-        # the step's diagnostics come from counts and ratios summed over mini-batches
-        # (UpdateStats), so the loss computes none of its own
-        loss_mat, _ = ppo_token_loss(logp, old, adv, mask, low=low, high=high, dual_clip=a.dual_clip,
-                                     metrics=False)
+        shadow_s = 0.0
+        shadowed = win.shadowed
+        shadow = None  # [n, T]: the BF16 shadow ratio on shadowed rows (1 elsewhere, never read)
+        if bool(shadowed.any()):
+            t0 = time.perf_counter()
+            if not has_fp8:  # no FP8 layers: the trainer's own ratio is the BF16 one
+                shadow = ratio
+            elif bool(shadowed.all()):
+                shadow = shadow_ratio(self, rb, idx, shadow_old)
+            else:
+                shadow = torch.ones_like(ratio)
+                shadow[shadowed] = shadow_ratio(self, rb, idx[shadowed], shadow_old[shadowed])
+            shadow_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        meas = win.measured
+        if bool(meas.all()):
+            after = win.calibrate(ratio, shadow, adv, mask, seq=idx)
+        else:
+            after = win.calibrate(ratio[meas], None if shadow is None else shadow[meas], adv[meas], mask[meas],
+                                  seq=idx[meas])
+        groups = _bound_groups(win.first, win.before, after)
+        if shadow is not None:
+            for rows, bounds_after in groups:
+                keep = rows & shadowed
+                if bool(keep.any()):
+                    win.observe(ratio[keep], shadow[keep], adv[keep], mask[keep], after=bounds_after is after)
+        if bool(shadowed.any()) or bool(meas.any()):
+            shadow_s += time.perf_counter() - t0
+        loss_mat, counts = _grouped_loss(logp, old, adv, mask, ratio, groups, dual_clip=a.dual_clip)
         loss = aggregate(loss_mat * weights, mask, a.loss_agg_mode, horizon=cfg.max_response_len)
         m = mask.bool()
-        res = {"counts": clip_counts(ratio, adv, m, low=low, high=high), "ratio": ratio,
-               "adv": adv, "mask": mask, "pg_loss": to_float(loss), "ppo_kl": to_float(masked_mean(-log_ratio, m)),
-               "skipped": 0, "grad_norm": float("nan"), "shadow_ratio": shadow_ratio, "bounds": (low, high)}
+        res = {"counts": counts, "ratio": ratio, "adv": adv, "mask": mask, "pg_loss": to_float(loss),
+               "ppo_kl": to_float(masked_mean(-log_ratio, m)), "skipped": 0, "grad_norm": float("nan"),
+               "shadow_s": shadow_s, "grad_cos": None, "shadow_ratio": shadow, "bounds": after.as_tuple(),
+               "bounds_first": win.before.as_tuple() if bool(win.first.any()) else None}
         self.optimizer.zero_grad(set_to_none=True)
         if not torch.isfinite(loss) or not bool((torch.isfinite(logp.detach()) | ~m).all()):
             res["skipped"] = 1
             return res
         loss.backward()
+        if ref_weights is not None:
+            res["grad_cos"], dt = reference_grad_cos(self, rb, idx, adv, shadow_old, ref_weights)
+            res["shadow_s"] += dt
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm, foreach=True)
         res["grad_norm"] = to_float(grad_norm)
         if not math.isfinite(res["grad_norm"]):
@@ -149,3 +187,35 @@ class UpdateMixin:
             return res
         self.optimizer.step()
         return res
+
+
+def _bound_groups(first: torch.Tensor, before, after) -> list[tuple[torch.Tensor, object]]:
+    """``[(rows, bounds)]``: the rows ruled by ``before`` (``first``) and by ``after`` (the rest);
+    one group when they coincide or one side is empty."""
+    if not bool(first.any()) or before == after:
+        return [(torch.ones_like(first), after)]
+    if bool(first.all()):
+        return [(first, before)]
+    return [(first, before), (~first, after)]
+
+
+def _grouped_loss(logp, old, adv, mask, ratio, groups, *, dual_clip):
+    """``(loss_mat [n, T], clip counts)``: the PPO token loss of each row group with its bounds."""
+    from fp8rl.rl.diagnostics import clip_counts
+    from fp8rl.rl.policy_loss import ppo_token_loss
+
+    m = mask.bool()
+    if len(groups) == 1:
+        low, high = groups[0][1].as_tuple()
+        loss_mat, _ = ppo_token_loss(logp, old, adv, mask, low=low, high=high, dual_clip=dual_clip, metrics=False)
+        return loss_mat, clip_counts(ratio, adv, m, low=low, high=high)
+    loss_mat = torch.zeros_like(logp)
+    counts: dict = {}
+    for rows, b in groups:
+        low, high = b.as_tuple()
+        part, _ = ppo_token_loss(logp[rows], old[rows], adv[rows], mask[rows], low=low, high=high,
+                                 dual_clip=dual_clip, metrics=False)
+        loss_mat = loss_mat.index_put((torch.nonzero(rows, as_tuple=False).flatten(),), part)
+        for k, v in clip_counts(ratio[rows], adv[rows], m[rows], low=low, high=high).items():
+            counts[k] = v if k not in counts else counts[k] + v
+    return loss_mat, counts

@@ -56,12 +56,20 @@ def config_dict(cfg: OpenRLHFRunConfig) -> dict:
 
 def resolve_run_dir(cfg: OpenRLHFRunConfig) -> Path:
     from fp8rl.config import IDENTITY_EXCLUDE as SHARED
-    from fp8rl.runs.identity import DEFAULT_EXCLUDE, config_hash, run_dir_name, run_name
+    from fp8rl.config import IDENTITY_LATE_DEFAULTS
+    from fp8rl.runs.identity import (
+        DEFAULT_EXCLUDE,
+        config_hash,
+        drop_defaults,
+        run_dir_name,
+        run_name,
+    )
 
     if cfg.run_dir:
         return Path(cfg.run_dir)
     name = run_name(cfg.algorithm.name, cfg.model.slot, cfg.fp8.name, cfg.clip.arm, cfg.seed)
-    h = config_hash(config_dict(cfg), exclude=(*DEFAULT_EXCLUDE, *SHARED, *IDENTITY_EXCLUDE))
+    h = config_hash(drop_defaults(config_dict(cfg), IDENTITY_LATE_DEFAULTS),
+                    exclude=(*DEFAULT_EXCLUDE, *SHARED, *IDENTITY_EXCLUDE))
     return Path(cfg.output_dir) / run_dir_name(name, h)
 
 

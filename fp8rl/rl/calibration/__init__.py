@@ -15,10 +15,15 @@ The paper's fix for the FP8 entropy surge (arXiv 2609.22870, Sec. "Calibrated Cl
     proportional, fixed) and the contribution solver;
 
 - :mod:`~fp8rl.rl.calibration.controller`: ``CalibratedClipController``, the stateful part,
-  split by concern: ``schedule`` (the calibration modes ``CALIBRATION_MODES``: periodic,
-  pooled, same_batch; which steps measure), ``state`` (bounds, EMA, window, checkpoints),
-  ``metrics`` (its metrics and the agreement tally), ``options`` (constructor checks);
-- :mod:`~fp8rl.rl.calibration.agreement`: which tokens FP8 clips against what BF16 would clip.
+  split by concern: ``options`` (``CalibrationOptions``, every option in one frozen object
+  validated once), ``schedule`` (the calibration modes ``CALIBRATION_MODES``: periodic, pooled,
+  same_batch, sampled; which steps and sequences measure, which tokens the bounds rule),
+  ``sampling`` (sampled's draw and share rule), ``plan`` (``StepPlan`` / ``WindowPlan``: the one
+  schedule both backends follow), ``state`` (bounds, EMA, window, checkpoints), ``metrics`` (its
+  metrics and the agreement tally);
+- :mod:`~fp8rl.rl.calibration.agreement`: which tokens FP8 clips against what BF16 would clip;
+- :mod:`~fp8rl.rl.calibration.heldout`: the calibration's error on tokens it did not see (out
+  of sample; cross-fitted for same_batch).
 """
 
 from fp8rl.rl.calibration.controller import CalibratedClipController
@@ -33,17 +38,20 @@ from fp8rl.rl.calibration.estimators import (
     solve_upper_contribution,
 )
 from fp8rl.rl.calibration.metrics import AgreementTally
+from fp8rl.rl.calibration.options import CalibrationOptions, ModeOptionError
+from fp8rl.rl.calibration.plan import StepPlan, WindowPlan
 from fp8rl.rl.calibration.schedule import (
     CALIBRATION_MODES,
     DEFAULT_CALIBRATION_MODE,
+    MODE_OPTION_DEFAULTS,
     PERIODIC_DEFAULTS,
-    check_periodic_options,
 )
 
 __all__ = [
     "CALIBRATION_MODES",
     "DEFAULT_CALIBRATION_MODE",
     "LOWER_ESTIMATORS",
+    "MODE_OPTION_DEFAULTS",
     "PERIODIC_DEFAULTS",
     "REFERENCES",
     "UPPER_RULES",
@@ -51,8 +59,11 @@ __all__ = [
     "Bounds",
     "CalibratedClipController",
     "Calibration",
+    "CalibrationOptions",
     "DegenerateCalibration",
+    "ModeOptionError",
+    "StepPlan",
+    "WindowPlan",
     "calibrate_bounds",
-    "check_periodic_options",
     "solve_upper_contribution",
 ]

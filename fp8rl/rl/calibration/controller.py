@@ -1,52 +1,50 @@
-"""The Calibrated Clipping controller: modes, smoothing, state, metrics, agreement.
+"""The Calibrated Clipping controller: modes, smoothing, state, metrics.
 
-A small stateful object beside the math (docs/design.md), like a KL controller. The trainer asks it
-whether a step measures the BF16 shadow (``measures``), hands it the measured tokens and asks
-it for bounds; the estimation itself (alpha, the lower-bound quantile, the upper rules) is
+A small stateful object beside the math (docs/design.md), like a KL controller. The backends drive
+it through one plan per step (``plan.StepPlan``: which sequences get a BF16 shadow, which feed the
+estimate, which bounds rule which tokens; ``begin_step``), the same way for every mode; the
+estimation itself (alpha, the lower-bound quantile, the upper rules) is
 ``fp8rl.rl.calibration.estimators.calibrate_bounds``. The pieces:
 
+- ``options``: ``CalibrationOptions``, every option in one frozen object validated once;
 - ``schedule``: the calibration modes (``CALIBRATION_MODES``: ``periodic``, ``pooled``,
-  ``same_batch``; their docstring says which steps and mini-batches are measured and when the
-  bounds apply) and which steps calibrate;
-- ``state``: bounds in force, EMA, pooling window, counters, checkpoint state;
-- ``metrics``: the metrics and the agreement tally (which tokens FP8 clips against which BF16
-  would clip, ``agreement.agreement_counts``).
+  ``same_batch``, ``sampled``; which steps and sequences are measured, which tokens the bounds
+  rule);
+- ``sampling``: ``sampled``'s draw and share rule;
+- ``state``: bounds in force, EMA, pooling windows, counters, checkpoint state;
+- ``plan``: the step and window plans both backends follow;
+- ``metrics``, ``heldout``: the controller's metrics; which tokens FP8 clips against which BF16
+  would clip; the out-of-sample and cross-fitted counts.
 
-Use, ``periodic`` / ``pooled`` (one trainer step ``step``):
+Use (one trainer step ``step``; the plan's docstring has the whole loop):
 
-    low, high = ctl.bounds(step).as_tuple()          # in force for the whole step
-    ... mini-batch updates; if ctl.measures(step): keep their FP8 and BF16 shadow ratios ...
-    if ctl.is_calibration_step(step):
-        ctl.update(step, ratio=r_fp8, shadow_ratio=r_bf16, advantages=adv, mask=mask)  # pooled
-    log(ctl.metrics(step))                           # new bounds rule from step + 1
+    plan = ctl.begin_step(step, eligible=seq_has_nonzero_adv)
+    for rows in windows: w = plan.window(rows); ...; w.calibrate(...); ...; w.observe(...)
+    log(plan.finish())
 
-``same_batch`` (per mini-batch, before its loss):
-
-    b = ctl.update_batch(step, ratio=r_fp8, shadow_ratio=r_bf16, advantages=adv, mask=mask)
-    loss = ppo_token_loss(..., low=b.low, high=b.high)
+The lower-level calls the plan makes are public for tests and tools: ``update`` (``periodic`` /
+``pooled``: one pooled calibration after a step; counts the agreement of the tokens with the
+bounds in force) and ``update_batch`` (``same_batch``: one window's bounds from its own tokens).
 
 Choices (the paper gives none of these; each is an option or documented):
 
 - ``period`` (``periodic``): step s is a calibration step iff ``s % period == 0``; step 0
   calibrates unless ``calibrate_at_start=False`` (then ``init_bounds`` rule steps
-  0..period-1). Steps count from 0. ``pooled`` and ``same_batch`` calibrate every step;
-  ``period``, ``ema``, ``window`` and ``calibrate_at_start`` are ``periodic``'s options and
-  raise when set to non-default values with another mode;
+  0..period-1). Steps count from 0. The other modes calibrate every step; options of one mode
+  raise when set to non-default values with another (``options.ModeOptionError``);
 - the EMA acts on the **bounds**, not on alpha: ``new = prev + (1 - ema) (raw - prev)``,
   ``ema`` = weight of the previous bound, 0 = no smoothing; at the first calibration ``prev``
   is ``init_bounds``; L is clamped first, H is solved against that (raw, unsmoothed) L and
-  clamped, then both bounds are smoothed. ``pooled`` and ``same_batch`` use the raw bounds;
+  clamped, then both bounds are smoothed. The other modes use the raw bounds;
 - ``window`` (W >= 1, ``periodic``): the estimate pools the tokens of the last W calibrations
   (this one included): with alpha ~ 1e-4 the alpha-quantile of one calibration's few hundred
   A<0 tokens is just its minimum, which then clips about 1 / (n + 1) of the next batch
   (measured at mini scale: pooling the 4 mini-batches of a step cut the next step's fraction
   0.38% -> 0.15%, pooling 3-5 steps -> 0.10%; BF16 0.05-0.075%). A degenerate calibration
-  adds nothing to the window;
-- agreement: every measured token set (shadow reference) is counted with the bounds actually
-  applied to it (``periodic``/``pooled``: the bounds in force during the step, i.e. before
-  ``update``; ``same_batch``: the batch's own new bounds, or the kept ones if degenerate)
-  against the vanilla bounds on the BF16 side; counts are summed over the step and reported
-  by ``metrics(step)`` with recall/precision;
+  adds nothing to the window. ``sampled`` pools the measured tokens of its last ``pool``
+  windows (the share rule's choice, at most ``sample_pool``), a degenerate one included;
+- agreement: every shadowed token is counted with the bounds actually applied to it against the
+  vanilla bounds on the BF16 side; counts are summed over the step;
 - data sufficiency is reported, not enforced: ``clip/n_neg`` is the number of A<0 tokens the
   estimate read and ``clip/low_data`` = 1 when alpha n < 5;
 - ``init_bounds`` default = vanilla; the paper's ablation starts from wide (0.6, 1.8);
@@ -59,30 +57,34 @@ Choices (the paper gives none of these; each is an option or documented):
   warning and never raises; calling off-schedule, with the other mode's method, twice for one
   step (``update``), backwards, or without a shadow ratio (shadow reference) raises;
 - defaults ``ema=0.5``, ``low_min=0.5``, ``high_max=2.0``, ``window=1`` are ours; ``period=20``
-  is the paper's K; the default mode is ``schedule.DEFAULT_CALIBRATION_MODE`` (provisional);
+  is the paper's K; the default mode is ``schedule.DEFAULT_CALIBRATION_MODE``;
 - under data parallelism the caller gathers the calibration tensors first (the controller has
-  no ``torch.distributed``), so bounds and agreement counts are global;
-- checkpoints: ``state_dict`` version 2 holds the mode and the agreement tally; a version-1
-  state (before the modes) loads as ``periodic``.
+  no ``torch.distributed``), so bounds and counts are global; ``sampled`` draws per rank
+  (``begin_step(rank=...)``) with the same share on every rank;
+- checkpoints: ``state_dict`` version 3 adds ``sampled``'s pool and share history; version 2
+  (no sampled state) and version 1 (before the modes: ``periodic``) load.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from fp8rl.rl.calibration.estimators import Bounds, DegenerateCalibration, calibrate_bounds
+from fp8rl.rl.calibration.bounds import Bounds, DegenerateCalibration
+from fp8rl.rl.calibration.estimators import calibrate_bounds
 from fp8rl.rl.calibration.metrics import LOW_DATA_TOKENS, AgreementTally, calibration_metrics
-from fp8rl.rl.calibration.options import check_options
-from fp8rl.rl.calibration.schedule import (
-    CALIBRATION_MODES,
-    DEFAULT_CALIBRATION_MODE,
-    PERIODIC_DEFAULTS,
-    resolve_lower_estimator,
+from fp8rl.rl.calibration.options import CalibrationOptions, options_from
+from fp8rl.rl.calibration.plan import StepPlan
+from fp8rl.rl.calibration.sampling import (
+    MEMORY,
+    WindowStats,
+    choose_share,
+    draw_subset,
+    window_stats,
 )
+from fp8rl.rl.calibration.schedule import MODE_OPTION_DEFAULTS
 from fp8rl.rl.calibration.schedule import is_calibration_step as _is_calibration_step
 from fp8rl.rl.calibration.state import CalibrationState, Tokens, flat_tokens
 
@@ -90,72 +92,62 @@ __all__ = ["LOW_DATA_TOKENS", "CalibratedClipController"]
 
 log = logging.getLogger("fp8rl.rl.calibration")
 
-_STATE_VERSION = 2
+_STATE_VERSION = 3
 
 
 class CalibratedClipController:
     """Calibrated Clipping bounds for the PPO loss, in one of the ``CALIBRATION_MODES``.
 
-    See the module docstring for the use per mode, the method and every choice made.
+    See the module docstring for the use, the method and every choice made.
 
     Args:
         eps_low, eps_high: the vanilla epsilons (0 < eps_low < 1, eps_high > 0).
-        mode: ``periodic`` | ``pooled`` | ``same_batch`` (``CALIBRATION_MODES``).
-        period: ``periodic``: K >= 1; calibration steps are ``step % K == 0``.
-        ema: ``periodic``: weight of the previous bound in [0, 1); 0 = no smoothing.
-        upper_rule: ``contribution`` | ``proportional`` | ``fixed`` (``UPPER_RULES``).
-        init_bounds: bounds before the first calibration (``Bounds`` or ``(low, high)``);
-            None = vanilla. The paper's ablation uses (0.6, 1.8).
-        reference: ``shadow`` (BF16 shadow ratios each calibration) | ``static``.
-        alpha: static reference only: the target lower-clip fraction in [0, 1).
-        p_target: static reference with the contribution rule: the BF16 p (> 0).
-        low_min: L is clamped to [low_min, 1); 0 < low_min <= 1 - eps_low.
-        high_max: H is clamped to (1, high_max]; high_max >= 1 + eps_high.
-        calibrate_at_start: ``periodic``: whether step 0 is a calibration step.
-        window: ``periodic``: pool the tokens of the last ``window`` calibrations (>= 1).
-        lower_estimator: the lower bound's estimator (``LOWER_ESTIMATORS``: ``in_sample``,
-            ``unbiased``); None = the mode's own (``same_batch``: in_sample, exact on the tokens
-            its bounds rule; ``periodic`` / ``pooled``: unbiased for the later tokens theirs rule).
+        options: a ``CalibrationOptions`` (every option; validated once when it was built), or
+            None and the options as keyword arguments (``mode``, ``period``, ``ema``,
+            ``upper_rule``, ``init_bounds``, ``reference``, ``alpha``, ``p_target``, ``low_min``,
+            ``high_max``, ``calibrate_at_start``, ``window``, ``lower_estimator``, ``sample_*``:
+            ``CalibrationOptions``' attributes).
+        seed: seeds ``sampled``'s draw (with the step and the DP rank); the run's seed.
     """
 
-    def __init__(
-        self,
-        eps_low: float,
-        eps_high: float,
-        *,
-        mode: str = DEFAULT_CALIBRATION_MODE,
-        period: int = PERIODIC_DEFAULTS["period"],
-        ema: float = PERIODIC_DEFAULTS["ema"],
-        upper_rule: str = "contribution",
-        init_bounds: Bounds | Sequence[float] | None = None,
-        reference: str = "shadow",
-        alpha: float | None = None,
-        p_target: float | None = None,
-        low_min: float = 0.5,
-        high_max: float = 2.0,
-        calibrate_at_start: bool = PERIODIC_DEFAULTS["calibrate_at_start"],
-        window: int = PERIODIC_DEFAULTS["window"],
-        lower_estimator: str | None = None,
-    ) -> None:
-        self.lower_estimator = resolve_lower_estimator(mode, lower_estimator)
-        o = check_options(eps_low, eps_high, mode=mode, period=period, ema=ema, upper_rule=upper_rule,
-                          init_bounds=init_bounds, reference=reference, alpha=alpha, p_target=p_target,
-                          low_min=low_min, high_max=high_max, calibrate_at_start=calibrate_at_start,
-                          window=window)
-        eps_low, eps_high, ema, alpha, p_target = o["eps_low"], o["eps_high"], o["ema"], o["alpha"], o["p_target"]
-        low_min, high_max, init, vanilla = o["low_min"], o["high_max"], o["init"], o["vanilla"]
-        self.mode = mode
-        self.eps_low, self.eps_high = eps_low, eps_high
-        self.period, self.ema = period, ema
-        self.upper_rule, self.reference = upper_rule, reference
-        self.alpha, self.p_target = alpha, p_target
-        self.low_min, self.high_max = low_min, high_max
-        self.calibrate_at_start = calibrate_at_start
-        self.window = window
-        self.init_bounds = init
-        self.vanilla_bounds = vanilla
-        self._state = CalibrationState(init)
+    def __init__(self, eps_low: float, eps_high: float, options: CalibrationOptions | None = None, *,
+                 seed: int = 0, **kwargs: Any) -> None:
+        if options is None:
+            options = options_from(**kwargs)
+        elif kwargs:
+            raise TypeError(f"pass the options either as CalibrationOptions or as keywords, not both ({sorted(kwargs)})")
+        if not isinstance(options, CalibrationOptions):
+            raise TypeError(f"options must be CalibrationOptions, got {type(options).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        self.options = options
+        self.seed = seed
+        self.eps_low, self.eps_high, self.vanilla_bounds, self.init_bounds = options.check_eps(eps_low, eps_high)
+        self.lower_estimator = options.resolved_lower_estimator
+        self._state = CalibrationState(self.init_bounds)
         self._agreement = AgreementTally()
+        self._pool: list[Tokens] = []  # sampled: the last windows' measured tokens
+        self._history: list[WindowStats] = []  # sampled: their summaries (share rule)
+        self._choice = None  # sampled: the current step's share decision
+
+    # ----- options ----------------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        # the options read as attributes: ctl.mode, ctl.period, ctl.upper_rule, ...
+        opts = self.__dict__.get("options")
+        if opts is not None and name in CalibrationOptions.__dataclass_fields__:
+            return getattr(opts, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def mode_spec(self):
+        """The mode object (``schedule.CalibrationMode``)."""
+        return self.options.mode_spec
+
+    @property
+    def per_batch(self) -> bool:
+        """Whether each window gets bounds from its own tokens (``in_window`` modes)."""
+        return self.mode_spec.in_window
 
     # ----- schedule ---------------------------------------------------------------------
 
@@ -165,20 +157,14 @@ class CalibratedClipController:
             raise ValueError(f"step must be an integer >= 0; got {step!r}")
         return step
 
-    @property
-    def per_batch(self) -> bool:
-        """Whether each mini-batch gets its own bounds (``update_batch``; ``same_batch``)."""
-        return CALIBRATION_MODES[self.mode].per_batch
-
     def is_calibration_step(self, step: int) -> bool:
-        """Whether ``step`` measures calibration data (``periodic``: ``step % period == 0``, step 0
-        only if ``calibrate_at_start``; ``pooled``, ``same_batch``: every step)."""
+        """Whether ``step`` feeds the controller (``periodic``: ``step % period == 0``, step 0 only
+        if ``calibrate_at_start``; the other modes: every step)."""
         step = self._check_step(step)
         return _is_calibration_step(self.mode, step, period=self.period, calibrate_at_start=self.calibrate_at_start)
 
     def measures(self, step: int) -> bool:
-        """Whether the trainer runs the BF16 shadow on the mini-batches of ``step`` (all of them,
-        the first included)."""
+        """Whether ``step`` runs the BF16 shadow for calibration (on the measured sequences)."""
         return self.reference == "shadow" and self.is_calibration_step(step)
 
     def needs_shadow(self, step: int) -> bool:
@@ -186,11 +172,38 @@ class CalibratedClipController:
         return self.measures(step)
 
     def bounds(self, step: int) -> Bounds:
-        """``periodic``/``pooled``: the bounds in force at ``step`` (from the last ``update``
-        before it); ``same_batch``: those of the last ``update_batch`` (the kept ones if it
-        was degenerate)."""
+        """The bounds in force at the start of ``step`` (the last calibration's; the kept ones
+        after a degenerate one)."""
         self._check_step(step)
         return self._state.bounds
+
+    def begin_step(self, step: int, *, eligible: torch.Tensor, diagnostics: bool = False, rank: int = 0) -> StepPlan:
+        """The plan of ``step`` (``plan.StepPlan``) over its ``N`` sequences.
+
+        Args:
+            eligible: ``[N]`` bool, sequences with any A != 0 token (``sampled`` draws among them).
+            diagnostics: also shadow every sequence (``clip.shadow_diagnostics``; training unchanged).
+            rank: the DP rank (``sampled``'s draw).
+        """
+        step = self._check_step(step)
+        eligible = _check_eligible(eligible)
+        n = eligible.numel()
+        calibrates = self.is_calibration_step(step)
+        choice = None
+        if not calibrates:
+            measured = torch.zeros_like(eligible)
+        elif self.mode_spec.subset:
+            o = self.options
+            choice = choose_share(self._history, target=o.sample_target, share_min=o.sample_min,
+                                  share_max=o.sample_max, pool_max=o.sample_pool, fixed_share=o.sample_fraction)
+            measured = draw_subset(eligible, choice.share, seed=self.seed, step=step, rank=rank)
+        else:
+            measured = torch.ones_like(eligible)
+        self._choice = choice
+        shadowed = torch.ones_like(eligible) if diagnostics else (measured if self.measures(step) else
+                                                                   torch.zeros_like(eligible))
+        return StepPlan(self, step, n=n, measured=measured, shadowed=shadowed, calibrates=calibrates, choice=choice,
+                        eligible=eligible)
 
     # ----- calibration ------------------------------------------------------------------
 
@@ -212,6 +225,11 @@ class CalibratedClipController:
             lower_estimator=self.lower_estimator,
         )
 
+    def _estimate_flat(self, ratio: torch.Tensor, shadow_ratio: torch.Tensor, advantages: torch.Tensor) -> Bounds:
+        """The raw (clamped) bounds of one estimate on flat tokens, no state change (cross-fitting)."""
+        cal = self._estimate([(ratio, shadow_ratio, advantages)])
+        return Bounds(cal.low, cal.high)
+
     def _tokens(self, ratio, shadow_ratio, advantages, mask) -> Tokens:
         static = self.reference == "static"
         if not static and shadow_ratio is None:
@@ -224,28 +242,9 @@ class CalibratedClipController:
             self._agreement.add(step, r, sh, adv, torch.ones_like(r, dtype=torch.bool), applied=applied,
                                 vanilla=self.vanilla_bounds)
 
-    def update(
-        self,
-        step: int,
-        *,
-        ratio: torch.Tensor,
-        shadow_ratio: torch.Tensor | None = None,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> Bounds:
-        """``periodic``/``pooled``: recalibrate on the pooled measured tokens of calibration step
-        ``step`` (measured with the bounds in force during it); returns the bounds that rule
-        from the next step.
-
-        Args: ``ratio`` (FP8) and ``shadow_ratio`` (BF16; ignored for ``static``) ``[B, T]`` (or
-        flat ``[n]``), ``advantages`` ``[B, T]`` or ``[B]``, ``mask`` same shape as ``ratio``.
-        Degenerate input keeps the previous bounds and is counted; calling off-schedule, in
-        ``same_batch`` mode, twice for one step, backwards, without ``shadow_ratio`` (shadow
-        reference) or with mismatched shapes raises.
-        """
-        step = self._check_step(step)
+    def _check_pooled_call(self, step: int, what: str) -> None:
         if self.per_batch:
-            raise ValueError(f"mode {self.mode!r} calibrates each mini-batch: call update_batch, not update")
+            raise ValueError(f"mode {self.mode!r} calibrates each mini-batch: call update_batch / the plan, not {what}")
         if not self.is_calibration_step(step):
             raise ValueError(
                 f"step {step} is not a calibration step (period {self.period}, calibrate_at_start="
@@ -254,8 +253,9 @@ class CalibratedClipController:
         st = self._state
         if st.last_update_step is not None and step <= st.last_update_step:
             raise ValueError(f"update at step {step} after step {st.last_update_step}: steps must increase")
-        tokens = self._tokens(ratio, shadow_ratio, advantages, mask)
-        self._count(step, tokens, st.bounds)  # the bounds these tokens were clipped with
+
+    def _pooled_update(self, step: int, tokens: Tokens) -> Bounds:
+        st = self._state
         parts = [*st.pool, tokens]
         try:
             cal = self._estimate(parts)
@@ -267,6 +267,75 @@ class CalibratedClipController:
         return st.calibrated(step, cal, parts, window=self.window, ema=ema, low_min=self.low_min,
                              high_max=self.high_max)
 
+    def update(
+        self,
+        step: int,
+        *,
+        ratio: torch.Tensor,
+        shadow_ratio: torch.Tensor | None = None,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> Bounds:
+        """``periodic``/``pooled``: recalibrate on the pooled measured tokens of calibration step
+        ``step`` (measured with the bounds in force during it, whose agreement is counted);
+        returns the bounds that rule from the next step.
+
+        Args: ``ratio`` (FP8) and ``shadow_ratio`` (BF16; ignored for ``static``) ``[B, T]`` (or
+        flat ``[n]``), ``advantages`` ``[B, T]`` or ``[B]``, ``mask`` same shape as ``ratio``.
+        Degenerate input keeps the previous bounds and is counted; calling off-schedule, in an
+        in-window mode, twice for one step, backwards, without ``shadow_ratio`` (shadow
+        reference) or with mismatched shapes raises.
+        """
+        step = self._check_step(step)
+        self._check_pooled_call(step, "update")
+        tokens = self._tokens(ratio, shadow_ratio, advantages, mask)
+        self._count(step, tokens, self._state.bounds)  # the bounds these tokens were clipped with
+        return self._pooled_update(step, tokens)
+
+    def _update_step(self, step: int, parts: list[Tokens]) -> Bounds:
+        """The plan's pooled update of a step-level mode: the windows' tokens in order (agreement
+        counted by the plan)."""
+        self._check_pooled_call(step, "_update_step")
+        if not parts:
+            raise ValueError(f"step {step} is a calibration step but no window was measured")
+        if self.reference != "static" and any(p[1] is None for p in parts):
+            raise ValueError("reference='shadow' needs shadow_ratio (the BF16 shadow ratios) on calibration steps")
+        static = self.reference == "static"
+        tokens = (torch.cat([p[0] for p in parts]), None if static else torch.cat([p[1] for p in parts]),
+                  torch.cat([p[2] for p in parts]))
+        return self._pooled_update(step, tokens)
+
+    def _calibrate_window(self, step: int, tokens: Tokens, *, seq: torch.Tensor | None = None) -> Bounds:
+        """One window's bounds (in-window modes): from its measured tokens, pooled with the last
+        windows' for ``sampled``; raw (no EMA). Degenerate input keeps the previous bounds."""
+        step = self._check_step(step)
+        if not self.per_batch:
+            raise ValueError(f"mode {self.mode!r} pools a step's tokens: call update once per step, not update_batch")
+        st = self._state
+        if st.last_update_step is not None and step < st.last_update_step:
+            raise ValueError(f"update_batch at step {step} after step {st.last_update_step}: steps must not go back")
+        if self.reference != "static" and tokens[1] is None:
+            raise ValueError("reference='shadow' needs shadow_ratio (the BF16 shadow ratios) on calibration steps")
+        parts = [tokens]
+        if self.mode_spec.subset:
+            pool = self._choice.pool if self._choice is not None else 1
+            parts = [*self._pool[len(self._pool) - (pool - 1):], tokens] if pool > 1 else [tokens]
+            share = self._choice.share if self._choice is not None else 1.0
+            seq = seq if seq is not None else torch.zeros_like(tokens[0], dtype=torch.long)
+            self._history = [*self._history, window_stats(tokens[1], tokens[2], seq, vanilla_low=self.vanilla_bounds.low,
+                                                          share=share)][-MEMORY:]
+            keep = self.sample_pool - 1
+            self._pool = [*self._pool, tokens][len(self._pool) + 1 - keep:] if keep > 0 else []
+        try:
+            cal = self._estimate(parts)
+        except DegenerateCalibration as e:
+            st.degenerate(step, str(e))
+            log.warning("calibrated clipping: a mini-batch of step %d skipped (%s); keeping bounds %s",
+                        step, e, st.bounds)
+            return st.bounds
+        st.calibrated(step, cal, parts, window=1, ema=0.0, low_min=self.low_min, high_max=self.high_max)
+        return st.bounds
+
     def update_batch(
         self,
         step: int,
@@ -277,45 +346,29 @@ class CalibratedClipController:
         mask: torch.Tensor,
     ) -> Bounds:
         """``same_batch``: the bounds of one mini-batch of step ``step`` from its own tokens (raw:
-        no EMA, no window), to be used by that mini-batch's loss. Call once per mini-batch,
-        before its loss; arguments as :meth:`update`. Degenerate input keeps the previous bounds
-        (counted); steps may repeat (several mini-batches) but not go backwards.
+        no EMA, no window), to be used by that mini-batch's loss (agreement counted with them).
+        Arguments as :meth:`update`; steps may repeat (several mini-batches) but not go back.
         """
-        step = self._check_step(step)
-        if not self.per_batch:
-            raise ValueError(f"mode {self.mode!r} pools a step's tokens: call update once per step, not update_batch")
-        st = self._state
-        if st.last_update_step is not None and step < st.last_update_step:
-            raise ValueError(f"update_batch at step {step} after step {st.last_update_step}: steps must not go back")
         tokens = self._tokens(ratio, shadow_ratio, advantages, mask)
-        try:
-            cal = self._estimate([tokens])
-        except DegenerateCalibration as e:
-            st.degenerate(step, str(e))
-            log.warning("calibrated clipping: a mini-batch of step %d skipped (%s); keeping bounds %s",
-                        step, e, st.bounds)
-        else:
-            st.calibrated(step, cal, [tokens], window=1, ema=0.0, low_min=self.low_min, high_max=self.high_max)
-        self._count(step, tokens, st.bounds)  # the bounds this mini-batch's loss uses
-        return st.bounds
+        b = self._calibrate_window(step, tokens)
+        self._count(step, tokens, b)  # the bounds this mini-batch's loss uses
+        return b
 
     # ----- metrics and checkpoints ------------------------------------------------------
 
     def metrics(self, step: int | None = None) -> dict[str, float]:
         """Metrics as floats.
 
-        Always: ``clip/low``, ``clip/high`` (in force; ``same_batch``: the last mini-batch's),
-        ``clip/calibrations`` (``same_batch``: mini-batches calibrated), ``clip/degenerate_updates``,
-        and ``clip/alpha`` once known. From the last successful calibration (only if ``step`` is
-        None or equals that step, so a logger calling this every step gets them on calibration
-        steps only): ``shadow/clipfrac_neg_low``, ``shadow/ratio_neg_q01`` (shadow reference),
-        ``clip/low_raw``, ``clip/high_raw`` (before EMA), ``clip/alpha_achieved`` (FP8 A<0
-        fraction below ``clip/low_raw``), and ``clip/p_target``, ``clip/p_achieved``
-        (contribution rule), ``clip/n_neg`` (A<0 tokens the estimate read), ``clip/low_data``
-        (1 when alpha n < 5) and ``clip/pooled_calibrations`` (calibrations in the estimate).
-        The agreement of the tokens measured at ``step`` (or the last measured step if None):
-        ``shadow/{low,high}_{bf16,fp8,both}_n`` summed over the step and
-        ``shadow/{low,high}_{recall,precision}``.
+        Always: ``clip/low``, ``clip/high`` (in force), ``clip/calibrations`` (in-window modes:
+        windows calibrated), ``clip/degenerate_updates``, and ``clip/alpha`` once known. From the
+        last successful calibration (only if ``step`` is None or equals that step, so a logger
+        calling this every step gets them on calibration steps only): ``shadow/clipfrac_neg_low``,
+        ``shadow/ratio_neg_q01`` (shadow reference), ``clip/low_raw``, ``clip/high_raw`` (before
+        EMA), ``clip/alpha_achieved`` (FP8 A<0 fraction below ``clip/low_raw``), and
+        ``clip/p_target``, ``clip/p_achieved`` (contribution rule), ``clip/n_neg`` (A<0 tokens the
+        estimate read), ``clip/low_data`` (1 when alpha n < 5) and ``clip/pooled_calibrations``.
+        The agreement counted by ``update`` / ``update_batch`` at ``step`` (the plan counts its
+        own: ``StepPlan.finish``).
         """
         st = self._state
         out = calibration_metrics(
@@ -326,46 +379,44 @@ class CalibratedClipController:
         return out
 
     def _config(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "eps_low": self.eps_low,
-            "eps_high": self.eps_high,
-            "period": self.period,
-            "ema": self.ema,
-            "upper_rule": self.upper_rule,
-            "reference": self.reference,
-            "alpha": self.alpha,
-            "p_target": self.p_target,
-            "low_min": self.low_min,
-            "high_max": self.high_max,
-            "calibrate_at_start": self.calibrate_at_start,
-            "init_bounds": list(self.init_bounds.as_tuple()),
-            "window": self.window,
-            "lower_estimator": self.lower_estimator,
-        }
+        cfg = self.options.to_dict()
+        cfg.update({"eps_low": self.eps_low, "eps_high": self.eps_high,
+                    "init_bounds": list(self.init_bounds.as_tuple()), "lower_estimator": self.lower_estimator,
+                    "seed": self.seed})
+        return cfg
 
     def state_dict(self) -> dict[str, Any]:
-        """State for checkpoints: plain Python (JSON friendly) plus, with ``window > 1``, the
-        pooled tokens of earlier calibrations as tensors (``torch.save`` friendly)."""
+        """State for checkpoints: plain Python (JSON friendly) plus, with ``window > 1`` or
+        ``sampled``'s pool, earlier windows' tokens as tensors (``torch.save`` friendly)."""
         return {"version": _STATE_VERSION, "config": self._config(), **self._state.state_dict(),
-                "agreement": self._agreement.state_dict()}
+                "agreement": self._agreement.state_dict(),
+                "sampled": {"pool": [{"ratio": r.clone(), "shadow_ratio": None if sh is None else sh.clone(),
+                                      "advantages": a.clone()} for r, sh, a in self._pool],
+                            "history": [w.to_dict() for w in self._history]}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()`` output; the configuration must match this controller's.
-        A version-1 state (saved before the modes existed) is a ``periodic`` controller's."""
+        Version 2 has no ``sampled`` state; version 1 (before the modes) is a ``periodic`` one."""
         version = state.get("version")
-        if version not in (1, _STATE_VERSION):
-            raise ValueError(f"unsupported calibration state version {version!r}; expected 1 or {_STATE_VERSION}")
+        if version not in (1, 2, _STATE_VERSION):
+            raise ValueError(f"unsupported calibration state version {version!r}; expected 1, 2 or {_STATE_VERSION}")
         mine, theirs = self._config(), dict(state.get("config", {}))
         if version == 1:
             theirs.setdefault("mode", "periodic")
         theirs.setdefault("lower_estimator", "in_sample")  # saved before the estimator was an option
+        if version < 3:  # saved before sampled existed: its options were at their defaults, no seed
+            for k in ("sample_fraction", "sample_min", "sample_max", "sample_pool", "sample_target"):
+                theirs.setdefault(k, MODE_OPTION_DEFAULTS[k])
+            theirs.setdefault("seed", self.seed)
         diff = sorted(k for k in mine if mine[k] != theirs.get(k))
         if diff:
             detail = ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs now {mine[k]!r}" for k in diff)
             raise ValueError(f"calibration state was saved with a different configuration ({detail})")
         self._state.load_state_dict(state)
         self._agreement.load_state_dict(state.get("agreement"))
+        sampled = state.get("sampled") or {}
+        self._pool = [(p["ratio"], p["shadow_ratio"], p["advantages"]) for p in sampled.get("pool", [])]
+        self._history = [WindowStats(**w) for w in sampled.get("history", [])]
 
     def __repr__(self) -> str:
         return (
@@ -373,3 +424,9 @@ class CalibratedClipController:
             f"period={self.period}, ema={self.ema}, upper_rule={self.upper_rule!r}, reference={self.reference!r}, "
             f"bounds={self._state.bounds})"
         )
+
+
+def _check_eligible(eligible: torch.Tensor) -> torch.Tensor:
+    if not isinstance(eligible, torch.Tensor) or eligible.dim() != 1:
+        raise ValueError("eligible must be a 1-D tensor: one flag per sequence of the step (any A != 0)")
+    return eligible if eligible.dtype == torch.bool else eligible != 0

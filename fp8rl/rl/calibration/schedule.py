@@ -1,26 +1,39 @@
-"""When Calibrated Clipping measures and where its bounds apply: the calibration modes.
+"""When Calibrated Clipping measures and which tokens its bounds rule: the calibration modes.
 
 The paper recalibrates every K steps and gives no more detail; the modes (registry
-``CALIBRATION_MODES``, config ``clip.calibration_mode``) are the choices we can make:
+``CALIBRATION_MODES``, config ``clip.calibration_mode``) are the choices we can make. Words: a
+*step* is one rollout batch (one ``ppo_train`` call at paper scale); a *window* is one optimizer
+step inside it (a mini-batch at mini scale; ``accumulated_gradient`` micro-batches on every DP
+rank at paper scale); *measured* tokens feed an estimate (their FP8 ratio and the BF16 shadow
+ratio of the same tokens on the same weights).
 
 - ``periodic``: step s is a calibration step iff ``s % period == 0`` (step 0 only if
-  ``calibrate_at_start``). Every mini-batch of a calibration step (the first included) is
-  measured: its FP8 ratios (the loss's) and the BF16 shadow ratios of the same tokens. After
-  the step's updates the controller gets the measured tokens pooled (``update``), smooths the
-  bounds with ``ema`` and pools ``window`` calibrations; the new bounds rule from the next step.
-  Options ``period``, ``ema``, ``window``, ``calibrate_at_start`` belong to this mode only.
-- ``pooled``: ``periodic`` with period 1, no EMA, window 1: every step is a calibration step,
-  its mini-batches' tokens pooled, the raw bounds rule from the next step.
-- ``same_batch``: every mini-batch of every step gets bounds from its own tokens, measured
-  before its loss (on the weights before its update): ``update_batch`` returns the raw bounds
-  and that mini-batch's loss uses them. One extra BF16 forward per mini-batch, no lag.
+  ``calibrate_at_start``). Every sequence of a calibration step is measured; after the step
+  the controller pools them (``update``), smooths the bounds with ``ema`` and pools ``window``
+  calibrations; the new bounds rule from the next step.
+- ``pooled``: ``periodic`` with period 1, no EMA, window 1.
+- ``same_batch``: every window's bounds come from all its own tokens, measured before its loss
+  (on the weights before its update), and rule those same tokens. In-sample by construction:
+  its FP8 clip count on the tokens it rules equals their BF16 shadow count (in_sample lower
+  estimator); nothing it trains on is out of sample.
+- ``sampled``: every window measures a seeded random subset of the step's sequences with A != 0
+  (``sampling``: the share, the draw, pooling with the last few windows); the subset's FP8
+  ratios come from its own loss forward, which runs first under the bounds in force (the last
+  window's), and the estimate from the subset (``unbiased`` lower bound) rules the rest of the
+  window: every token is ruled by bounds it did not feed (out of sample). The BF16 shadow runs
+  on the subset only.
 
-Cost (one shadow forward = a no-grad forward of the mini-batch with FP8 off): ``periodic`` pays
-it on 1/period of the steps, ``pooled`` and ``same_batch`` on every step; the BF16 old
-log-probs (one more no-grad forward of the whole batch) are paid once per measured step.
+What a mode is, for the backends (``CalibrationMode``): ``every_step``, ``in_window`` (bounds
+estimated per window from its measured tokens, else after the step), ``rules_measured`` (an
+in-window estimate also rules the tokens it was estimated from: their FP8 ratios are needed
+before their loss, which costs the paper-scale backend an FP8 pre-pass), ``subset`` (a subset of
+the sequences is measured). Both backends drive every mode through the same plan
+(``plan.StepPlan`` / ``plan.WindowPlan``) and read these flags, never a mode's name.
 
-``DEFAULT_CALIBRATION_MODE`` is the one place the default lives (``ClipConfig`` and the
-controller read it); it is provisional until a seeds sweep over the modes settles it.
+Cost (one shadow forward = a no-grad forward with FP8 off): ``periodic`` pays 2 (BF16 old and
+current log-probs) on 1/period of the steps, ``pooled`` 2 every step, ``same_batch`` 2 every step
+plus, at paper scale, its FP8 pre-pass, ``sampled`` 2 on its share of the sequences;
+``fp8rl.rl.calibration.cost`` prices them at the paper's shapes.
 """
 
 from __future__ import annotations
@@ -33,67 +46,82 @@ from fp8rl.registry import Registry
 __all__ = [
     "CALIBRATION_MODES",
     "DEFAULT_CALIBRATION_MODE",
+    "MODE_OPTIONS",
+    "MODE_OPTION_DEFAULTS",
     "PERIODIC_DEFAULTS",
     "CalibrationMode",
-    "check_periodic_options",
     "is_calibration_step",
+    "resolve_lower_estimator",
 ]
 
 
 @dataclass(frozen=True)
 class CalibrationMode:
-    """One calibration mode.
+    """One calibration mode (see the module docstring for the words).
 
     Attributes:
-        every_step: every step is a calibration step (else every ``period`` steps).
-        per_batch: each mini-batch's bounds come from its own tokens (``update_batch``);
-            else the step's measured tokens are pooled after the step (``update``).
+        every_step: every step measures (else every ``period`` steps).
+        in_window: each window's bounds come from its own measured tokens (pooled with earlier
+            windows' where the mode pools); else the step's measured tokens are pooled after the
+            step and rule from the next step.
+        rules_measured: (in_window) the window's bounds also rule the tokens they come from;
+            False: the measured tokens' own loss runs first, under the bounds in force before.
+        subset: a subset of the step's sequences is measured (else all of a measured step's).
+        lower_estimator: the lower estimator when ``lower_estimator`` is not set: ``in_sample``
+            where the bounds rule the tokens they come from, ``unbiased`` where they rule new ones.
         summary: one line for docs and error messages.
     """
 
     every_step: bool
-    per_batch: bool
+    in_window: bool
+    rules_measured: bool
+    subset: bool
+    lower_estimator: str
     summary: str
 
 
 CALIBRATION_MODES: Registry[CalibrationMode] = Registry("calibration mode")
 CALIBRATION_MODES.add("periodic", CalibrationMode(
-    every_step=False, per_batch=False,
+    every_step=False, in_window=False, rules_measured=False, subset=False, lower_estimator="unbiased",
     summary="every `period` steps, the step's mini-batches pooled; bounds (EMA, window) rule from the next step"))
 CALIBRATION_MODES.add("pooled", CalibrationMode(
-    every_step=True, per_batch=False,
+    every_step=True, in_window=False, rules_measured=False, subset=False, lower_estimator="unbiased",
     summary="every step, its mini-batches pooled; raw bounds rule from the next step"))
 CALIBRATION_MODES.add("same_batch", CalibrationMode(
-    every_step=True, per_batch=True,
+    every_step=True, in_window=True, rules_measured=True, subset=False, lower_estimator="in_sample",
     summary="every mini-batch, bounds from its own tokens, used by its own loss"))
+CALIBRATION_MODES.add("sampled", CalibrationMode(
+    every_step=True, in_window=True, rules_measured=False, subset=True, lower_estimator="unbiased",
+    summary="every mini-batch, bounds from a seeded subset of sequences rule the rest (out of sample)"))
 
-#: The default of ``clip.calibration_mode`` and of the controller (provisional).
+#: The default of ``clip.calibration_mode`` and of the controller.
 DEFAULT_CALIBRATION_MODE = "same_batch"
 
-#: The options only ``periodic`` reads, with their defaults (the controller's and ClipConfig's).
-PERIODIC_DEFAULTS: dict[str, Any] = {"period": 20, "ema": 0.5, "window": 1, "calibrate_at_start": True}
+#: Options that only one mode reads, with their defaults (the controller's and ClipConfig's).
+MODE_OPTION_DEFAULTS: dict[str, Any] = {
+    "period": 20, "ema": 0.5, "window": 1, "calibrate_at_start": True,
+    "sample_fraction": None, "sample_min": 1.0 / 64, "sample_max": 0.125, "sample_pool": 8, "sample_target": 5.0,
+}
+#: Which mode reads which of them.
+MODE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "periodic": ("period", "ema", "window", "calibrate_at_start"),
+    "pooled": (),
+    "same_batch": (),
+    "sampled": ("sample_fraction", "sample_min", "sample_max", "sample_pool", "sample_target"),
+}
+#: ``periodic``'s options and defaults (ClipConfig's field defaults read them).
+PERIODIC_DEFAULTS: dict[str, Any] = {k: MODE_OPTION_DEFAULTS[k] for k in MODE_OPTIONS["periodic"]}
 
 
-def check_periodic_options(mode: str, prefix: str = "", **options: Any) -> None:
-    """Raise ``ValueError`` if ``mode`` is not ``periodic`` and an option of ``periodic``
-    (``PERIODIC_DEFAULTS``) is set to a non-default value; ``prefix`` names the config
-    section in the message (``"clip."``)."""
-    CALIBRATION_MODES.check(mode)
-    unknown = sorted(set(options) - set(PERIODIC_DEFAULTS))
-    if unknown:
-        raise TypeError(f"not options of the periodic mode: {unknown}")
-    if mode == "periodic":
-        return
-    bad = {k: v for k, v in options.items() if v != PERIODIC_DEFAULTS[k]}
-    if bad:
-        got = ", ".join(f"{prefix}{k}={v!r}" for k, v in bad.items())
-        dflt = ", ".join(f"{prefix}{k}={PERIODIC_DEFAULTS[k]!r}" for k in bad)
-        raise ValueError(
-            f"{got}: only {prefix}calibration_mode=periodic uses {', '.join(prefix + k for k in bad)}; "
-            f"{prefix}calibration_mode={mode!r} ({CALIBRATION_MODES[mode].summary}) would ignore "
-            f"{'it' if len(bad) == 1 else 'them'}. Set {prefix}calibration_mode=periodic, or leave "
-            f"{'it' if len(bad) == 1 else 'them'} at the default ({dflt})"
-        )
+def resolve_lower_estimator(mode: str, lower_estimator: str | None) -> str:
+    """The lower estimator a controller in ``mode`` uses: ``lower_estimator`` when given (checked
+    against ``LOWER_ESTIMATORS``), else the mode's own (``CalibrationMode.lower_estimator``)."""
+    from fp8rl.rl.calibration.lower import LOWER_ESTIMATORS
+
+    if lower_estimator is None:
+        return CALIBRATION_MODES[mode].lower_estimator
+    LOWER_ESTIMATORS.check(lower_estimator)
+    return lower_estimator
 
 
 def is_calibration_step(mode: str, step: int, *, period: int, calibrate_at_start: bool) -> bool:
@@ -101,18 +129,3 @@ def is_calibration_step(mode: str, step: int, *, period: int, calibrate_at_start
     if CALIBRATION_MODES[mode].every_step:
         return True
     return step % period == 0 and (step > 0 or calibrate_at_start)
-
-
-def resolve_lower_estimator(mode: str, lower_estimator: str | None) -> str:
-    """The lower-bound estimator a controller in ``mode`` uses: ``lower_estimator`` when given
-    (checked against ``LOWER_ESTIMATORS``), else the mode's own: ``in_sample`` for ``same_batch``
-    (its bounds rule the very tokens they are computed from, where clipping exactly the BF16
-    shadow's count is exact) and ``unbiased`` for ``periodic`` / ``pooled`` (their bounds rule
-    later tokens; ``fp8rl.rl.calibration.lower`` derives why the in-sample bound over-clips
-    those)."""
-    from fp8rl.rl.calibration.lower import LOWER_ESTIMATORS
-
-    if lower_estimator is None:
-        return "in_sample" if CALIBRATION_MODES[mode].per_batch else "unbiased"
-    LOWER_ESTIMATORS.check(lower_estimator)
-    return lower_estimator

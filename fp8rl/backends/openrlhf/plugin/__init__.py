@@ -32,7 +32,7 @@ _EXPORTS = {
     "UpstreamChangedError": "binding", "SHADOW_OLD_KEY": "binding",
     "make_policy_loss_class": "loss", "correction_from_upstream": "loss",
     "StepTokens": "calibration", "calibration_tokens": "calibration", "gather_calibration": "calibration",
-    "global_update": "calibration", "global_update_batch": "calibration", "varlen_all_gather": "calibration",
+    "Pending": "calibration", "add_measured": "calibration", "varlen_all_gather": "calibration",
     "Fp8ConversionError": "fp8_training", "convert_trainer_model": "fp8_training",
     "count_fp8_layers": "fp8_training", "require_conversion": "fp8_training",
     "VLLM_QUANTIZATION": "fp8_rollout", "check_rollout_recipe": "fp8_rollout",

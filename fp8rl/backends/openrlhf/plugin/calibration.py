@@ -1,17 +1,13 @@
-"""Calibrated Clipping at paper scale: the calibration tokens of a step, over data-parallel ranks.
+"""Calibrated Clipping at paper scale: a window's calibration tokens, over data-parallel ranks.
 
-The controller (``fp8rl.rl.calibration.CalibratedClipController``) has three modes
-(``CALIBRATION_MODES``); this module is the tensor side of how the OpenRLHF plugin feeds them
-(the binding, ``binding.calibrate``, decides *when*; the loss computes the FP8 ratios):
-
-- ``periodic`` / ``pooled``: on a measured step (``clipper.measures(step)``: every ``period``-th
-  step, resp. every step) **every micro-batch** of the step, on every DP rank, contributes its
-  tokens (the FP8 ratio of its loss, on the weights before its optimizer step, and the BF16
-  shadow ratio of the same tokens on the same weights) to a :class:`StepTokens`; after upstream's
-  ``ppo_train`` the tokens of all ranks are gathered and pooled into **one**
-  ``clipper.update(step, ...)`` (:func:`global_update`), whose bounds rule from the next step.
-- ``same_batch``: each optimizer step's bounds come from that optimizer step's own tokens, all
-  ranks, before its loss (:func:`global_update_batch`, ``clipper.update_batch``).
+The step's plan (``fp8rl.rl.calibration.plan``) says which rows of each optimizer-step window
+feed the estimate; this module is the tensor side of how the OpenRLHF plugin feeds it (the
+binding, ``binding.calibrate``, decides *when*; the loss computes the FP8 ratios): each
+micro-batch's measured rows (:class:`Pending`) hand their tokens -- the FP8 ratio of the loss, on
+the weights before the window's optimizer step, the BF16 shadow ratio of the same tokens on the
+same weights, the advantage and a global sequence id -- to the window's :class:`StepTokens`
+(:func:`add_measured`); the binding gathers the tokens of all ranks and calls the window's
+``calibrate`` on every rank.
 
 Gathering, not reducing: the tokens of all ranks are all-gathered exactly (variable lengths:
 sizes first, then padded payloads, :func:`varlen_all_gather`) and concatenated in rank order, so
@@ -32,11 +28,13 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["KEYS", "StepTokens", "calibration_tokens", "gather_calibration", "global_update", "global_update_batch",
+__all__ = ["KEYS", "ROW_BITS", "Pending", "StepTokens", "add_measured", "calibration_tokens", "gather_calibration",
            "log_ratio_to_ratio", "varlen_all_gather"]
 
 #: The per-token tensors a calibration hands over (``shadow`` absent with a static reference).
-KEYS = ("ratio", "shadow", "adv")
+KEYS = ("ratio", "shadow", "adv", "seq")
+#: Row ids are unique per rank; the global sequence id is ``rank << ROW_BITS | row``.
+ROW_BITS = 24
 
 
 def varlen_all_gather(t: torch.Tensor, group=None) -> list[torch.Tensor]:
@@ -66,27 +64,38 @@ def log_ratio_to_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> 
         return torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
 
-def calibration_tokens(ratio, shadow_ratio, advantages, mask) -> dict[str, torch.Tensor]:
+def calibration_tokens(ratio, shadow_ratio, advantages, mask, seq=None) -> dict[str, torch.Tensor]:
     """The tokens a calibration reads, flattened: unmasked tokens with A != 0.
 
-    ``ratio``, ``advantages``, ``mask`` (and ``shadow_ratio`` unless None) ``[B, T]`` ->
-    ``{"ratio": [n], "adv": [n]}`` (+ ``"shadow": [n]``), float32, detached."""
+    ``ratio``, ``advantages``, ``mask`` (and ``shadow_ratio`` unless None) ``[B, T]``, ``seq``
+    ``[B]`` sequence ids or None -> ``{"ratio": [n], "adv": [n]}`` (+ ``"shadow": [n]``, float32,
+    detached; + ``"seq": [n]`` int64)."""
     m = mask.bool() & (advantages != 0)
     out = {"ratio": ratio.detach()[m].float(), "adv": advantages.detach()[m].float()}
     if shadow_ratio is not None:
         out["shadow"] = shadow_ratio.detach()[m].float()
+    if seq is not None:
+        out["seq"] = seq.to(torch.int64)[:, None].expand(m.shape)[m]
     return out
 
 
 class StepTokens:
-    """The calibration tokens of one step (or one optimizer step) on this rank, in arrival order."""
+    """The calibration tokens of one window on this rank, in arrival order.
 
-    def __init__(self) -> None:
+    ``shadow`` (None: whatever the first micro-batch brings): whether the tokens carry a BF16
+    shadow ratio; an empty sink then still hands every key (``local``), so that every rank runs
+    the same collectives when some rank measured nothing."""
+
+    def __init__(self, shadow: bool | None = None) -> None:
         self.parts: list[dict[str, torch.Tensor]] = []
+        self.shadow = shadow
 
-    def add(self, ratio, shadow_ratio, advantages, mask) -> None:
-        """One micro-batch: ``[B, T]`` tensors as :func:`calibration_tokens` takes them."""
-        part = calibration_tokens(ratio, shadow_ratio, advantages, mask)
+    def add(self, ratio, shadow_ratio, advantages, mask, seq=None) -> None:
+        """One micro-batch: ``[B, T]`` tensors (and ``[B]`` ids) as :func:`calibration_tokens` takes them."""
+        part = calibration_tokens(ratio, shadow_ratio, advantages, mask, seq)
+        if self.shadow is not None and ("shadow" in part) != self.shadow:
+            raise ValueError(f"a micro-batch came {'without' if self.shadow else 'with'} a BF16 shadow ratio to a "
+                             f"window that {'measures' if self.shadow else 'does not measure'} one")
         if self.parts and set(part) != set(self.parts[0]):
             raise ValueError("a micro-batch came with a BF16 shadow ratio and another without: every measured "
                              "micro-batch of a step needs one (shadow reference) or none does (static)")
@@ -99,7 +108,11 @@ class StepTokens:
     def local(self, device=None) -> dict[str, torch.Tensor]:
         """This rank's tokens concatenated (``{key: [n]}``; empty tensors when nothing was added)."""
         if not self.parts:
-            return {"ratio": torch.zeros(0, device=device), "adv": torch.zeros(0, device=device)}
+            out = {"ratio": torch.zeros(0, device=device), "adv": torch.zeros(0, device=device),
+                   "seq": torch.zeros(0, dtype=torch.int64, device=device)}
+            if self.shadow:
+                out["shadow"] = torch.zeros(0, device=device)
+            return out
         return {k: torch.cat([p[k] for p in self.parts]) for k in self.parts[0]}
 
 
@@ -113,20 +126,21 @@ def gather_calibration(local: dict[str, torch.Tensor],
     return {k: torch.cat(all_gather(v.contiguous())) for k, v in sorted(local.items())}
 
 
-def _controller_args(g: dict[str, torch.Tensor]) -> dict:
-    ones = torch.ones_like(g["ratio"], dtype=torch.bool)
-    return {"ratio": g["ratio"], "shadow_ratio": g.get("shadow"), "advantages": g["adv"], "mask": ones}
+class Pending:
+    """What the loss of one micro-batch needs from the plan (set by the binding): ``rows`` ``[B]``
+    (this rank's row ids), ``measured`` and ``shadowed`` ``[B]`` bool, ``shadow`` the BF16 shadow
+    ratio ``[B, T]`` (ones on unshadowed rows; None when no row is shadowed), ``rank`` the DP rank."""
+
+    def __init__(self, rows, measured, shadowed, shadow, rank: int = 0) -> None:
+        self.rows, self.measured, self.shadowed, self.shadow, self.rank = rows, measured, shadowed, shadow, rank
 
 
-def global_update(clipper, step: int, local: dict[str, torch.Tensor],
-                  all_gather: Callable[[torch.Tensor], list[torch.Tensor]] | None):
-    """``periodic`` / ``pooled``: one ``clipper.update`` on the pooled tokens of all ranks (call on
-    every rank, after the step); returns the bounds that rule from the next step."""
-    return clipper.update(step, **_controller_args(gather_calibration(local, all_gather)))
-
-
-def global_update_batch(clipper, step: int, local: dict[str, torch.Tensor],
-                        all_gather: Callable[[torch.Tensor], list[torch.Tensor]] | None):
-    """``same_batch``: ``clipper.update_batch`` on one optimizer step's tokens of all ranks (call on
-    every rank, before that optimizer step's loss); returns the bounds its loss uses."""
-    return clipper.update_batch(step, **_controller_args(gather_calibration(local, all_gather)))
+def add_measured(sink: StepTokens, p: Pending, ratio, advantages, mask) -> None:
+    """The measured rows' tokens of one micro-batch (``[B, T]``) into a window's sink, with their
+    global sequence ids (``rank << ROW_BITS | row``)."""
+    m = p.measured.to(ratio.device)
+    if not bool(m.any()):
+        return
+    seq = (p.rows.to(ratio.device) | (int(p.rank) << ROW_BITS))[m]
+    shadow = None if p.shadow is None else p.shadow[m]
+    sink.add(ratio[m], shadow, advantages[m], mask[m], seq=seq)

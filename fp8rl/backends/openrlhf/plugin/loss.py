@@ -11,14 +11,14 @@ token/clip/threshold ``(0, C)`` = TIS with cap C; token/mask = ICEPOP; off = non
 raises. The loss adds each micro-batch's counts to ``self.step_metrics``
 (``plugin.metrics.StepMetrics``), never to ``experience.info`` (see ``metrics`` for why).
 
-**Calibrated Clipping.** The loss computes the FP8 ratio of its micro-batch from its own inputs
-(the same float32 clamp as the kernel) and, on a measured micro-batch of a ``periodic`` /
-``pooled`` step (``step_tokens`` set by the binding), adds it with the BF16 shadow ratio the
-binding computed for the same tokens (``pending_shadow``) to the step's tokens; the binding
-gathers them over the DP ranks after the step and runs one controller update (``plugin.calibration``).
-Under ``same_batch`` the binding has computed the optimizer step's bounds before its first
-micro-batch and hands them over as ``batch_bounds``; the loss uses them. The loss itself runs
-no collective.
+**Calibrated Clipping.** The loss follows the step's plan (``fp8rl.rl.calibration.plan``; the
+binding, ``binding.calibrate``, runs it): it clips with the bounds of its optimizer-step window
+(``window.bounds()``: the bounds in force until the window's calibration, the window's own after
+it; the clip method's bounds outside a calibrating step), computes the FP8 ratio of its
+micro-batch from its own inputs (the same float32 clamp as the kernel), hands the measured rows'
+tokens to the window's sink (with the BF16 shadow ratio the binding computed for the same tokens,
+``pending``) until the binding calibrates, and counts its shadowed rows against the bounds it
+used (``window.observe``). The loss itself runs no collective.
 
 Torch and the project's ``fp8rl.rl`` only; upstream classes come in as arguments.
 """
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from fp8rl.backends.openrlhf.plugin.calibration import log_ratio_to_ratio
+from fp8rl.backends.openrlhf.plugin.calibration import add_measured, log_ratio_to_ratio
 from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
 
 
@@ -56,11 +56,11 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
     The class has upstream's constructor and ``forward`` signature; ``spec`` fixes the clip
     method. Instances expose ``clipper``, ``step`` (the controller step, set by the trainer
     wrapper), ``step_metrics`` (a ``StepMetrics`` receiving each micro-batch's counts, or None),
-    ``step_tokens`` (a ``calibration.StepTokens``: set, each forward adds its calibration tokens),
-    ``pending_shadow`` (BF16 shadow ratios ``[B, T]`` of the next forward's tokens, read with
-    ``step_tokens``), ``batch_bounds`` (``same_batch``: the bounds of the current optimizer step,
-    used instead of ``clipper.bounds(step)``) and ``all_gather`` (the DP all-gather the binding's
-    calibration uses, None = this rank).
+    ``window`` (the current ``WindowPlan`` while a calibrating step runs, else None), ``sink`` (a
+    ``calibration.StepTokens`` collecting the window's measured tokens until it calibrates, or
+    None), ``pending`` (``binding.calibrate.Pending``: the next forward's rows, which are measured
+    and shadowed, and their BF16 shadow ratio ``[B, T]``) and ``all_gather`` (the DP all-gather
+    the binding's calibration uses, None = this rank).
     """
     from fp8rl.rl.aggregation import aggregate
     from fp8rl.rl.correction import corrected_ppo_token_loss
@@ -81,9 +81,9 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
             self.clipper = spec.make_clipper()
             self.step = 0
             self.step_metrics = None
-            self.pending_shadow: torch.Tensor | None = None
-            self.step_tokens = None
-            self.batch_bounds = None
+            self.window = None
+            self.sink = None
+            self.pending = None
             self.all_gather: Callable | None = None
 
         def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
@@ -92,12 +92,17 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
             if action_mask is None:
                 action_mask = torch.ones_like(log_probs, dtype=torch.bool)
             ratio = log_ratio_to_ratio(log_probs, old_log_probs)  # the kernel's ratio: float32 or wider, same clamp
-            shadow, self.pending_shadow = self.pending_shadow, None
-            if self.step_tokens is not None:  # a measured micro-batch (periodic / pooled)
-                self.step_tokens.add(ratio, shadow, advantages, action_mask)
-            elif shadow is not None:
-                raise RuntimeError("a BF16 shadow ratio was handed to a micro-batch that is not measured")
-            bounds = self.batch_bounds if self.batch_bounds is not None else self.clipper.bounds(self.step)
+            p, self.pending = self.pending, None
+            w = self.window
+            if p is not None and w is None:
+                raise RuntimeError("a micro-batch carries the calibration plan's rows but no window is open")
+            bounds = w.bounds() if w is not None else self.clipper.bounds(self.step)
+            if p is not None:
+                if self.sink is not None:  # the window has not calibrated yet: its measured rows feed it
+                    add_measured(self.sink, p, ratio, advantages, action_mask)
+                if p.shadow is not None:
+                    sh = p.shadowed.to(ratio.device)
+                    w.observe(ratio[sh], p.shadow[sh], advantages[sh], action_mask[sh], after=w.after is not None)
             low, high = bounds.as_tuple()
             corr = self.correction if rollout_log_probs is not None else "none"
             loss_mat, m = corrected_ppo_token_loss(

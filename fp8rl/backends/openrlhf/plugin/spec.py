@@ -81,8 +81,9 @@ class PluginSpec:
 
     Attributes:
         clip_method: ``vanilla`` or ``calibrated`` (``fp8rl.rl.clipping``).
-        clip_options: constructor options of the clip method (``ClipConfig.clipper_options``;
-            for ``calibrated`` with ``mode``, the calibration mode, ``clip.calibration_mode``).
+        clip_options: the calibration options (``CalibrationOptions.to_dict()`` of
+            ``ClipConfig.calibration_options``; empty for ``vanilla``); the cell's ``seed`` seeds
+            ``sampled``'s draw.
         eps_low, eps_high: the vanilla epsilons (also passed to OpenRLHF as flags).
         trainer_recipe, rollout_recipe: ``fp8rl.quant.RECIPES`` names.
         trainer_impl: the trainer's FP8 implementation (``fp8.impl``: ``auto``, ``torchao``,
@@ -126,7 +127,7 @@ class PluginSpec:
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
-        if "init_bounds" in d["clip_options"]:
+        if d["clip_options"].get("init_bounds") is not None:
             d["clip_options"]["init_bounds"] = list(d["clip_options"]["init_bounds"])
         return json.dumps(d, sort_keys=True)
 
@@ -148,7 +149,8 @@ class PluginSpec:
         dump = cfg.openrlhf.dump_loss_inputs
         if dump and run_dir is None:
             raise ValueError("openrlhf.dump_loss_inputs needs the run directory for the dumps")
-        return cls(clip_method=cfg.clip.method, clip_options=dict(cfg.clip.clipper_options()),
+        opts = cfg.clip.calibration_options().to_dict() if cfg.clip.method == "calibrated" else {}
+        return cls(clip_method=cfg.clip.method, clip_options=opts,
                    eps_low=cfg.algorithm.eps_low, eps_high=cfg.algorithm.eps_high,
                    trainer_recipe=cfg.fp8.trainer_recipe, rollout_recipe=cfg.fp8.rollout_recipe,
                    trainer_impl=cfg.fp8.impl, trainer_emulate=bool(cfg.fp8.emulate), max_steps=cfg.steps,
@@ -159,7 +161,9 @@ class PluginSpec:
     def make_clipper(self):
         from fp8rl.rl.clipping import make_clipper
 
-        opts = dict(self.clip_options)
-        if "init_bounds" in opts:
-            opts["init_bounds"] = tuple(opts["init_bounds"])
-        return make_clipper(self.clip_method, self.eps_low, self.eps_high, **opts)
+        if self.clip_method == "vanilla":
+            return make_clipper(self.clip_method, self.eps_low, self.eps_high)
+        from fp8rl.rl.calibration import CalibrationOptions
+
+        return make_clipper(self.clip_method, self.eps_low, self.eps_high,
+                            options=CalibrationOptions.from_dict(self.clip_options), seed=int(self.seed or 0))

@@ -26,7 +26,6 @@ import torch
 
 from fp8rl.backends.openrlhf.plugin.binding import calibrate
 from fp8rl.backends.openrlhf.plugin.binding.common import (
-    SHADOW_OLD_KEY,
     PluginNotActiveError,
     ResumeError,
     _check_params,
@@ -175,7 +174,7 @@ def bind_ppo_actor(ppo_actor, spec: PluginSpec) -> None:
 
     cls.__init__, cls.ppo_train, cls.training_step = __init__, ppo_train, training_step
 
-    # same_batch: ppo_train reads this name from the module's dict at call time
+    # the calibration plan's windows: ppo_train reads this name from the module's dict at call time
     upstream_iter = getattr(ppo_actor.iter_grad_accum_global_norm, "_fp8rl_upstream",
                             ppo_actor.iter_grad_accum_global_norm)
     _check_params(upstream_iter, ("data_iter", "strategy", "accumulated_gradient", "mask_fn"),
@@ -185,9 +184,10 @@ def bind_ppo_actor(ppo_actor, spec: PluginSpec) -> None:
         windows = upstream_iter(data_iter, strategy, accumulated_gradient, mask_fn)
         ref = _TRAINERS.get(strategy)
         trainer = ref() if ref is not None else None
-        if trainer is None or not trainer._fp8rl_same_batch:
+        plan = None if trainer is None else getattr(trainer, "_fp8rl_plan", None)
+        if plan is None or not plan.calibrates:
             return windows
-        return calibrate.same_batch_windows(trainer, windows, accumulated_gradient)
+        return calibrate.plan_windows(trainer, windows, accumulated_gradient)
 
     iter_grad_accum_global_norm._fp8rl_upstream = upstream_iter
     ppo_actor.iter_grad_accum_global_norm = iter_grad_accum_global_norm
@@ -207,7 +207,7 @@ def _init_trainer(trainer, strategy, spec: PluginSpec) -> None:
     if getattr(type(loss), "_fp8rl_upstream", None) is None:
         raise PluginNotActiveError("ActorPPOTrainer built an upstream PolicyLoss: ppo_actor.PolicyLoss is not ours")
     require_conversion(spec, count_fp8_layers(trainer.actor), "ActorPPOTrainer.__init__")
-    trainer._fp8rl_step, trainer._fp8rl_shadow, trainer._fp8rl_same_batch = 0, False, False
+    trainer._fp8rl_step, trainer._fp8rl_plan, trainer._fp8rl_items = 0, None, None
     ck = getattr(strategy, "_fp8rl_checkpoint", None)
     if ck is not None and ck["path"] is not None:
         if ck["state"] is not None:
@@ -242,8 +242,19 @@ def _ppo_train(self, kl_ctl, orig_ppo_train):
     group, active = _dp_group(self.strategy)
     loss.step = step
     loss.all_gather = (lambda t: varlen_all_gather(t, group)) if active else None
+    device = calibrate._device()
+
+    def reduce_sum(t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+        return t
+
+    def reduce_max(n: int) -> int:
+        t = torch.tensor([n], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return int(t.item())
+
+    self._fp8rl_reduce_max = reduce_max if active else None
     metrics = StepMetrics()
-    items = self.replay_buffer.items
     if loss.spec.dump_dir:  # which GEMMs this step ran (plugin.kernels; the smoke job's tests)
         from collections import Counter
 
@@ -251,7 +262,7 @@ def _ppo_train(self, kl_ctl, orig_ppo_train):
     self._fp8rl_metrics = metrics
     outer_rng = torch.get_rng_state()
     try:
-        calibrate.begin_step(self, step)  # the BF16 shadow of the old policy, the step's token sink
+        calibrate.begin_step(self, step)  # the step's plan; the BF16 old log-probs of its shadowed samples
         loss.step_metrics = metrics
         torch.set_rng_state(rng_stream(self))  # the replay-buffer shuffle draws from this rank's stream
         try:
@@ -260,20 +271,15 @@ def _ppo_train(self, kl_ctl, orig_ppo_train):
         finally:
             self._fp8rl_rng = torch.get_rng_state()
             torch.set_rng_state(outer_rng)
-        calibrate.end_step(self, step)  # periodic / pooled: one update on the step's tokens of all ranks
+        # the plan's pooled update (periodic / pooled) and its metrics, counts summed over ranks
+        plan_metrics = calibrate.end_step(self, step, (lambda t: reduce_sum(t.to(device)).cpu()) if active else None)
     finally:
         calibrate.abort_step(self)
         loss.step_metrics = None
-        for item in items:
-            item.info.pop(SHADOW_OLD_KEY, None)
-
-    def reduce_sum(t: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
-        return t
 
     status = dict(status)
     status.update(metrics.finalize(reduce_sum if active else None, loss.all_gather))
-    status.update(loss.clipper.metrics(step))
+    status.update(plan_metrics)
     counters = getattr(self, "_fp8rl_kernels", None)
     if counters is not None:
         from fp8rl.backends.openrlhf.plugin.kernels import write_counts
@@ -285,5 +291,5 @@ def _ppo_train(self, kl_ctl, orig_ppo_train):
 
 
 def _training_step(self, experience, kl_ctl, step, loss_batch_info, orig_training_step):
-    calibrate.before_micro_batch(self, experience)  # periodic / pooled: the BF16 ratio of this micro-batch
+    calibrate.before_micro_batch(self, experience)  # the plan's view of this micro-batch for the loss
     return orig_training_step(self, experience, kl_ctl, step, loss_batch_info)
