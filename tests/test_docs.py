@@ -246,6 +246,10 @@ TOP_LEVEL = frozenset(p.name for p in REPO.iterdir()
 #: Spans that look like paths but name something outside this repository, each with why.
 NOT_OURS = {
     "transformer_engine/common/recipe/__init__.py": "a file of Transformer Engine's sources",
+    "recipe/dapo/run_dapo_qwen2.5_32b.sh": "verl's DAPO recipe (docs/cluster.md cites it)",
+    "scripts/train/run_deepscaler_1.5b_8k.sh": "DeepScaleR's training script (docs/cluster.md cites it)",
+    "actor.yaml": "verl's actor defaults (docs/cluster.md cites them)",
+    "examples/scripts/train_dapo_ray_hybrid_engine.sh": "an example script of OpenRLHF (docs/cluster.md cites it)",
 }
 
 #: Whole words that stand for a value the reader fills in (``slurm/profiles/NAME.yaml``).
