@@ -8,7 +8,10 @@ table) with its 95% interval over seeds (Fieller, paired by seed where the seeds
 :mod:`analysis.bf16_ratio`, :mod:`analysis.ratio_ci`), the half-width ``(hi - lo) / 2``,
 whether it is <= :data:`HALF_WIDTH_MAX` and whether the point estimate lies in
 :data:`MATCH_RANGE`; for contrast the same ratio of the granularity's uncalibrated arm
-(``vanilla``, else ``tis``). A computed headline sentence sums it up.
+(``vanilla``, else ``tis``). Beside the ratio: S, the arm's own-shadow clipped A<0 tokens over
+the BF16 arm's (what the calibrated count ratio is by construction under ``same_batch`` with the
+``in_sample`` bound), and the ratios of the counts behind the fraction (:mod:`analysis.counts`),
+for the calibrated and the contrast arm. A computed headline sentence sums it up.
 
 **Which tokens are clipped** (:func:`agreement_table`, ``tables/clip_agreement.*``): per block and
 arm that logged the agreement counts (``shadow/{low,high}_{bf16,fp8,both}_n``,
@@ -23,31 +26,29 @@ first factor is what the bound controls (``same_batch``: ~1 by construction); th
 far the FP8-trained policy's own BF16 ratio tail lies from the BF16 run's. Arms without the counts (runs from before them) are
 left out and named in a note. The calibration mode (``clip.calibration_mode``: periodic | pooled
 | same_batch) comes from the arm's variant when the sweep varies it, else from the runs'
-``config.yaml``; "" where not set.
+``config.yaml`` (:mod:`analysis.clip_config`); "" where not set. The report's calibration
+section around these tables is :mod:`analysis.calibration_report`.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from analysis.arms import FP8_LABELS, arm_label, select, split_clip
 from analysis.bf16_ratio import bf16_ratios
+from analysis.clip_config import arm_modes
 from analysis.clip_tables import run_mechanism
 from analysis.collect import Collection
+from analysis.counts import ci_columns, count_ratios
 from analysis.ratio_ci import RatioCI, ratio_ci
 from analysis.tabulate import Table, bf16_reference, blocks, latex_escape, render_blocks
 from fp8rl.runs import metrics as M
-from fp8rl.runs.rundir import CONFIG_FILE
 
 HALF_WIDTH_MAX = 0.15
 MATCH_RANGE = (0.8, 1.25)
-MODE_KEY = "clip.calibration_mode"
 #: What the agreement table computes per side from the counts (see :func:`agreement_rows`).
 QUANTITIES: tuple[str, ...] = ("recall", "precision", "count")
 #: Per side: (bf16, fp8, both) count metrics.
@@ -63,42 +64,6 @@ def _num(x: float, fmt: str) -> str:
 
 def _yes(b) -> str:
     return "n/a" if b is None or (isinstance(b, float) and math.isnan(b)) else ("yes" if b else "no")
-
-
-# --- calibration mode --------------------------------------------------------------------
-
-
-def _config_mode(run_dir: str) -> str:
-    """``clip.calibration_mode`` of a run's ``config.yaml`` ("" when unset or unreadable)."""
-    try:
-        cfg = yaml.load(Path(run_dir, CONFIG_FILE).read_text(encoding="utf-8"),
-                        Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return ""
-    clip = cfg.get("clip") if isinstance(cfg, dict) else None
-    mode = clip.get("calibration_mode") if isinstance(clip, dict) else None
-    return "" if mode is None else str(mode)
-
-
-def arm_modes(coll: Collection) -> dict[tuple[str, str, str, str], str]:
-    """{(algorithm, model, fp8, clip): calibration mode} for every arm: the arm's variant's
-    ``clip.calibration_mode=`` value when the sweep varies it, else the distinct values of its
-    runs' ``config.yaml`` joined by "/" ("" when no run sets it); "—" for arms that do not
-    calibrate (vanilla, TIS: the mode is in their config but nothing reads it)."""
-    out: dict[tuple[str, str, str, str], str] = {}
-    runs = coll.runs.dropna(subset=["algorithm", "model"])
-    for (algo, model, fp8, clip), g in runs.groupby(["algorithm", "model", "fp8", "clip"], sort=False):
-        base, variant_text = split_clip(str(clip))
-        variant = dict(kv.partition("=")[::2] for kv in variant_text.split() if "=" in kv)
-        if base != "calibrated":
-            mode = "—"
-        elif MODE_KEY in variant:
-            mode = variant[MODE_KEY]
-        else:
-            modes = sorted({m for m in (_config_mode(str(d)) for d in g["run_dir"] if isinstance(d, str)) if m})
-            mode = "/".join(modes)
-        out[(str(algo), str(model), str(fp8), str(clip))] = mode
-    return out
 
 
 # --- B: the half-width criterion ---------------------------------------------------------
@@ -135,9 +100,14 @@ def halfwidth_rows(coll: Collection) -> pd.DataFrame:
     cal_n_x, cal_n_y, cal_paired, cal_ci``; ``half_width_ok`` (half-width <= 0.15; None without
     an interval), ``point_ok`` (estimate in [0.8, 1.25]; None without one), ``both_ok``;
     the contrast arm ``contrast_clip`` and its ``con_*`` columns (the same as ``cal_*``).
+    Beside the fraction's ratio, the ratios of counts (:mod:`analysis.counts`, columns of
+    :func:`analysis.counts.ci_columns`): ``cal_s`` / ``con_s`` S, the arm's own-shadow clipped
+    A<0 tokens per step over the BF16 arm's; ``cal_count`` / ``con_count`` the clipped A<0
+    tokens (``actor/n_neg_low``); ``cal_n_neg`` the A<0 tokens (``actor/n_neg``).
     """
     per_run = run_mechanism(coll)
     cis = bf16_ratios(coll, per_run, M.ACTOR_CLIPFRAC_NEG_LOW)
+    counts = count_ratios(coll)
     modes = arm_modes(coll)
     rows = []
     for algo, model, arms in blocks(coll):
@@ -151,16 +121,26 @@ def halfwidth_rows(coll: Collection) -> pd.DataFrame:
             contrast = next((c for c in ("vanilla", "tis") if (fp8, c) in arms), "")
             con = cis.get((algo, model, fp8, contrast)) if contrast else None
             hw_ok, pt_ok, both_ok = criterion(cal)
+            extra = {}
+            for side, arm_clip in (("cal", clip), ("con", contrast)):
+                for key in ("s", "count", "n_neg"):
+                    if side == "con" and key == "n_neg":
+                        continue
+                    ci = counts[key].get((algo, model, fp8, arm_clip)) if arm_clip else None
+                    extra.update(ci_columns(f"{side}_{key}", ci))
             rows.append({
                 "algorithm": algo, "model": model, "fp8": fp8, "granularity": FP8_LABELS.get(fp8, fp8),
                 "clip": clip, "arm": arm_label(fp8, clip), "mode": modes.get((algo, model, fp8, clip), ""),
                 "bf16_reference": arm_label(*ref), **_ci_cols("cal", cal),
                 "half_width_ok": hw_ok, "point_ok": pt_ok, "both_ok": both_ok,
-                "contrast_clip": contrast, **_ci_cols("con", con),
+                "contrast_clip": contrast, **_ci_cols("con", con), **extra,
             })
     cols = ["algorithm", "model", "fp8", "granularity", "clip", "arm", "mode", "bf16_reference",
             *_ci_cols("cal", None), "half_width_ok", "point_ok", "both_ok", "contrast_clip",
             *_ci_cols("con", None)]
+    for side, keys in (("cal", ("s", "count", "n_neg")), ("con", ("s", "count"))):
+        for key in keys:
+            cols += list(ci_columns(f"{side}_{key}", None))
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -183,6 +163,11 @@ def halfwidth_headline(df: pd.DataFrame) -> str:
         parts.append("no interval (one seed per arm)")
     if np.isfinite(con).any():
         parts.append(f"uncalibrated FP8 / BF16 for contrast: {_range(con)}")
+    s_cal, s_con = df["cal_s"].to_numpy(dtype=float), df["con_s"].to_numpy(dtype=float)
+    if np.isfinite(s_cal).any() or np.isfinite(s_con).any():
+        parts.append(f"S (own-shadow clipped / BF16 clipped, which the calibrated count ratio equals by "
+                     f"construction under same_batch with the in_sample bound): calibrated arms {_range(s_cal)}, "
+                     f"uncalibrated {_range(s_con)}")
     return "; ".join(parts) + "."
 
 
@@ -196,7 +181,8 @@ def _range(v) -> str:
     fin = v[np.isfinite(v)]
     if not len(fin):
         return "n/a" if not np.isinf(v).any() else "unbounded"
-    s = f"{fin.min():.2f}" if len(fin) == 1 else f"{fin.min():.2f}-{fin.max():.2f}"
+    lo, hi = f"{fin.min():.2f}", f"{fin.max():.2f}"
+    s = lo if lo == hi else f"{lo}-{hi}"
     return s + (", some unbounded" if np.isinf(v).any() else "")
 
 
@@ -204,22 +190,32 @@ def halfwidth_table(coll: Collection, *, name: str = "calibration_match") -> Tab
     """The half-width criterion as a table (see the module docstring); the headline is the
     first Markdown line."""
     df = halfwidth_rows(coll)
-    header = ["Granularity", "calibrated arm", "mode", "seeds", "calibrated / BF16", "95% CI", "half-width",
-              f"≤ {HALF_WIDTH_MAX}", f"in [{MATCH_RANGE[0]}, {MATCH_RANGE[1]}]", "uncalibrated / BF16",
-              "95% CI"]
+    header = ["Granularity", "calibrated arm", "mode", "seeds", "calibrated / BF16", "95% CI",
+              "S = own shadow / BF16 (95% CI)", "count below L / BF16 (95% CI)", "A<0 tokens / BF16 (95% CI)",
+              "half-width", f"≤ {HALF_WIDTH_MAX}", f"in [{MATCH_RANGE[0]}, {MATCH_RANGE[1]}]",
+              "uncalibrated / BF16", "95% CI", "uncalibrated S (95% CI)", "uncalibrated count / BF16 (95% CI)"]
 
     def cells(r, latex: bool) -> list[str]:
         def esc(s):
             return latex_escape(s) if latex else s
         con = (f"{_num(r['con_estimate'], '.2f')} ({r['contrast_clip']})" if r["contrast_clip"] else "none")
         return [esc(r["granularity"]), esc(r["arm"]), esc(r["mode"]), str(r["cal_n_x"]),
-                _num(r["cal_estimate"], ".2f"), esc(r["cal_ci"]),
+                _num(r["cal_estimate"], ".2f"), esc(r["cal_ci"]), esc(r["cal_s_text"]), esc(r["cal_count_text"]),
+                esc(r["cal_n_neg_text"]),
                 "unbounded" if np.isinf(r["cal_half_width"]) else _num(r["cal_half_width"], ".2f"),
-                _yes(r["half_width_ok"]), _yes(r["point_ok"]), esc(con), esc(r["con_ci"])]
+                _yes(r["half_width_ok"]), _yes(r["point_ok"]), esc(con), esc(r["con_ci"]),
+                esc(r["con_s_text"]), esc(r["con_count_text"])]
 
     md, tex = render_blocks(df, header, cells, lambda a, m, g: (
         f"`actor/clipfrac_neg_low` (run mean over steps), mean over seeds relative to "
-        f"{g['bf16_reference'].iloc[0]}; 95% CI: Fieller over seeds, paired by seed"))
+        f"{g['bf16_reference'].iloc[0]}; 95% CI: Fieller over seeds, paired by seed. S = the arm's "
+        "A<0 tokens below 1 - eps_low under its own BF16 shadow (`shadow/low_bf16_n`) per measured "
+        "step over the BF16 arm's clipped A<0 tokens per step; count below L / BF16 = S x (FP8-clipped / "
+        "own-shadow-clipped) where every step is measured, and the second factor is ~1 by construction under same_batch with the "
+        "in_sample bound, so there the count ratio is S, as it is for an arm that never calibrates "
+        "(uncalibrated S); count / BF16 and A<0 tokens / BF16: `actor/n_neg_low` and `actor/n_neg` "
+        "per step, the fraction's numerator and denominator (fraction ratio = count ratio / A<0 "
+        "ratio); n/a (not logged): runs from before the counts"))
     headline = halfwidth_headline(df)
     md = [f"**{headline}**", "", *md]
     tex = [f"% {headline}", *tex]
@@ -330,16 +326,3 @@ def agreement_table(coll: Collection, *, name: str = "clip_agreement") -> Table:
         tex.append(f"% {note}")
     return Table.from_lines(name, df, md, tex, empty=(
         "No run logged the agreement counts (`shadow/low_bf16_n` ...): runs from before them."))
-
-
-# --- the report's sections ---------------------------------------------------------------
-
-
-def calibration_match_sections(coll: Collection, tab_dir: str | os.PathLike) -> list[tuple[str, list[str]]]:
-    """Write both tables into ``tab_dir`` and return the report's sections for them: (title, lines)."""
-    hw = halfwidth_table(coll)
-    hw.write(tab_dir)
-    ag = agreement_table(coll)
-    ag.write(tab_dir)
-    return [("Calibrated Clipping against BF16: the half-width criterion", [hw.markdown]),
-            ("Which tokens are clipped: FP8 against the BF16 shadow", [ag.markdown])]

@@ -21,6 +21,7 @@ import pandas as pd
 from analysis.arms import arm_label, arm_order_key, select, split_clip
 from analysis.bf16_ratio import bf16_ratios
 from analysis.collect import Collection
+from analysis.counts import RATIOS, ci_columns, count_ratios, reference_text, run_counts
 from analysis.tabulate import (
     Table,
     bf16_reference,
@@ -104,11 +105,16 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
     ``x_bf16_boot_lo`` / ``_hi`` the percentile bootstrap; ``x_bf16_ci`` the interval as text,
     "n/a (1 seed)" without one);
     the run-mean ``actor/ratio_neg_q01`` and ``rollout/mismatch_kl`` and the last
-    ``clip/low`` / ``clip/high`` in force, each a mean over runs.
+    ``clip/low`` / ``clip/high`` in force, each a mean over runs. Beside the fraction, the same
+    ratio of counts (:mod:`analysis.counts`): ``count_x_bf16*`` of the A<0 tokens below the lower
+    bound (``actor/n_neg_low`` per step) and ``n_neg_x_bf16*`` of the A<0 tokens
+    (``actor/n_neg``), with their intervals; "n/a (not logged)" for runs from before the counts.
     """
     per_run = run_mechanism(coll)
     cnl = M.ACTOR_CLIPFRAC_NEG_LOW
     cis = bf16_ratios(coll, per_run, cnl)
+    per_count = run_counts(coll)
+    counts = count_ratios(coll, per_count)
     rows = []
     for algo, model, arms in blocks(coll):
         ref = bf16_reference(arms)
@@ -121,7 +127,12 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
                    "runs": len(r), "clipfrac_neg_low_mean": mean, "clipfrac_neg_low_std": sample_std(v),
                    "x_bf16": mean / ref_mean if ref_mean > 0 else math.nan,
                    "bf16_reference": arm_label(*ref) if ref is not None else ""}
-            row.update(_ci_columns(cis.get((algo, model, *arm)), is_ref=ref is not None and arm == ref))
+            is_ref = ref is not None and arm == ref
+            row.update(_ci_columns(cis.get((algo, model, *arm)), is_ref=is_ref))
+            for key, prefix in (("count", "count_x_bf16"), ("n_neg", "n_neg_x_bf16")):
+                row.update(ci_columns(prefix, counts[key].get((algo, model, *arm))))
+                if is_ref:
+                    row[f"{prefix}_text"] = reference_text(per_count, algo, model, ref, RATIOS[key])
             for c, key in ((M.ACTOR_RATIO_NEG_Q01, "ratio_neg_q01"), (M.ROLLOUT_MISMATCH_KL, "mismatch_kl"),
                            (f"{M.CLIP_LOW}_final", "clip_low_final"), (f"{M.CLIP_HIGH}_final", "clip_high_final")):
                 row[key] = fmean(r[c])
@@ -130,9 +141,10 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
                                      "clipfrac_neg_low_mean", "clipfrac_neg_low_std", "x_bf16",
                                      "x_bf16_lo", "x_bf16_hi", "x_bf16_boot_lo", "x_bf16_boot_hi",
                                      "x_bf16_paired", "x_bf16_ci", "bf16_reference", "ratio_neg_q01",
-                                     "mismatch_kl", "clip_low_final", "clip_high_final"])
-    header = ["Arm", "runs", "A<0 below low (%)", "x BF16", "95% CI", "ratio q01 (A<0)", "mismatch KL",
-              "final low / high"]
+                                     "mismatch_kl", "clip_low_final", "clip_high_final",
+                                     *ci_columns("count_x_bf16", None), *ci_columns("n_neg_x_bf16", None)])
+    header = ["Arm", "runs", "A<0 below low (%)", "x BF16", "95% CI", "count below low x BF16 (95% CI)",
+              "A<0 tokens x BF16 (95% CI)", "ratio q01 (A<0)", "mismatch KL", "final low / high"]
 
     def cells(r, latex: bool) -> list[str]:
         def f(x, fmt):
@@ -142,7 +154,7 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
         if np.isfinite(r["clipfrac_neg_low_std"]):
             c += pm + f(100 * r["clipfrac_neg_low_std"], ".3f")
         return [latex_escape(r["arm"]) if latex else r["arm"], str(r["runs"]), c, f(r["x_bf16"], ".2f"),
-                r["x_bf16_ci"],
+                r["x_bf16_ci"], r["count_x_bf16_text"], r["n_neg_x_bf16_text"],
                 f(r["ratio_neg_q01"], ".3f"), f(r["mismatch_kl"], ".2e"),
                 f"{f(r['clip_low_final'], '.3f')} / {f(r['clip_high_final'], '.3f')}"]
 
@@ -156,7 +168,10 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
               "`rollout/mismatch_kl`) and the last `clip/low` / `clip/high`; then mean over runs. "
               "x BF16 = mean over the arm's runs / mean over the BF16 arm's runs; 95% CI: Fieller's "
               "interval with Student's t over seeds, paired by seed (same sweep) where both arms "
-              "have the same seeds, else marked unpaired (docs/analysis.md).")
+              "have the same seeds, else marked unpaired (docs/analysis.md). Count x BF16: the same ratio "
+              "and interval of the A<0 tokens below the lower bound per step (`actor/n_neg_low`; "
+              "the fraction's numerator), A<0 tokens x BF16 of its denominator (`actor/n_neg`); "
+              "n/a (not logged) for runs from before the counts.")
     return Table.from_lines(name, df, md, tex)
 
 

@@ -13,11 +13,13 @@ Reads the sweep directories (never trains, never needs a GPU), then writes into 
     tables/paired_accuracy.*     gain from step 0 per arm and versus BF16, paired (analysis.paired)
     tables/paired_greedy.*       the same for greedy decoding
     tables/diagnostics.md|tex|csv
-    tables/mechanism.md|tex|csv  A<0 tokens below the lower bound per arm, x BF16, ratio q01, bounds
+    tables/mechanism.md|tex|csv  A<0 tokens below the lower bound per arm, x BF16 (fraction and count), ratio q01, bounds
     tables/trajectory.md|tex|csv entropy, garbled fraction and eval accuracy, start vs end, per arm
     tables/calibration.md|tex|csv  calibrated arms: alpha, L, H at every calibration step
-    tables/calibration_match.*   calibrated FP8 / BF16 per granularity, 95% CI, half-width criterion
+    tables/calibration_match.*   calibrated FP8 / BF16 per granularity, 95% CI, half-width criterion, S
+    tables/by_construction.*     per arm: what its calibration numbers hold by construction, side by side
     tables/clip_agreement.*      which tokens FP8 clips vs the BF16 shadow: recall, precision, 95% CI
+    tables/heldout_calibration.* held-out FP8 / BF16-clipped ratio and grad_cos per arm, 95% CI
     tables/cells.csv          one row per cell: sweep, run, axes, state, steps logged, why it is not ok
     tables/surges.csv         per run: diagnostics including the surge onset step
 
@@ -40,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.bars import SUMMARY_NAMES, plot_summary, summary_spec
-from analysis.calibration_match import calibration_match_sections
+from analysis.calibration_report import calibration_match_sections
 from analysis.clip_tables import calibration_table, mechanism_table
 from analysis.collect import Collection, collect
 from analysis.figures import FIGURE_NAMES, figure_spec, plot_figure

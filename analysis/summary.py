@@ -89,8 +89,17 @@ def _mechanism_lines(mc: pd.DataFrame) -> list[str]:
     if fp8.empty:
         return []
     lo, hi = fp8.loc[fp8["x_bf16"].idxmin()], fp8.loc[fp8["x_bf16"].idxmax()]
-    return [f"A<0 tokens below the lower clip bound, FP8 arms as a multiple of {lo['bf16_reference']}: "
-            f"{lo['x_bf16']:.1f}x ({lo['arm']}) to {hi['x_bf16']:.1f}x ({hi['arm']})."]
+    text = (f"A<0 tokens below the lower clip bound, FP8 arms as a multiple of {lo['bf16_reference']}: "
+            f"{lo['x_bf16']:.1f}x ({lo['arm']}) to {hi['x_bf16']:.1f}x ({hi['arm']})")
+    if "count_x_bf16" in mc.columns:  # the same as a count of tokens (actor/n_neg_low)
+        cnt = fp8[fp8["count_x_bf16"].map(_fin)]
+        if cnt.empty:
+            text += "; as a count of tokens: n/a (runs without `actor/n_neg_low`)"
+        else:
+            clo, chi = cnt.loc[cnt["count_x_bf16"].idxmin()], cnt.loc[cnt["count_x_bf16"].idxmax()]
+            text += (f"; as a count of tokens: {clo['count_x_bf16']:.1f}x ({clo['arm']}) to "
+                     f"{chi['count_x_bf16']:.1f}x ({chi['arm']})")
+    return [text + "."]
 
 
 def findings(coll: Collection, *, paired: pd.DataFrame, diagnostics: pd.DataFrame,

@@ -21,6 +21,14 @@ whose features are planted on purpose, so analysis can be checked against the nu
   tend to ``low_recall`` / ``low_precision`` (``high_*`` for the upper side).
   ``calibration_mode`` (None: not set) goes into the config as ``clip.calibration_mode`` and
   into the cell's overrides.
+- the counts behind the clip fraction, with ``n_neg=N`` (None: not logged, a run from before
+  them): every step ``actor/n_neg`` ~ Poisson(N), ``actor/n_neg_low`` ~ Binomial(n_neg, the
+  planted fraction), and ``actor/clipfrac_neg_low`` becomes their quotient.
+- the held-out calibration error, with ``heldout_ratio=R`` (None: not logged), where the
+  agreement counts are: ``heldout_tokens``-Poisson A<0 tokens, of which Binomial(n, 0.05) below
+  the BF16 bound and Binomial(n, 0.05 R) below FP8's; logged as ``shadow/oos_*``, or for a
+  calibrated ``same_batch`` run as ``shadow/xfit_*`` with ``shadow/oos_*`` all zero (nothing out of
+  sample). ``grad_cos=c`` logs ``shadow/grad_cos`` = c + N(0, 0.002) (at most 1) on those steps.
 - ``eval.jsonl`` holds ``eval_every``-spaced evaluations per dataset whose last value equals
   ``RunSpec.eval[dataset]`` exactly; ``summary.json`` repeats the final numbers (unless
   ``summary_eval=False``).
@@ -80,6 +88,10 @@ class RunSpec:
     high_recall: float = 0.5
     high_precision: float = 0.5
     calibration_mode: str | None = None
+    n_neg: float | None = None
+    heldout_ratio: float | None = None
+    heldout_tokens: float = 400.0
+    grad_cos: float | None = None
 
     def name(self) -> str:
         return run_name(self.algorithm, self.model, self.fp8, self.clip, self.seed)
@@ -169,6 +181,7 @@ def _columns(spec: RunSpec, rng: np.random.Generator) -> tuple[np.ndarray, dict[
         M.PERF_TOKENS_PER_S: 5000 + u(100),
     }
     cols.update(_agreement_columns(spec, len(s), rng))  # drawn last: earlier columns unchanged
+    cols.update(_count_columns(spec, cnl, len(s), rng))  # drawn only when asked for: likewise
     if spec.nan_every:
         cols[M.ACTOR_ENTROPY] = np.where(s % spec.nan_every == spec.nan_every - 1, np.nan, cols[M.ACTOR_ENTROPY])
     return s, cols
@@ -198,9 +211,41 @@ def _agreement_columns(spec: RunSpec, n: int, rng: np.random.Generator) -> dict[
     return out
 
 
+#: Probability that a held-out A<0 token is below the BF16 bound (``heldout_ratio`` scales FP8's).
+HELDOUT_P = 0.05
+
+
+def _count_columns(spec: RunSpec, cnl: np.ndarray, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The counts behind the clip fraction, the held-out counts and grad_cos (module docstring)."""
+    out: dict[str, np.ndarray] = {}
+    if spec.n_neg is not None:
+        neg = rng.poisson(spec.n_neg, n)
+        low = rng.binomial(neg, np.clip(cnl, 0.0, 1.0))
+        out[M.ACTOR_N_NEG], out[M.ACTOR_N_NEG_LOW] = neg.astype(float), low.astype(float)
+        out[M.ACTOR_CLIPFRAC_NEG_LOW] = low / np.maximum(neg, 1)
+    if spec.heldout_ratio is not None:
+        tokens = rng.poisson(spec.heldout_tokens, n)
+        bf16 = rng.binomial(tokens, HELDOUT_P)
+        fp8 = rng.binomial(tokens, min(1.0, HELDOUT_P * spec.heldout_ratio))
+        xfit = spec.clip == "calibrated" and spec.calibration_mode == "same_batch"
+        zero = np.zeros(n)
+        oos = (zero, zero, zero) if xfit else (tokens, fp8, bf16)
+        for m, v in zip((M.SHADOW_OOS_N_NEG, M.SHADOW_OOS_FP8_LOW_N, M.SHADOW_OOS_BF16_LOW_N), oos, strict=True):
+            out[m] = np.asarray(v, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[M.SHADOW_OOS_CLIPFRAC_NEG_LOW] = np.where(oos[0] > 0, oos[1] / np.maximum(oos[0], 1), np.nan)
+            out[M.SHADOW_OOS_BF16_CLIPFRAC_NEG_LOW] = np.where(oos[0] > 0, oos[2] / np.maximum(oos[0], 1), np.nan)
+        if xfit:
+            out[M.SHADOW_XFIT_N_NEG], out[M.SHADOW_XFIT_FP8_LOW_N], out[M.SHADOW_XFIT_BF16_LOW_N] = (
+                tokens.astype(float), fp8.astype(float), bf16.astype(float))
+    if spec.grad_cos is not None:
+        out[M.SHADOW_GRAD_COS] = np.minimum(1.0, spec.grad_cos + 0.002 * rng.standard_normal(n))
+    return out
+
+
 def _present(spec: RunSpec, metric: str, step: int) -> bool:
     calib = step % CALIBRATION_EVERY == 0
-    if metric in _AGREEMENT:
+    if metric in _AGREEMENT or metric in M.HELDOUT_METRICS:
         return calib and (spec.clip == "calibrated" if spec.shadow_counts is None else spec.shadow_counts)
     if metric in (M.CLIP_ALPHA, M.SHADOW_CLIPFRAC_NEG_LOW, M.SHADOW_RATIO_NEG_Q01, M.PERF_SHADOW_S):
         return spec.clip == "calibrated" and calib
