@@ -158,7 +158,9 @@ def test_two_gloo_ranks_calibrate_to_the_single_process_bounds(trained):
     """``periodic`` (period 1, EMA) inside the real ppo_train on 2 DP ranks: every micro-batch of
     both ranks is measured (the BF16 shadow handed to every loss forward), one update per step
     after it on both ranks with the same global tensors and bounds, equal to one controller fed
-    the concatenated tokens; those bounds rule the next step; the agreement counts are global."""
+    the tokens of every optimizer-step window (both ranks' in rank order, window after window, as
+    the per-window gathers concatenate them); those bounds rule the next step; the agreement
+    counts are global."""
     from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
 
     recs = trained["records"]
@@ -178,7 +180,8 @@ def test_two_gloo_ranks_calibrate_to_the_single_process_bounds(trained):
         assert [len(f) for f in fwds] == [4, 4]  # 2 optimizer steps x 2 micro-batches per rank
         assert all(f["measured"] and f["shadow"] is not None for fs in fwds for f in fs)  # every micro-batch
         assert all(f["bounds"] == pytest.approx(in_force) for fs in fwds for f in fs)  # last step's bounds
-        tok = _tokens(fwds[0] + fwds[1])  # rank order, as the all-gather concatenates
+        # window by window (micro-batches 2w, 2w + 1 of each rank), rank order within a window
+        tok = _tokens([f for w in (0, 1) for r in (0, 1) for f in fwds[r][2 * w: 2 * w + 2]])
         assert torch.equal(tok["ratio"], ups[0][step]["ratio"]) and torch.equal(tok["adv"], ups[0][step]["advantages"])
         assert (tok["adv"] < 0).sum() > 0
         bounds = reference.update(step, ratio=tok["ratio"], shadow_ratio=tok["shadow"], advantages=tok["adv"],
@@ -222,7 +225,9 @@ def test_two_gloo_ranks_calibrate_each_optimizer_step_before_its_loss(trained_sa
     for step in (0, 1):
         fwds = [[f for f in recs[rank]["forward"] if f["step"] == step] for rank in (0, 1)]
         assert [len(f) for f in fwds] == [4, 4]
-        assert not any(f["measured"] or f["shadow"] is not None for fs in fwds for f in fs)
+        # the pre-pass measured them: the losses add nothing more, and count their shadowed rows
+        assert not any(f["measured"] for fs in fwds for f in fs)
+        assert all(f["shadow"] is not None for fs in fwds for f in fs)
         want = dict.fromkeys(("shadow/low_bf16_n", "shadow/low_fp8_n", "shadow/low_both_n", "shadow/high_bf16_n",
                               "shadow/high_fp8_n", "shadow/high_both_n"), 0)
         for w in (0, 1):  # optimizer-step windows: micro-batches 2w, 2w + 1 of each rank

@@ -195,9 +195,10 @@ def model_report(actor) -> dict:
 
 
 def instrument(actor) -> None:
-    """Record every call of the real loss (inputs, bounds in force, outputs) and of the clip
-    controller's ``update`` / ``update_batch`` (inputs, returned bounds), and the calibration
-    mode the loss's controller was built with."""
+    """Record every call of the real loss (inputs, the BF16 shadow and measured rows the plan
+    handed it, bounds used, outputs) and of the clip controller's calibrations -- the pooled
+    update after a step (``_update_step``) and a window's (``_calibrate_window``: inputs, returned
+    bounds) -- and the calibration mode the loss's controller was built with."""
     import torch
 
     loss = actor.trainer.actor_loss_fn
@@ -205,41 +206,47 @@ def instrument(actor) -> None:
                                    "mode": getattr(loss.clipper, "mode", None)}
 
     def pre(module, args, kwargs):
-        shadow = module.pending_shadow
+        p = module.pending
+        shadow = None if p is None or p.shadow is None else p.shadow
         rec["forward"].append({"shadow": None if shadow is None else shadow.detach().clone(),
+                               "rows_measured": None if p is None else p.measured.clone(),
                                "step": module.step, "n_update_batch": len(rec["update_batch"]),
-                               "measured": module.step_tokens is not None})
+                               "measured": module.sink is not None and p is not None and bool(p.measured.any())})
 
     def post(module, args, kwargs, out):
         lp, old, adv = args[:3]
         roll = kwargs.get("rollout_log_probs")
+        w = module.window
         rec["forward"][-1].update(
             lp=lp.detach().float().clone(), old=old.detach().float().clone(), adv=adv.detach().float().clone(),
             mask=kwargs["action_mask"].detach().clone(), roll=None if roll is None else roll.detach().float().clone(),
-            bounds=(module.batch_bounds or module.clipper.bounds(module.step)).as_tuple(), clip_ratio=float(out[1]),
-            loss=float(out[0]))
+            bounds=(w.bounds() if w is not None else module.clipper.bounds(module.step)).as_tuple(),
+            clip_ratio=float(out[1]), loss=float(out[0]))
 
     loss.register_forward_pre_hook(pre, with_kwargs=True)
     loss.register_forward_hook(post, with_kwargs=True)
-    orig_update = loss.clipper.update
+    ctl = loss.clipper
+    if not hasattr(ctl, "_update_step"):  # vanilla: nothing calibrates
+        return
+    orig_step, orig_window = ctl._update_step, ctl._calibrate_window
 
-    def update(step, **kw):
-        bounds = orig_update(step, **kw)
+    def update_step(step, parts):
+        bounds = orig_step(step, parts)
         rec["update"].append({"step": step, "bounds": bounds.as_tuple(),
-                              **{k: v.detach().clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}})
+                              "ratio": torch.cat([p[0] for p in parts]).clone(),
+                              "shadow_ratio": torch.cat([p[1] for p in parts]).clone(),
+                              "advantages": torch.cat([p[2] for p in parts]).clone()})
         return bounds
 
-    loss.clipper.update = update
-    orig_update_batch = getattr(loss.clipper, "update_batch", None)
-
-    def update_batch(step, **kw):
-        bounds = orig_update_batch(step, **kw)
-        rec["update_batch"].append({"step": step, "bounds": bounds.as_tuple(),
-                                    **{k: v.detach().clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}})
+    def calibrate_window(step, tokens, **kw):
+        bounds = orig_window(step, tokens, **kw)
+        rec["update_batch"].append({"step": step, "bounds": bounds.as_tuple(), "ratio": tokens[0].clone(),
+                                    "shadow_ratio": None if tokens[1] is None else tokens[1].clone(),
+                                    "advantages": tokens[2].clone(),
+                                    "seq": None if kw.get("seq") is None else kw["seq"].clone()})
         return bounds
 
-    if orig_update_batch is not None:
-        loss.clipper.update_batch = update_batch
+    ctl._update_step, ctl._calibrate_window = update_step, calibrate_window
 
 
 def records(actor) -> dict:
