@@ -96,27 +96,31 @@ def test_fp8_rollout_arms_are_also_scored_by_a_bf16_engine(tiny, arm, monkeypatc
     this step), samples from the same seed as the arm's own evaluation, and its numbers equal a
     BF16 engine built independently on the same weights."""
     calls = _spy(monkeypatch)
-    cfg = tiny(arm, "tis", steps=2, eval_every=0, eval_k=8)
+    # a seed of its own: nothing in the step-0 cache, so step 0 is computed here too
+    cfg = tiny(arm, "tis", steps=2, eval_every=0, eval_k=8, seed={"tensorwise": 9101, "rollout_only": 9102}[arm])
     t = _trained(cfg)
     evals = [h["eval"] for h in t.history if "eval" in h]
     assert [e["step"] for e in evals] == [0, 2]
     final = evals[-1]
     assert set(BF16.values()) <= set(final) and f"eval_bf16/{DS}/garbled_frac" in final
-    # the final evaluation: the arm's engine first, then the BF16 engine (step 0 comes from the
-    # cache or from two such calls)
-    own_call, bf16_call = calls[-2:]
-    assert own_call["engine"] is t.engine and own_call["recipe"] == cfg.fp8.rollout_recipe and own_call["fp8_layers"]
-    assert bf16_call["engine"] is not t.engine and bf16_call["recipe"] == "bf16" and not bf16_call["fp8_layers"]
-    assert torch.equal(own_call["rng"], bf16_call["rng"])  # paired: the same sampling seed
-    master = {k: v.detach() for k, v in t.policy.state_dict().items()}
-    for k, w in bf16_call["weights"].items():  # the trained weights (synced now), rounded to BF16
-        assert torch.equal(w, master[k].to(torch.bfloat16).to(w.dtype)), k
+    # step 0 and the end: the arm's engine, then the BF16 engine
+    assert len(calls) == 4
+    base, _ = warm_start(cfg.model.slot, t.train_set, t.tok, cfg.mini, cfg.mini.cache_dir)
+    weights = {0: {k: v.detach() for k, v in base.state_dict().items()},
+               2: {k: v.detach() for k, v in t.policy.state_dict().items()}}
+    for step, (own_call, bf16_call) in zip((0, 2), (calls[:2], calls[2:]), strict=True):
+        assert own_call["engine"] is t.engine and own_call["recipe"] == cfg.fp8.rollout_recipe
+        assert own_call["fp8_layers"]
+        assert bf16_call["engine"] is not t.engine and bf16_call["recipe"] == "bf16" and not bf16_call["fp8_layers"]
+        assert torch.equal(own_call["rng"], bf16_call["rng"])  # paired: the same sampling seed
+        for k, w in bf16_call["weights"].items():  # the step's weights (synced now), rounded to BF16
+            assert torch.equal(w, weights[step][k].to(torch.bfloat16).to(w.dtype)), (step, k)
     assert _bf16_as_own(final) == _reference_bf16_row(t, 2)
     # the two engines compute different log-probs on the same tokens (so the comparison with the
     # reference can tell them apart even where 4 problems give the same accuracy)
     ids, mask = left_pad([t.tok.encode(p.prompt, bos=True) for p in t.eval_set], t.tok.pad_id)
     lp = [e.generate(ids, mask, max_new_tokens=8, temperature=1.0, eos_id=t.tok.eos_id, pad_id=t.tok.pad_id,
-                     generator=None, greedy=True).rollout_log_probs for e in (t.engine, bf16_call["engine"])]
+                     generator=None, greedy=True).rollout_log_probs for e in (t.engine, calls[-1]["engine"])]
     assert not torch.equal(*lp)
 
 
@@ -162,6 +166,28 @@ def test_summary_has_the_bf16_evaluation(tiny):
     assert s[avg] == ev[-1][avg] and s[pas] == ev[-1][pas]
     assert s[f"{avg}/initial"] == ev[0][avg] and s[f"{avg}/best"] == max(e[avg] for e in ev)
     assert s[OWN[M.EVAL_AVG]] == ev[-1][OWN[M.EVAL_AVG]]  # the arm's own, as before
+
+
+def test_summary_reads_each_engines_first_last_and_best_row():
+    """``stats.run_summary`` on a history with distinct values: final, initial and best of each
+    engine; a history whose first rows lack the BF16 keys (a run resumed across the change) has no
+    BF16 initial value instead of a later one."""
+    from fp8rl.backends.mini.stats import run_summary
+
+    def ev(step, own, bf16=None):
+        row = M.eval_row(step, DS, avg_at_k=own, pass_at_k=own + 0.1, k=2, n=4)
+        if bf16 is not None:
+            row.update({BF16[M.EVAL_AVG]: bf16, BF16[M.EVAL_PASS]: bf16 + 0.2})
+        return {"eval": row}
+
+    kw = dict(steps=4, wall_s=1.0, state="DONE", reason=None, skipped_updates=0, sft_meta={})
+    s = run_summary([ev(0, 0.5, 0.6), {"step": 1}, ev(2, 0.7, 0.9), ev(4, 0.55, 0.65)], **kw)
+    avg, pas = BF16[M.EVAL_AVG], BF16[M.EVAL_PASS]
+    assert (s[avg], s[pas], s[f"{avg}/initial"], s[f"{avg}/best"]) == (0.65, 0.65 + 0.2, 0.6, 0.9)
+    assert (s[OWN[M.EVAL_AVG]], s[f"{OWN[M.EVAL_AVG]}/initial"], s[f"{OWN[M.EVAL_AVG]}/best"]) == (0.55, 0.5, 0.7)
+    resumed = run_summary([ev(0, 0.5), ev(2, 0.7, 0.9), ev(4, 0.55, 0.65)], **kw)
+    assert resumed[f"{avg}/initial"] is None and resumed[avg] == 0.65
+    assert not any(k.startswith(M.EVAL_BF16_PREFIX) for k in run_summary([ev(0, 0.5), ev(4, 0.55)], **kw))
 
 
 def test_step0_bf16_evaluation_is_the_bf16_arms_own(tiny, tmp_path):
