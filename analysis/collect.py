@@ -10,8 +10,9 @@
 - ``steps``: one row per (run, logged step): ``run, step``, the axes and ``arm``, and one
   float column per metric seen in any run (NaN where a run did not log it: missing optional
   metrics, non-finite values written as ``null``, runs of different lengths);
-- ``evals``: one row per (run, step, dataset, statistic): ``run, step, dataset, stat
-  ("avg@k" | "pass@k"), k, n, value`` and the axes;
+- ``evals``: one row per (run, step, dataset, statistic, engine): ``run, step, dataset, stat
+  ("avg@k" | "pass@k" | "greedy"), k, n, value, precision`` ("own": the arm's rollout engine,
+  ``eval/`` keys; "bf16": a BF16 engine on the same weights, ``eval_bf16/``) and the axes;
 - ``problems``: every cell that is not a finished run, with why: ``missing`` (in the manifest,
   no run directory or an empty one), ``failed`` (status FAILED), ``incomplete`` (RUNNING,
   PREEMPTED, or no status.json), ``damaged`` (its ``status.json`` cannot be read: not JSON, not

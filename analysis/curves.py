@@ -64,12 +64,15 @@ def spec_by_name(specs, name: str, what: str = "figure"):
 
 
 def _eval_mean_steps(coll: Collection) -> pd.DataFrame:
-    """``run, step, eval/mean/avg@k`` (percent): avg@k averaged over the evaluation sets that
-    the run evaluated at that step (only steps where every set of the run is present)."""
+    """``run, step, eval/mean/avg@k`` (percent): avg@k of the arm's own engine averaged over the
+    evaluation sets that the run evaluated at that step (only steps where every set of the run is
+    present)."""
+    from analysis.evals import select_evals
+
     ev = coll.evals
     if len(ev) == 0:
         return pd.DataFrame(columns=["run", "step", EVAL_AVG_METRIC])
-    ev = ev[ev["stat"] == M.EVAL_AVG]
+    ev = select_evals(ev, M.EVAL_AVG)
     n_sets = ev.groupby("run", observed=True)["dataset"].nunique()
     g = ev.groupby(["run", "step"], observed=True)["value"].agg(["mean", "count"]).reset_index()
     g = g[g["count"].to_numpy() == n_sets.reindex(g["run"]).to_numpy()]

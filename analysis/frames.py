@@ -28,7 +28,7 @@ RUN_COLUMNS = [
     "in_manifest", "n_rows", "first_step", "last_step", "truncated_tail", "bad_lines",
     "duplicate_steps", "summary", "run_dir",
 ]
-EVAL_COLUMNS = ["run", "step", "dataset", "stat", "k", "n", "value"]
+EVAL_COLUMNS = ["run", "step", "dataset", "stat", "k", "n", "value", "precision"]
 
 
 @dataclasses.dataclass

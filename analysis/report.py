@@ -12,6 +12,8 @@ Reads the sweep directories (never trains, never needs a GPU), then writes into 
     tables/accuracy_greedy.*     the same for greedy decoding (runs that evaluated it)
     tables/paired_accuracy.*     gain from step 0 per arm and versus BF16, paired (analysis.paired)
     tables/paired_greedy.*       the same for greedy decoding
+    tables/*_bf16.*              the four above scored by a BF16 engine on the same weights (runs whose
+                                 evaluations have eval_bf16/ keys), the paired one with 95% intervals
     tables/diagnostics.md|tex|csv
     tables/mechanism.md|tex|csv  A<0 tokens below the lower bound per arm, x BF16 (fraction and count), ratio q01, bounds
     tables/trajectory.md|tex|csv entropy, garbled fraction and eval accuracy, start vs end, per arm
@@ -45,8 +47,9 @@ from analysis.bars import SUMMARY_NAMES, plot_summary, summary_spec
 from analysis.calibration_report import calibration_match_sections
 from analysis.clip_tables import calibration_table, mechanism_table
 from analysis.collect import Collection, collect
+from analysis.evals import has_evals
 from analysis.figures import FIGURE_NAMES, figure_spec, plot_figure
-from analysis.paired import paired_accuracy_table
+from analysis.paired import paired_accuracy_table, training_effect_lines
 from analysis.staging import write_staged
 from analysis.summary import findings
 from analysis.surge import SurgeRule
@@ -152,17 +155,18 @@ def write_report(
             figs[spec.name] = (spec, plot_figure(coll, spec, fig_dir, smooth=smooth, surge_rule=rule, pdf=pdf),
                                spec.metrics)
 
-    has_greedy = len(coll.evals) > 0 and (coll.evals["stat"] == M.EVAL_GREEDY).any()
+    has_greedy = has_evals(coll, M.EVAL_GREEDY)
     acc = accuracy_table(coll)
     paired = paired_accuracy_table(coll)
     acc_greedy = accuracy_table(coll, stat=M.EVAL_GREEDY, name="accuracy_greedy") if has_greedy else None
     paired_greedy = (paired_accuracy_table(coll, stat=M.EVAL_GREEDY, name="paired_greedy")
                      if has_greedy else None)
+    bf16 = bf16_evaluation_tables(coll)
     diag = diagnostics_table(coll, rule)
     mech = mechanism_table(coll)
     traj = trajectory_table(coll)
     cal = calibration_table(coll)
-    for t in (acc, paired, acc_greedy, paired_greedy, diag, mech, traj, cal):
+    for t in (acc, paired, acc_greedy, paired_greedy, *bf16.values(), diag, mech, traj, cal):
         if t is not None:
             t.write(tab_dir)
     # No ``path`` column: ``sweep`` + ``run`` name the directory, and a published table must not
@@ -174,7 +178,8 @@ def write_report(
 
     n = len(coll.runs)
     sweeps = ", ".join(sorted(coll.runs["sweep"].astype(str).unique())) if n else "(none)"
-    summary = findings(coll, paired=paired.data, diagnostics=diag.data, mechanism=mech.data)
+    summary = findings(coll, paired=paired.data, diagnostics=diag.data, mechanism=mech.data,
+                       paired_bf16=bf16["paired_accuracy_bf16"].data if bf16 else None)
     if len(coll.problems):
         summary.append(f"- {len(coll.problems)} cells are missing, failed or incomplete: "
                        "see [below](#missing-failed-and-incomplete-cells).")
@@ -188,6 +193,8 @@ def write_report(
               ("Start versus end of training", traj, None),
               ("Calibrated Clipping: the bounds over time", cal, None)]
     index = " · ".join(f"[{t.name}](tables/{t.name}.md)" for _, a, b in tables for t in (a, b) if t is not None)
+    if bf16:
+        index += " · " + " · ".join(f"[{n}](tables/{n}.md)" for n in bf16)
     sections = [
         Section("Summary", summary),
         Section("Figures", _figure_lines(figs, pdf)),
@@ -199,6 +206,7 @@ def write_report(
         lines = [table.markdown]
         if greedy is not None:
             lines += ["Greedy decoding:", "", greedy.markdown]
+        lines += _bf16_lines(table.name, bf16)
         sections.append(Section(title, lines))
     sections.append(Section("Method", [
         f"- {rule.describe()}.",
@@ -208,6 +216,37 @@ def write_report(
     path = out / "report.md"
     path.write_text(render(f"Report: {sweeps}", sections), encoding="utf-8")
     return path
+
+
+def bf16_evaluation_tables(coll: Collection) -> dict:
+    """The accuracy tables and the paired-accuracy tables of the BF16 engine (``eval_bf16/`` keys),
+    by name; empty when no run has them (runs made before the BF16 evaluation existed)."""
+    out = {}
+    for stat, suffix in ((M.EVAL_AVG, ""), (M.EVAL_GREEDY, "_greedy")):
+        if has_evals(coll, stat, M.EVAL_BF16):
+            out[f"accuracy{suffix}_bf16"] = accuracy_table(coll, stat=stat, name=f"accuracy{suffix}_bf16",
+                                                           precision=M.EVAL_BF16)
+            paired_name = "paired_accuracy_bf16" if stat == M.EVAL_AVG else "paired_greedy_bf16"
+            out[paired_name] = paired_accuracy_table(coll, stat=stat, name=paired_name, precision=M.EVAL_BF16)
+    return out
+
+
+def _bf16_lines(section_table: str, bf16: dict) -> list[str]:
+    """What a section of report.md adds for the BF16 engine: its tables next to the arm's own, and
+    under the paired gains the statement of the training effect."""
+    if section_table == "accuracy" and "accuracy_bf16" in bf16:
+        lines = ["Scored by a BF16 engine on the same weights (every arm in one precision):", "",
+                 bf16["accuracy_bf16"].markdown]
+        if "accuracy_greedy_bf16" in bf16:
+            lines += ["Greedy decoding, BF16 engine:", "", bf16["accuracy_greedy_bf16"].markdown]
+        return lines
+    if section_table == "paired_accuracy" and "paired_accuracy_bf16" in bf16:
+        lines = ["Scored by a BF16 engine on the same weights (every arm in one precision):", "",
+                 bf16["paired_accuracy_bf16"].markdown]
+        if "paired_greedy_bf16" in bf16:
+            lines += ["Greedy decoding, BF16 engine:", "", bf16["paired_greedy_bf16"].markdown]
+        return [*lines, *training_effect_lines(bf16["paired_accuracy_bf16"].data), ""]
+    return []
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,8 @@ Per (algorithm, model) block, from the report's own tables (nothing here is hand
   evaluation): the best and the lowest arm, and the block's BF16 reference arm, mean ± std
   over seeds;
 - versus BF16, paired by seed: the arms with the largest gain and the largest loss relative to
-  the BF16 arm's gain (mean, t and pairs);
+  the BF16 arm's gain (mean, t and pairs); where a BF16 engine also scored the evaluations, the
+  same from its numbers with 95% intervals: the training effect (``analysis.paired``);
 - entropy surges (``analysis.tables.diagnostics_table``): how many runs surged, in which arms;
   the highest peak entropy against the BF16 arm's;
 - the mechanism (``analysis.clip_tables.mechanism_table``): the range over FP8 arms of the
@@ -102,16 +103,36 @@ def _mechanism_lines(mc: pd.DataFrame) -> list[str]:
     return [text + "."]
 
 
+def _training_effect_lines(p: pd.DataFrame) -> list[str]:
+    """From the BF16-evaluated paired table: the arms with the largest and smallest effect."""
+    if p is None or p.empty or "vs_bf16_lo" not in p.columns:
+        return []
+    d = p[(p["vs_bf16_pairs"] > 0) & p["vs_bf16_mean"].map(_fin)]
+    if d.empty:
+        return []
+    hi, lo = d.loc[d["vs_bf16_mean"].idxmax()], d.loc[d["vs_bf16_mean"].idxmin()]
+
+    def vs(r) -> str:
+        ci = f" [{100 * r['vs_bf16_lo']:+.1f}, {100 * r['vs_bf16_hi']:+.1f}]" if _fin(r["vs_bf16_lo"]) else ""
+        n = int(r["vs_bf16_pairs"])
+        return f"{r['arm']} {100 * r['vs_bf16_mean']:+.1f} pts{ci} ({n} seed{'s' if n != 1 else ''})"
+
+    return [f"Training effect (the BF16-evaluated paired gain: gain from step 0 scored by a BF16 engine "
+            f"minus the BF16 arm's, 95% interval): largest {vs(hi)}, smallest {vs(lo)}."]
+
+
 def findings(coll: Collection, *, paired: pd.DataFrame, diagnostics: pd.DataFrame,
-             mechanism: pd.DataFrame) -> list[str]:
-    """Markdown lines of the summary (a bullet list per (algorithm, model) block)."""
+             mechanism: pd.DataFrame, paired_bf16: pd.DataFrame | None = None) -> list[str]:
+    """Markdown lines of the summary (a bullet list per (algorithm, model) block); with
+    ``paired_bf16`` (``analysis.paired`` of the BF16 engine) also the training effect."""
     runs = coll.runs
     counts = runs["cell"].value_counts().to_dict()
     out = [f"- {len(runs)} cells: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + "."]
     blocks = runs[["algorithm", "model"]].dropna().astype(str).drop_duplicates().to_numpy().tolist()
     for algo, model in sorted(map(tuple, blocks), key=lambda b: panel_order_key(*b)):
-        lines = (_accuracy_lines(_block(paired, algo, model)) + _entropy_lines(_block(diagnostics, algo, model))
-                 + _mechanism_lines(_block(mechanism, algo, model)))
+        lines = (_accuracy_lines(_block(paired, algo, model))
+                 + _training_effect_lines(_block(paired_bf16, algo, model))
+                 + _entropy_lines(_block(diagnostics, algo, model)) + _mechanism_lines(_block(mechanism, algo, model)))
         if not lines:
             continue
         n_arms = int(_block(runs, algo, model).groupby(["fp8", "clip"]).ngroups)

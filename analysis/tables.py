@@ -36,6 +36,7 @@ import pandas as pd
 
 from analysis.arms import arm_label, select
 from analysis.collect import CELL_OK, Collection, final_evals
+from analysis.evals import select_evals
 from analysis.surge import SurgeRule, ema, surge_onset
 from analysis.tabulate import (
     Table,
@@ -65,9 +66,10 @@ def _dataset_key(ds: str) -> tuple:
 
 
 def accuracy_table(coll: Collection, *, stat: str = M.EVAL_AVG, percent: bool = True,
-                   decimals: int = 1, name: str = "accuracy") -> Table:
-    """The accuracy table (see the module docstring)."""
-    fe = final_evals(coll, stat)
+                   decimals: int = 1, name: str = "accuracy", precision: str = M.EVAL_OWN) -> Table:
+    """The accuracy table (see the module docstring) of the arm's own engine, or with
+    ``precision="bf16"`` of the BF16 engine that scored the same weights (``eval_bf16/``)."""
+    fe = final_evals(coll, stat, precision=precision)
     scale = 100.0 if percent else 1.0
     expected = coll.runs.groupby(["algorithm", "model", "fp8", "clip"], dropna=True).size()
     rows = []
@@ -97,7 +99,8 @@ def accuracy_table(coll: Collection, *, stat: str = M.EVAL_AVG, percent: bool = 
     df["partial"] = (df["n"] > 0) & (df["n"] < df["n_expected"])
     best = df.groupby(["algorithm", "model", "dataset"])["mean"].transform("max")
     df["best"] = (~df["missing"]) & np.isclose(df["mean"], best, rtol=0, atol=1e-12)
-    return Table(name, df, _acc_markdown(df, decimals, stat, percent), _acc_latex(df, decimals, stat, percent))
+    label = stat if precision == M.EVAL_OWN else f"{stat} by a BF16 engine"
+    return Table(name, df, _acc_markdown(df, decimals, label, percent), _acc_latex(df, decimals, label, percent))
 
 
 def _cell_text(r, decimals: int, latex: bool) -> str:
@@ -261,8 +264,7 @@ def trajectory_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str = "t
     first and the last evaluation. Per arm: mean and sample std (ddof=1) over runs.
     """
     st = coll.steps
-    ev = coll.evals
-    ev = ev[ev["stat"] == stat] if len(ev) else ev
+    ev = select_evals(coll.evals, stat)
     per_run = []
     for run, g in st.groupby("run", observed=True, sort=False):
         g = g.sort_values("step")

@@ -703,9 +703,11 @@ def test_design_lists_exactly_the_metric_names():
         assert getattr(M, _code(const)) == _code(name), f"{const} is not {name}"
         assert (logged == "sparse") == (_code(name) in M.SPARSE_METRICS), f"{name}: logged {logged!r}"
     evals = _table_after(text, "Per evaluation")
-    assert [_code(r[0]) for r in evals] == [f"{M.EVAL_PREFIX}<dataset>/{s}" for s in M.EVAL_STATS]
-    for name, const, *_ in evals:
-        assert _code(name).endswith("/" + getattr(M, _code(const)))
+    assert [_code(r[0]) for r in evals] == [M.eval_key("DS", s, precision=p).replace("DS", "<dataset>")
+                                            for p in M.EVAL_PRECISIONS for s in M.EVAL_STATS]
+    for name, const, engine, *_ in evals:
+        assert _code(name) == M.eval_key("DS", getattr(M, _code(const)), precision=getattr(M, _code(engine))
+                                         ).replace("DS", "<dataset>"), f"{name}: constant or engine wrong"
 
 
 def test_design_describes_every_file_of_the_run_directory():

@@ -24,6 +24,18 @@ says which k was used; ``n`` is the number of problems. :func:`eval_row` builds 
 Readers (``analysis.collect``) also accept a numeric k in the key (``eval/aime24/avg@16``) and
 rows that carry several datasets at once, so an external logger need not be reshaped.
 
+Two engines score an evaluation. ``eval/...`` is the arm's own rollout engine (FP8 for an FP8
+rollout arm); ``eval_bf16/...`` (:data:`EVAL_BF16_PREFIX`) is a BF16 engine scoring the same
+weights on the same problems with the same sampling seed, so that every arm is evaluated in one
+precision and evaluation precision is not confounded with training precision. Both may share a
+row (same ``step``, ``dataset``, ``k``, ``n``)::
+
+    {"step": 20, "dataset": "arith", "k": 4, "n": 512,
+     "eval/arith/avg@k": 0.80, "eval/arith/pass@k": 0.95,
+     "eval_bf16/arith/avg@k": 0.81, "eval_bf16/arith/pass@k": 0.95}
+
+Rows written before the BF16 evaluation existed have ``eval/`` keys only and read as before.
+
 Values are fractions in [0, 1] for accuracies and clip fractions (not percent); times are
 seconds; lengths are tokens. A non-finite value is written as JSON ``null`` (see
 ``fp8rl.runs.rundir``).
@@ -32,6 +44,7 @@ seconds; lengths are tokens. A non-finite value is written as JSON ``null`` (see
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 STEP = "step"
 
@@ -188,6 +201,14 @@ SPARSE_METRICS: tuple[str, ...] = (
 
 # --- evaluation -------------------------------------------------------------------------
 EVAL_PREFIX = "eval/"
+#: Prefix of the same statistics scored by a BF16 engine on the same weights (every arm).
+EVAL_BF16_PREFIX = "eval_bf16/"
+#: Which engine scored an evaluation (``precision=`` of :func:`eval_key`): the arm's own rollout
+#: engine, or a BF16 engine.
+EVAL_OWN = "own"
+EVAL_BF16 = "bf16"
+EVAL_PRECISIONS: tuple[str, ...] = (EVAL_OWN, EVAL_BF16)
+_EVAL_PREFIXES = {EVAL_OWN: EVAL_PREFIX, EVAL_BF16: EVAL_BF16_PREFIX}
 EVAL_AVG = "avg@k"
 EVAL_PASS = "pass@k"
 #: Accuracy of one greedy decode per problem (the mini backend's paired evaluation).
@@ -199,8 +220,20 @@ EVAL_K = "k"
 EVAL_N = "n"
 
 _DATASET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+]*$")
-#: Matches ``eval/<dataset>/avg@k`` and ``eval/<dataset>/pass@16`` (numeric k accepted on read).
-EVAL_KEY_RE = re.compile(r"^eval/(?P<dataset>[^/]+)/(?:(?P<stat>avg|pass)@(?P<k>k|\d+)|(?P<greedy>greedy))$")
+#: Matches ``eval/<dataset>/avg@k``, ``eval/<dataset>/pass@16`` (numeric k accepted on read) and the
+#: same under ``eval_bf16/``; the ``prefix`` group says which engine.
+EVAL_KEY_RE = re.compile(r"^(?P<prefix>eval|eval_bf16)/(?P<dataset>[^/]+)/"
+                         r"(?:(?P<stat>avg|pass)@(?P<k>k|\d+)|(?P<greedy>greedy))$")
+
+
+class EvalKey(NamedTuple):
+    """A parsed evaluation key: ``dataset``, ``stat`` (one of :data:`EVAL_STATS`), ``k`` (None when
+    the key spells ``k``) and ``precision`` (one of :data:`EVAL_PRECISIONS`)."""
+
+    dataset: str
+    stat: str
+    k: int | None
+    precision: str
 
 
 def _check_dataset(dataset: str) -> str:
@@ -212,68 +245,105 @@ def _check_dataset(dataset: str) -> str:
     return dataset
 
 
-def eval_key(dataset: str, stat: str) -> str:
+def _check_precision(precision: str) -> str:
+    if precision not in EVAL_PRECISIONS:
+        raise ValueError(f"evaluation precision must be one of {EVAL_PRECISIONS} ('own': the arm's rollout "
+                         f"engine, 'bf16': a BF16 engine on the same weights), got {precision!r}")
+    return precision
+
+
+def eval_key(dataset: str, stat: str, *, precision: str = EVAL_OWN) -> str:
     """The metric key of one evaluation statistic: ``eval_key("aime24", "avg@k")``.
 
     Args:
         dataset: the evaluation set's name, a plain token (``aime24``, ``math500``).
         stat: ``"avg@k"`` (mean accuracy over the k samples per problem), ``"pass@k"`` or
             ``"greedy"`` (accuracy of one greedy decode per problem).
+        precision: ``"own"`` (the arm's rollout engine) or ``"bf16"`` (a BF16 engine).
 
     Returns:
-        ``"eval/<dataset>/<stat>"``.
+        ``"eval/<dataset>/<stat>"``, or ``"eval_bf16/<dataset>/<stat>"`` for ``precision="bf16"``.
     """
     _check_dataset(dataset)
     if stat not in EVAL_STATS:
         raise ValueError(f"evaluation statistic must be one of {EVAL_STATS}, got {stat!r}")
-    return f"{EVAL_PREFIX}{dataset}/{stat}"
+    return f"{_EVAL_PREFIXES[_check_precision(precision)]}{dataset}/{stat}"
 
 
-def parse_eval_key(key: str) -> tuple[str, str, int | None] | None:
-    """``"eval/aime24/avg@16"`` -> ``("aime24", "avg@k", 16)``; ``"eval/x/avg@k"`` -> k None;
-    ``"eval/x/greedy"`` -> ``("x", "greedy", None)``.
-
-    Returns None for keys that are not evaluation metrics.
-    """
+def split_eval_key(key: str) -> EvalKey | None:
+    """``"eval_bf16/aime24/avg@16"`` -> ``EvalKey("aime24", "avg@k", 16, "bf16")``; None for keys
+    that are not evaluation metrics of either engine."""
     m = EVAL_KEY_RE.match(key)
     if m is None:
         return None
+    precision = EVAL_BF16 if m.group("prefix") == "eval_bf16" else EVAL_OWN
     if m.group("greedy"):
-        return m.group("dataset"), EVAL_GREEDY, None
+        return EvalKey(m.group("dataset"), EVAL_GREEDY, None, precision)
     k = m.group("k")
-    return m.group("dataset"), f"{m.group('stat')}@k", (None if k == "k" else int(k))
+    return EvalKey(m.group("dataset"), f"{m.group('stat')}@k", None if k == "k" else int(k), precision)
+
+
+def parse_eval_key(key: str, *, precision: str = EVAL_OWN) -> tuple[str, str, int | None] | None:
+    """``"eval/aime24/avg@16"`` -> ``("aime24", "avg@k", 16)``; ``"eval/x/avg@k"`` -> k None;
+    ``"eval/x/greedy"`` -> ``("x", "greedy", None)``.
+
+    Only keys of the engine ``precision`` names match (default: the arm's own, ``eval/``):
+    ``parse_eval_key("eval_bf16/x/avg@k")`` is None and ``parse_eval_key("eval_bf16/x/avg@k",
+    precision="bf16")`` is ``("x", "avg@k", None)``. Returns None for other keys.
+    """
+    _check_precision(precision)
+    p = split_eval_key(key)
+    if p is None or p.precision != precision:
+        return None
+    return p.dataset, p.stat, p.k
 
 
 def eval_row(
     step: int,
     dataset: str,
     *,
-    avg_at_k: float,
+    avg_at_k: float | None = None,
     pass_at_k: float | None = None,
     k: int,
     n: int,
+    bf16_avg_at_k: float | None = None,
+    bf16_pass_at_k: float | None = None,
 ) -> dict:
     """One ``eval.jsonl`` row in the canonical layout (see the module docstring).
 
     Args:
         step: training step the evaluated policy comes from (0 = before training).
         dataset: evaluation set name.
-        avg_at_k: mean accuracy over ``k`` samples per problem, a fraction in [0, 1].
+        avg_at_k: mean accuracy over ``k`` samples per problem, a fraction in [0, 1] (the arm's
+            own engine); None only in a row of the BF16 engine alone (``bf16_avg_at_k`` given).
         pass_at_k: fraction of problems with at least one correct sample, or None.
         k: samples per problem (>= 1).
         n: number of problems (>= 1).
+        bf16_avg_at_k, bf16_pass_at_k: the same statistics from a BF16 engine on the same weights,
+            problems and seed (``eval_bf16/`` keys), or None when not evaluated.
     """
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"eval k must be an int >= 1, got {k!r}")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"eval n (problems) must be an int >= 1, got {n!r}")
+    if avg_at_k is None and bf16_avg_at_k is None:
+        raise ValueError("eval_row needs avg_at_k (the arm's own engine) or bf16_avg_at_k (a BF16 engine)")
+    if pass_at_k is not None and avg_at_k is None:
+        raise ValueError("eval_row: pass_at_k without avg_at_k; give both from the same evaluation")
+    if bf16_pass_at_k is not None and bf16_avg_at_k is None:
+        raise ValueError("eval_row: bf16_pass_at_k without bf16_avg_at_k; give both from the BF16 evaluation")
     row = {
         STEP: int(step),
         EVAL_DATASET: _check_dataset(dataset),
         EVAL_K: k,
         EVAL_N: n,
-        eval_key(dataset, EVAL_AVG): avg_at_k,
     }
+    if avg_at_k is not None:
+        row[eval_key(dataset, EVAL_AVG)] = avg_at_k
     if pass_at_k is not None:
         row[eval_key(dataset, EVAL_PASS)] = pass_at_k
+    if bf16_avg_at_k is not None:
+        row[eval_key(dataset, EVAL_AVG, precision=EVAL_BF16)] = bf16_avg_at_k
+    if bf16_pass_at_k is not None:
+        row[eval_key(dataset, EVAL_PASS, precision=EVAL_BF16)] = bf16_pass_at_k
     return row

@@ -30,8 +30,10 @@ whose features are planted on purpose, so analysis can be checked against the nu
   calibrated ``same_batch`` run as ``shadow/xfit_*`` with ``shadow/oos_*`` all zero (nothing out of
   sample). ``grad_cos=c`` logs ``shadow/grad_cos`` = c + N(0, 0.002) (at most 1) on those steps.
 - ``eval.jsonl`` holds ``eval_every``-spaced evaluations per dataset whose last value equals
-  ``RunSpec.eval[dataset]`` exactly; ``summary.json`` repeats the final numbers (unless
-  ``summary_eval=False``).
+  ``RunSpec.eval[dataset]`` exactly (each value ``final x (0.5 + 0.5 step / last step)``, so the
+  gain from step 0 is half the final value); ``RunSpec.eval_bf16`` adds the BF16 engine's keys
+  (``eval_bf16/``) to the same rows the same way (empty: a run without them, as before the BF16
+  evaluation existed); ``summary.json`` repeats the final numbers (unless ``summary_eval=False``).
 - ``state=None`` leaves the cell in the manifest without a directory (a *missing* cell);
   ``truncated_tail=True`` appends half a line to ``metrics.jsonl`` (a writer killed mid-line);
   ``nan_every=n`` logs a non-finite entropy every n steps (written as null).
@@ -74,6 +76,7 @@ class RunSpec:
     noise: float = 0.005
     clipfrac_neg_low: float = 0.002
     eval: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    eval_bf16: Mapping[str, float] = dataclasses.field(default_factory=dict)
     eval_k: int = 4
     eval_n: int = 32
     eval_every: int | None = None
@@ -282,8 +285,12 @@ def eval_rows(spec: RunSpec) -> list[dict]:
         frac = 0.5 + 0.5 * st / max(last, 1)
         for ds, final in spec.eval.items():
             avg = final if st == last else final * frac
+            bf16 = spec.eval_bf16.get(ds)
+            if bf16 is not None and st != last:
+                bf16 *= frac
             rows.append(
-                M.eval_row(st, ds, avg_at_k=avg, pass_at_k=min(1.0, avg + 0.2), k=spec.eval_k, n=spec.eval_n)
+                M.eval_row(st, ds, avg_at_k=avg, pass_at_k=min(1.0, avg + 0.2), k=spec.eval_k, n=spec.eval_n,
+                           bf16_avg_at_k=bf16, bf16_pass_at_k=None if bf16 is None else min(1.0, bf16 + 0.2))
             )
     return rows
 
@@ -338,6 +345,8 @@ def write_run(sweep_dir: str | os.PathLike, spec: RunSpec, *, fast: bool = False
         if spec.summary_eval:
             for ds, v in spec.eval.items():
                 summary[M.eval_key(ds, M.EVAL_AVG)] = v
+            for ds, v in spec.eval_bf16.items():
+                summary[M.eval_key(ds, M.EVAL_AVG, precision=M.EVAL_BF16)] = v
         run.write_summary(summary)
     return cell
 

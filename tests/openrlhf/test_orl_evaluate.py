@@ -32,7 +32,7 @@ def test_evaluate_run_with_fake_generator(tmp_path, pool):
     prepare(["aime24", "math500"], data, {}, sources={"aime24": str(FIXTURES / "aime24.jsonl"),
                                                       "math500": str(FIXTURES / "math500.jsonl")})
     cfg = {"openrlhf": {"eval_sets": ["aime24", "math500"], "vllm_tp": {"8b": 1}, "data_dir": str(data)},
-           "model": {"slot": "8b"}, "eval_k": 4, "eval_temperature": 0.6, "max_response_len": 64,
+           "fp8": {"rollout_recipe": "bf16"}, "model": {"slot": "8b"}, "eval_k": 4, "eval_temperature": 0.6, "max_response_len": 64,
            "output_dir": str(tmp_path / "sweep")}
     rd = RunDir(tmp_path / "sweep" / "grpo-8b-bf16-vanilla-s0-00000000").init(cfg)
     rd.metrics_path.write_text('{"step": 1}\n{"step": 7}\n')

@@ -126,3 +126,38 @@ def test_metric_names():
                    "eval/amc23/avg@k": 0.5, "eval/amc23/pass@k": 0.75}
     with pytest.raises(ValueError):
         M.eval_row(5, "amc23", avg_at_k=0.5, k=0, n=40)
+
+
+def test_bf16_evaluation_keys():
+    """The BF16 engine's keys: built, parsed, kept apart from the arm's own (``eval/``) keys."""
+    assert M.eval_key("aime24", "avg@k", precision="bf16") == "eval_bf16/aime24/avg@k"
+    assert M.eval_key("arith", "greedy", precision=M.EVAL_BF16) == "eval_bf16/arith/greedy"
+    assert M.eval_key("aime24", "pass@k", precision=M.EVAL_OWN) == "eval/aime24/pass@k"
+    with pytest.raises(ValueError, match="precision"):
+        M.eval_key("aime24", "avg@k", precision="fp8")
+    # the default parse reads the arm's own keys only: a reader written before eval_bf16 existed
+    # never mixes the two engines
+    assert M.parse_eval_key("eval_bf16/aime24/avg@k") is None
+    assert M.parse_eval_key("eval_bf16/aime24/avg@16", precision="bf16") == ("aime24", "avg@k", 16)
+    assert M.parse_eval_key("eval/aime24/avg@k", precision="bf16") is None
+    assert M.split_eval_key("eval_bf16/arith/greedy") == ("arith", "greedy", None, "bf16")
+    assert M.split_eval_key("eval/arith/pass@k") == M.EvalKey("arith", "pass@k", None, "own")
+    for bad in ("eval_bf16/arith/garbled_frac", "eval_fp8/arith/avg@k", "evalbf16/arith/avg@k",
+                "eval_bf16/a/b/avg@k"):
+        assert M.split_eval_key(bad) is None, bad
+    row = M.eval_row(5, "amc23", avg_at_k=0.5, pass_at_k=0.75, k=4, n=40, bf16_avg_at_k=0.25, bf16_pass_at_k=0.5)
+    assert row == {"step": 5, "dataset": "amc23", "k": 4, "n": 40, "eval/amc23/avg@k": 0.5,
+                   "eval/amc23/pass@k": 0.75, "eval_bf16/amc23/avg@k": 0.25, "eval_bf16/amc23/pass@k": 0.5}
+    # every key of the row parses back to its engine
+    assert {M.split_eval_key(k) for k in row if "/" in k} == {
+        ("amc23", "avg@k", None, "own"), ("amc23", "pass@k", None, "own"),
+        ("amc23", "avg@k", None, "bf16"), ("amc23", "pass@k", None, "bf16")}
+    with pytest.raises(ValueError, match="bf16_avg_at_k"):
+        M.eval_row(5, "amc23", avg_at_k=0.5, k=4, n=40, bf16_pass_at_k=0.5)
+    # a row of the BF16 engine alone (paper scale's step 0): no eval/ key
+    assert M.eval_row(0, "amc23", k=4, n=40, bf16_avg_at_k=0.25) == {
+        "step": 0, "dataset": "amc23", "k": 4, "n": 40, "eval_bf16/amc23/avg@k": 0.25}
+    with pytest.raises(ValueError, match="needs avg_at_k"):
+        M.eval_row(0, "amc23", k=4, n=40)
+    with pytest.raises(ValueError, match="pass_at_k without avg_at_k"):
+        M.eval_row(0, "amc23", pass_at_k=0.5, k=4, n=40, bf16_avg_at_k=0.25)

@@ -100,7 +100,7 @@ def run_summary(history: list[dict], *, steps: int, wall_s: float, state: str, r
         return sum(vals) / len(vals) if vals else None
 
     last = train[-10:]
-    return {
+    out = {
         "state": state, "reason": reason, "steps": steps, "wall_s": wall_s,
         "skipped_updates": skipped_updates,
         avg: evals[-1][avg] if evals else None, pas: evals[-1][pas] if evals else None,
@@ -115,3 +115,11 @@ def run_summary(history: list[dict], *, steps: int, wall_s: float, state: str, r
         f"{M.PERF_STEP_S}/mean": mean_of(M.PERF_STEP_S, train),
         "sft": {k: v for k, v in sft_meta.items() if k != "path"},
     }
+    # the BF16 engine's evaluation of the same weights, as the arm's own above (rows that have it)
+    bavg, bpas = (M.eval_key(DATASET, s, precision=M.EVAL_BF16) for s in (M.EVAL_AVG, M.EVAL_PASS))
+    # (a run resumed across the change has them from some row on: initial / final are None where absent)
+    bf16 = [e[bavg] for e in evals if bavg in e]
+    if bf16:
+        out.update({bavg: evals[-1].get(bavg), bpas: evals[-1].get(bpas), f"{bavg}/initial": evals[0].get(bavg),
+                    f"{bavg}/best": max(bf16)})
+    return out

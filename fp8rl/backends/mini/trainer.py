@@ -104,14 +104,31 @@ CHECKPOINT_FILE = "state.pt"
 #: Part of the step-0 evaluation cache key: bump when the engine or the evaluation computes
 #: different numbers for the same settings.
 EVAL0_VERSION = 1
+#: The rollout recipe of the BF16 evaluation engine (``eval_bf16/`` keys).
+BF16_EVAL_RECIPE = "bf16"
+
+
+def with_bf16(own: dict, bf16: dict) -> dict:
+    """``own`` (an engine's ``eval.jsonl`` row) plus ``bf16``'s metric keys renamed ``eval/`` ->
+    ``eval_bf16/`` (the BF16 engine's row of the same step, data set, k and n)."""
+    same = (M.STEP, M.EVAL_DATASET, M.EVAL_K, M.EVAL_N)
+    if any(own[f] != bf16[f] for f in same):
+        raise ValueError(f"the BF16 evaluation row is not the same evaluation: {[bf16[f] for f in same]} "
+                         f"against {[own[f] for f in same]} ({same})")
+    out = dict(own)
+    for key, value in bf16.items():
+        if key.startswith(M.EVAL_PREFIX):
+            out[M.EVAL_BF16_PREFIX + key[len(M.EVAL_PREFIX):]] = value
+    return out
 
 
 class MiniTrainer(UpdateMixin):
     """Builds the task, the warm-started policy, the rollout engine and the clip method of a
     ``MiniRunConfig``, and runs the loop. ``run_dir`` is an ``fp8rl.runs.RunDir`` (or None:
-    nothing is written, no checkpoint, e.g. for benchmarks)."""
+    nothing is written, no checkpoint, e.g. for benchmarks). ``bf16_eval=False`` leaves out the
+    BF16 engine's evaluation (``eval_bf16/`` keys; for benchmarks and tests: a run always has it)."""
 
-    def __init__(self, cfg: MiniRunConfig, run_dir=None, *, sft_cache: str | Path) -> None:
+    def __init__(self, cfg: MiniRunConfig, run_dir=None, *, sft_cache: str | Path, bf16_eval: bool = True) -> None:
         from fp8rl.quant.convert import convert_to_fp8
         from fp8rl.rl.clipping import make_clipper
 
@@ -128,6 +145,11 @@ class MiniTrainer(UpdateMixin):
         self.policy = convert_to_fp8(copy.deepcopy(base).train(), cfg.fp8.trainer_recipe,
                                      emulate=cfg.fp8.emulate, impl=cfg.fp8.impl)
         self.engine.sync(self.policy)
+        # the BF16 evaluation engine (eval_bf16/ keys), from the same unconverted template as the
+        # rollout engine; None where the rollout engine is one already (its evaluation is reused)
+        self.bf16_eval = bf16_eval
+        self._bf16_engine = (None if not bf16_eval or self._bf16_engine_is_own() else
+                             RolloutEngine(base, BF16_EVAL_RECIPE, emulate=cfg.fp8.emulate, dtype=self.dtype))
         # foreach: the same arithmetic as the per-parameter loop (bit for bit), fewer calls
         self.optimizer = torch.optim.AdamW(param_groups(self.policy, cfg), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                                            weight_decay=cfg.weight_decay, foreach=True)
@@ -244,26 +266,66 @@ class MiniTrainer(UpdateMixin):
                 raise RunFailed(f"parameter {name} became non-finite; the run diverged")
 
     def evaluate_start(self) -> dict:
-        """The step-0 evaluation: the warm start seen through this run's rollout engine.
+        """The step-0 evaluation: the warm start seen through this run's rollout engine and
+        through a BF16 engine.
 
         Every cell of a sweep with the same warm start, engine (rollout recipe, emulation,
-        compute dtype), evaluation settings and seed computes the same numbers here, so the
-        first computes them and stores them beside the warm start; the others read them
+        compute dtype), evaluation settings and seed computes the same numbers for that engine,
+        so the first computes them and stores them beside the warm start; the others read them
         (``evaluate.cached_evaluation``; exact: the evaluation is deterministic given that key).
+        The cache holds one engine's row per entry, keyed by that engine's recipe: the BF16 part
+        of an FP8 arm's row is the entry of the BF16 engine, the one a BF16 arm of the sweep
+        computes for its own evaluation (same warm start weights, same engine, same seed).
         """
+        cache = Path(self.sft_meta["path"])
+        own = cached_evaluation(cache, self._eval0_spec(self.cfg.fp8.rollout_recipe),
+                                lambda: self._engine_row(0, self.engine))
+        if not self.bf16_eval:
+            return own
+        bf16 = own if self._bf16_engine_is_own() else cached_evaluation(
+            cache, self._eval0_spec(BF16_EVAL_RECIPE), lambda: self._engine_row(0, self.bf16_eval_engine()))
+        return with_bf16(own, bf16)
+
+    def _eval0_spec(self, rollout_recipe: str) -> dict:
+        """The step-0 cache key of the engine with ``rollout_recipe`` (everything its numbers depend on)."""
         cfg = self.cfg
-        spec = {"version": EVAL0_VERSION, "rollout_recipe": cfg.fp8.rollout_recipe, "emulate": cfg.fp8.emulate,
+        return {"version": EVAL0_VERSION, "rollout_recipe": rollout_recipe, "emulate": cfg.fp8.emulate,
                 "compute_dtype": cfg.fp8.compute_dtype, "eval_k": cfg.eval_k,
                 "eval_temperature": cfg.eval_temperature, "eval_greedy": cfg.eval_greedy,
                 "max_response_len": cfg.max_response_len, "seed": cfg.seed, "device": self.device.type}
-        return cached_evaluation(Path(self.sft_meta["path"]), spec, lambda: self.evaluate(0))
 
     def evaluate(self, step: int) -> dict:
-        """Held-out accuracy of the current policy (its rollout engine). Paired: every evaluation
-        of the run samples with the same seed, so differences between steps are the policy's."""
+        """Held-out accuracy of the current policy through its rollout engine (``eval/`` keys) and
+        through a BF16 engine on the same weights (``eval_bf16/``). Paired: every evaluation of the
+        run, with either engine, samples with the same seed, so differences between steps are the
+        policy's and differences between the engines are the engines'."""
+        own = self._engine_row(step, self.engine)
+        if not self.bf16_eval:
+            return own
+        bf16 = own if self._bf16_engine_is_own() else self._engine_row(step, self.bf16_eval_engine())
+        return with_bf16(own, bf16)
+
+    def _bf16_engine_is_own(self) -> bool:
+        """Whether the rollout engine is already the BF16 engine (no FP8 rollout recipe): then its
+        evaluation is the BF16 evaluation, reused instead of computed twice."""
+        from fp8rl.quant.recipes import get_recipe
+
+        return not get_recipe(self.cfg.fp8.rollout_recipe).enabled
+
+    def bf16_eval_engine(self) -> RolloutEngine:
+        """The BF16 evaluation engine (the ``bf16`` rollout recipe at the run's compute dtype, its own
+        weight copy), synced from the policy's current weights on every call; the rollout engine
+        itself where that is a BF16 engine already."""
+        if self._bf16_engine is None:
+            return self.engine
+        self._bf16_engine.sync(self.policy)
+        return self._bf16_engine
+
+    def _engine_row(self, step: int, engine: RolloutEngine) -> dict:
+        """One engine's evaluation of the current policy as an ``eval.jsonl`` row (``eval/`` keys)."""
         cfg = self.cfg
         gen = torch.Generator(device=self.device).manual_seed(seed_for(cfg.seed, "eval"))
-        res = evaluate(self.engine, self.eval_set, self.tok, k=cfg.eval_k, temperature=cfg.eval_temperature,
+        res = evaluate(engine, self.eval_set, self.tok, k=cfg.eval_k, temperature=cfg.eval_temperature,
                        max_new_tokens=cfg.max_response_len, generator=gen, device=self.device,
                        greedy=cfg.eval_greedy)
         row = M.eval_row(step, DATASET, avg_at_k=res["avg@k"], pass_at_k=res["pass@k"],

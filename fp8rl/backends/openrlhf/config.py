@@ -88,7 +88,12 @@ class OpenRLHFSettings:
         save_steps: DeepSpeed checkpoint cadence (resume after preemption); -1 = off.
         lr_warmup_ratio: OpenRLHF's warm-up fraction of the cosine schedule.
         entropy_logging: ``--actor.entropy_coef 0`` (log entropy only).
-        final_eval: run ``experiments.evaluate`` on the final checkpoint after training.
+        final_eval: run ``experiments.evaluate`` on the final checkpoint after training (vLLM with
+            the arm's rollout quantization: ``eval/`` keys).
+        eval_bf16: that evaluation also scores the base model (step 0) and the final checkpoint
+            with a BF16 vLLM engine (``eval_bf16/`` keys), so every arm is evaluated in one
+            precision; costs one more evaluation pass for a BF16 arm, two for an FP8 arm
+            (``fp8rl.backends.openrlhf.evaluate``). Needs ``final_eval``.
         ray_deadline_s: how long the Ray bootstrap waits for every node and GPU.
         extra_args: raw extra CLI arguments appended verbatim (each one validated against the
             0.11.2 parser by the tests only for what we emit; use sparingly).
@@ -131,6 +136,7 @@ class OpenRLHFSettings:
     lr_warmup_ratio: float = 0.0
     entropy_logging: bool = True
     final_eval: bool = True
+    eval_bf16: bool = False
     ray_deadline_s: float = 600.0
     extra_args: list[str] = field(default_factory=list)
     device: str = "cuda"
@@ -173,6 +179,9 @@ class OpenRLHFSettings:
                  f"openrlhf.save_steps must be >= 1 or -1 (off), got {self.save_steps}")
         _require(0 <= self.lr_warmup_ratio < 1, "openrlhf.lr_warmup_ratio must be in [0, 1)")
         _require(self.ray_deadline_s > 0, "openrlhf.ray_deadline_s must be > 0")
+        _require(isinstance(self.eval_bf16, bool) and (self.final_eval or not self.eval_bf16),
+                 f"openrlhf.eval_bf16={self.eval_bf16!r} is part of the evaluation after training: it needs "
+                 "openrlhf.final_eval=true (or set eval_bf16=false)")
         _require(all(isinstance(a, str) for a in self.extra_args), "openrlhf.extra_args must be strings")
         for k, v in self.reward_scheme.items():
             _require(v in REWARD_SCHEMES,

@@ -43,7 +43,7 @@ from fp8rl.backends.openrlhf.config import OpenRLHFRunConfig, data_plan
 DRIVER_COVERAGE_ENV = "FP8RL_DRIVER_COVERAGE"
 
 #: Keys left out of the run identity (paths and caches do not change what a run computes).
-IDENTITY_EXCLUDE = ("openrlhf.data_dir", "openrlhf.final_eval",
+IDENTITY_EXCLUDE = ("openrlhf.data_dir", "openrlhf.final_eval", "openrlhf.eval_bf16",
                     "openrlhf.ray_deadline_s", "openrlhf.save_steps", "openrlhf.dump_loss_inputs")
 #: Logical CPUs of a CPU job's Ray node (more than cores: Ray books one CPU per OpenRLHF actor; Ray
 #: starts about as many idle workers, so not many more).
@@ -194,9 +194,30 @@ def run_openrlhf(cfg: OpenRLHFRunConfig, overrides: Iterable[str] = (), *, progr
     summary = {"state": DONE, "reason": None, "steps": stats["last_step"]}
     rd.write_summary(summary)
     if o.final_eval:
-        subprocess.run([sys.executable, "-m", "experiments.evaluate", str(rd.path)], check=True)
+        subprocess.run(evaluate_command(cfg, rd.path), check=True)
     rd.set_status(DONE, stats["last_step"])
     return {**(rd.summary() or summary), "run_dir": str(rd.path)}
+
+
+def evaluate_command(cfg: OpenRLHFRunConfig, run_dir: Path) -> list[str]:
+    """The evaluation after training (``experiments.evaluate``): the arm's own engine on the final
+    checkpoint, and with ``openrlhf.eval_bf16`` a BF16 engine on the base model and the final
+    checkpoint (``fp8rl.backends.openrlhf.evaluate``); the option is on the command line, so the
+    job's log shows what ran."""
+    return [sys.executable, "-m", "experiments.evaluate", str(run_dir),
+            "--bf16" if cfg.openrlhf.eval_bf16 else "--no-bf16"]
+
+
+def _evaluate_line(cfg: OpenRLHFRunConfig) -> str:
+    from fp8rl.backends.openrlhf.plugin.fp8_rollout import VLLM_QUANTIZATION
+
+    if not cfg.openrlhf.final_eval:
+        return "    evaluate:  none after training (openrlhf.final_eval=false)"
+    own = VLLM_QUANTIZATION.get(cfg.fp8.rollout_recipe, "bf16")
+    line = f"    evaluate:  checkpoint/final with vLLM {own} (eval/)"
+    if cfg.openrlhf.eval_bf16:
+        line += "; base model and checkpoint/final with vLLM bf16 (eval_bf16/, openrlhf.eval_bf16)"
+    return line
 
 
 def driver_python() -> list[str]:
@@ -269,7 +290,7 @@ def describe(cfg: OpenRLHFRunConfig, resources, run_dir: Path) -> list[str]:
         return [f"    local:     this machine, no Slurm, CPU job (openrlhf.device=cpu): {lay.gpus} actor rank(s), "
                 f"{lay.vllm_engines} vLLM engine(s); trainer {cfg.fp8.trainer_recipe}, rollout "
                 f"{cfg.fp8.rollout_recipe}, clip {cfg.clip.arm}",
-                f"    openrlhf:  {command_line(args)}"]
+                f"    openrlhf:  {command_line(args)}", _evaluate_line(cfg)]
     if resources is None:
         return ["    openrlhf:  (no cluster profile: cannot lay out GPUs)"]
     lay = layout_for(cfg, resources.nodes, resources.gpus_per_node)
@@ -287,6 +308,7 @@ def describe(cfg: OpenRLHFRunConfig, resources, run_dir: Path) -> list[str]:
         f"colocate_all={lay.colocate_all}; trainer {cfg.fp8.trainer_recipe}, rollout {cfg.fp8.rollout_recipe}, "
         f"clip {cfg.clip.arm}",
         f"    openrlhf:  {command_line(args)}",
+        _evaluate_line(cfg),
     ]
 
 
