@@ -67,16 +67,16 @@ Every wrapped signature is checked against what this module was written for when
 (:class:`UpstreamChangedError` names what moved); ``check_version`` refuses any other OpenRLHF.
 A binding never applies twice: rebinding with another spec (tests) starts from the originals.
 
-Calibration schedule (``calibrate``; the modes of ``fp8rl.rl.calibration``): the controller step
-is the number of ``ppo_train`` calls so far (saved with checkpoints); on a step that needs the
-BF16 shadow, the BF16 log-probs of every replay-buffer sample are computed under
-``fp8_disabled`` before the first update (stored in the sample's ``info`` under
-:data:`SHADOW_OLD_KEY`, popped before upstream sees it). ``periodic`` / ``pooled``: every
-micro-batch of a measured step is measured (its BF16 ratio before upstream's forward, its FP8
-ratio in the loss) and one update on the tokens of all DP ranks runs after the step (bounds from
-the next step). ``same_batch``: a no-grad pre-pass over each optimizer-step window (FP8 and BF16
-forwards of its micro-batches), the tokens of all DP ranks, one ``update_batch``, bounds used by
-that window's losses; ``calibrate``'s docstring gives the choice, its cost and its deviations.
+Calibration plan (``calibrate``; the modes of ``fp8rl.rl.calibration``): the controller step
+is the number of ``ppo_train`` calls so far (saved with checkpoints); at its start the clip
+method's ``begin_step`` says which replay-buffer samples get a BF16 shadow and which feed the
+estimate (every sample of a calibration step, or ``sampled``'s seeded subset); their BF16 old
+log-probs are computed under ``fp8_disabled`` before the first update. Each optimizer-step window
+is then run in the order and with the calibration point the plan asks for (``same_batch``: an
+FP8 pre-pass and the calibration before its first micro-batch; ``sampled``: the subset's
+micro-batches first, the calibration after them; ``periodic`` / ``pooled``: the window's tokens
+collected, one pooled update after the step); ``calibrate``'s docstring gives the choices, their
+cost and their deviations.
 
 Whole steps only (``trainer``): the last rollout batch of an episode, short when the prompts run
 out mid-batch (DAPO's dynamic filtering at every episode end), is dropped rather than trained:
