@@ -135,7 +135,7 @@ def run_heldout(coll: Collection) -> pd.DataFrame:
     return df[cols]
 
 
-def _tis_clip(arms: list[tuple[str, str]], fp8: str) -> str:
+def tis_clip(arms: list[tuple[str, str]], fp8: str) -> str:
     """The block's TIS arm of FP8 setting ``fp8`` (``tis``, else its first TIS variant); ""."""
     clips = [c for f, c in arms if f == fp8 and split_clip(c)[0] == "tis"]
     return "tis" if "tis" in clips else (clips[0] if clips else "")
@@ -194,7 +194,7 @@ def heldout_rows(coll: Collection) -> tuple[pd.DataFrame, list[str]]:
 def _tis_diff(keyed: pd.DataFrame, r: pd.DataFrame, algo: str, model: str, fp8: str, clip: str,
               arms: list[tuple[str, str]]) -> dict:
     """grad_cos of the runs ``r`` minus the TIS arm's of the same seed (see :func:`heldout_rows`)."""
-    tis = _tis_clip(arms, fp8)
+    tis = tis_clip(arms, fp8)
     out = {"tis_clip": tis, "tis_pairs": 0, "tis_diff_mean": math.nan, "tis_diff_lo": math.nan,
            "tis_diff_hi": math.nan, "tis_diff_t": math.nan}
     if not tis or tis == clip:

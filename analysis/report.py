@@ -14,6 +14,8 @@ Reads the sweep directories (never trains, never needs a GPU), then writes into 
     tables/paired_greedy.*       the same for greedy decoding
     tables/*_bf16.*              the four above scored by a BF16 engine on the same weights (runs whose
                                  evaluations have eval_bf16/ keys), the paired one with 95% intervals
+    tables/entropy_paired.*      end entropy per arm minus BF16's and (calibrated) minus TIS's, paired by
+                                 seed, 95% intervals; the share of TIS's excess removed (analysis.entropy_paired)
     tables/diagnostics.md|tex|csv
     tables/mechanism.md|tex|csv  A<0 tokens below the lower bound per arm, x BF16 (fraction and count), ratio q01, bounds
     tables/trajectory.md|tex|csv entropy, garbled fraction and eval accuracy, start vs end, per arm
@@ -47,6 +49,7 @@ from analysis.bars import SUMMARY_NAMES, plot_summary, summary_spec
 from analysis.calibration_report import calibration_match_sections
 from analysis.clip_tables import calibration_table, mechanism_table
 from analysis.collect import Collection, collect
+from analysis.entropy_paired import entropy_paired_table
 from analysis.evals import has_evals
 from analysis.figures import FIGURE_NAMES, figure_spec, plot_figure
 from analysis.paired import paired_accuracy_table, training_effect_lines
@@ -162,11 +165,12 @@ def write_report(
     paired_greedy = (paired_accuracy_table(coll, stat=M.EVAL_GREEDY, name="paired_greedy")
                      if has_greedy else None)
     bf16 = bf16_evaluation_tables(coll)
+    entropy = entropy_paired_table(coll)
     diag = diagnostics_table(coll, rule)
     mech = mechanism_table(coll)
     traj = trajectory_table(coll)
     cal = calibration_table(coll)
-    for t in (acc, paired, acc_greedy, paired_greedy, *bf16.values(), diag, mech, traj, cal):
+    for t in (acc, paired, acc_greedy, paired_greedy, *bf16.values(), entropy, diag, mech, traj, cal):
         if t is not None:
             t.write(tab_dir)
     # No ``path`` column: ``sweep`` + ``run`` name the directory, and a published table must not
@@ -189,7 +193,7 @@ def write_report(
     if coll.notes:
         problem_lines += ["", "Data notes:", ""] + [f"- {x}" for x in coll.notes]
     tables = [("Accuracy", acc, acc_greedy), ("Accuracy gain, paired", paired, paired_greedy),
-              ("Diagnostics", diag, None), ("Mechanism: FP8 noise and the lower clip bound", mech, None),
+              ("End-of-training entropy, paired by seed", entropy, None), ("Diagnostics", diag, None), ("Mechanism: FP8 noise and the lower clip bound", mech, None),
               ("Start versus end of training", traj, None),
               ("Calibrated Clipping: the bounds over time", cal, None)]
     index = " · ".join(f"[{t.name}](tables/{t.name}.md)" for _, a, b in tables for t in (a, b) if t is not None)

@@ -255,6 +255,14 @@ def diagnostics_table(coll: Collection, rule: SurgeRule = SurgeRule(), *, decima
 TRAJECTORY_WINDOW = 0.25
 
 
+def window_mean(values, part: str, fraction: float = TRAJECTORY_WINDOW) -> float:
+    """Mean of the finite ``values`` [n logged steps, in step order] over the ``part`` ("first" or
+    "last") ``fraction`` of the logged steps, at least one (NaN when none of them is finite)."""
+    v = np.asarray(values, dtype=float)
+    w = max(1, math.ceil(fraction * len(v)))
+    return fmean(v[:w] if part == "first" else v[-w:])
+
+
 def trajectory_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str = "trajectory") -> Table:
     """Start versus end of training per arm: did entropy, garbling or accuracy move?
 
@@ -268,13 +276,9 @@ def trajectory_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str = "t
     per_run = []
     for run, g in st.groupby("run", observed=True, sort=False):
         g = g.sort_values("step")
-        w = max(1, math.ceil(TRAJECTORY_WINDOW * len(g)))
 
-        def win(m, part, g=g, w=w):
-            if m not in g.columns:
-                return math.nan
-            v = g[m].to_numpy(dtype=float)
-            return fmean(v[:w] if part == "first" else v[-w:])
+        def win(m, part, g=g):
+            return window_mean(g[m].to_numpy(dtype=float), part) if m in g.columns else math.nan
 
         ent = finite(g[M.ACTOR_ENTROPY]) if M.ACTOR_ENTROPY in g.columns else np.array([])
         e = ev[ev["run"] == run] if len(ev) else ev
