@@ -210,6 +210,66 @@ def test_logged_clip_diagnostics_equal_counts_recomputed_from_the_loss_inputs(ru
                         (prefix, step, side, b)
 
 
+#: Cells whose loss applies TIS (token-level truncated IS on the rollout/trainer mismatch): both
+#: have FP8 engines, so their rollout log-probs differ from the trainer's old log-probs.
+TIS_CELLS = ("grpo-8b-rowwise-calibrated", "dapo-8b-tensorwise-tis")
+
+
+def _tis_cap(run: Path) -> float:
+    import yaml
+
+    return float(yaml.safe_load((run / "config.yaml").read_text())["clip"]["tis_cap"])
+
+
+def test_tis_ran_on_the_engines_log_probs_in_every_micro_batch(runs):
+    """In the TIS cells (the calibrated cell applies TIS too) every micro-batch's loss received the
+    engines' rollout log-probs (vLLM asked for them: ``SamplingParams(logprobs=1)``), which differ
+    from the trainer's old log-probs (FP8 engines), and applied IS weights equal to
+    min(exp(old - rollout), C), C the cell's ``clip.tis_cap``, recomputed here; they are not all 1,
+    and the per-token loss it reduced is the PPO loss times them. The logged
+    ``rollout/mismatch_kl`` of every step equals the token-weighted k3 recomputed from the same
+    dumps. The vanilla cells apply no weight."""
+    for prefix, run in runs.items():
+        dumps = _dumps(run)
+        assert dumps, prefix
+        if prefix not in TIS_CELLS:
+            assert all(d["correction"] == "none" and d["is_weights"] is None for d in dumps), prefix
+            assert not any("rollout/mismatch_kl" in r for r in metrics(run).values()), prefix
+            continue
+        cap = _tis_cap(run)
+        assert sorted({d["step"] for d in dumps}) == list(range(STEPS)), prefix
+        for d in dumps:
+            where = (prefix, d["step"], d["n"], d["pid"])
+            m, old, rollout, w = d["mask"].bool(), d["old_log_probs"].double(), d["rollout_log_probs"], d["is_weights"]
+            assert d["correction"] == "tis" and d["correction_params"] == {"cap": cap}, where
+            assert rollout is not None and w is not None, where
+            rollout = rollout.double()
+            assert rollout.shape == old.shape == m.shape and m.any(), where
+            assert torch.isfinite(rollout[m]).all() and (rollout[m] <= 0).all(), where
+            # FP8 engines against the trainer: (nearly) every token's log-prob differs
+            assert ((rollout - old).abs()[m] > 1e-6).float().mean() > 0.5, where
+            want = torch.where(m, torch.exp(old - rollout).clamp(max=cap), torch.zeros((), dtype=torch.float64))
+            torch.testing.assert_close(w.double(), want, rtol=1e-5, atol=1e-6, msg=lambda e, where=where: f"{where}: {e}")
+            assert (w.double() - 1).abs()[m].max() > 1e-3, where  # a correction, not weights of 1
+            r, adv = d["ratio"].double(), d["advantages"].double()
+            ppo = torch.where(m, torch.maximum(-adv * r, -adv * r.clamp(d["low"], d["high"])),
+                              torch.zeros((), dtype=torch.float64))
+            torch.testing.assert_close(d["token_loss"].double(), ppo * want, rtol=1e-5, atol=1e-6,
+                                       msg=lambda e, where=where: f"{where}: {e}")
+        rows = metrics(run)
+        for step in range(STEPS):
+            recs = [d for d in dumps if d["step"] == step]
+            last_pid = max(recs, key=lambda d: d["time"])["pid"]  # the attempt that logged the step
+            num = den = 0.0
+            for d in (d for d in recs if d["pid"] == last_pid):
+                m = d["mask"].bool()
+                lr = (d["old_log_probs"].double() - d["rollout_log_probs"].double()).clamp(-20, 20)[m]
+                num += float((torch.expm1(lr) - lr).sum())
+                den += float(m.sum())
+            assert rows[step + 1]["rollout/mismatch_kl"] == pytest.approx(num / den, rel=1e-4), (prefix, step)
+            assert num > 0, (prefix, step)
+
+
 def _kernels(run: Path) -> list[tuple[str, dict]]:
     files = sorted((run / "openrlhf" / "dumps").glob("kernels-rank0-step*.json"))
     return [(f.name, json.loads(f.read_text())) for f in files]
