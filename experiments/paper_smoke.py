@@ -130,8 +130,8 @@ def _scontrol(*args: str) -> bool:
 
 
 def taken_over(run_dir: Path, since: str | None) -> bool:
-    """Another attempt owns the run than the one that owned it ``since`` (``owner.json``), or it is DONE."""
-    return owner(run_dir).get("since") != since or state(run_dir).get("state") == "DONE"
+    """Another attempt owns the run than the one that owned it ``since`` (``owner.json``), or it ended."""
+    return owner(run_dir).get("since") != since or state(run_dir).get("state") in ("DONE", "FAILED")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,39 +183,41 @@ def main(argv: list[str] | None = None) -> int:
     held: list[str] = []  # the array's pending tasks, held until the requeued task runs again
     target: Path | None = None
     killed_since: str | None = None
-    while True:
-        time.sleep(1)
-        dirs = run_dirs(sweep_dir)
-        states = {d.name: state(d).get("state") for d in dirs}
-        if not done_interrupt:
-            target = next((d for d in dirs if d.name.startswith(args.interrupt)), None)
-            if target is not None and has_checkpoint(target) and states.get(target.name) == "RUNNING":
-                killed_since = owner(target).get("since")
-                what, held = interrupt(target, slurm, log)
-                log(f"interrupting {target.name} after its first checkpoint: {what}")
-                done_interrupt = True
-                if not slurm:  # the killed cell is relaunched by a second launch once the first ends
-                    first.wait()
-                    log("first launch ended; relaunching the sweep (DONE cells are skipped, the "
-                        "interrupted one resumes)")
-                    relaunch = subprocess.Popen(launch_args(slurm, args.out, only))
-        if held and target is not None and taken_over(target, killed_since):
-            log(f"{target.name} runs again; releasing {', '.join(t for t in held if _scontrol('release', t))}")
-            held = []
-        launcher_done = (relaunch or first).poll() is not None
-        ref_states = [state(d).get("state") for d in run_dirs(reference_dir)] if reference else ["DONE"]
-        terminal = (dirs and all(s in ("DONE", "FAILED") for s in states.values()) and len(dirs) == expected
-                    and ref_states and all(s in ("DONE", "FAILED") for s in ref_states)
-                    and (slurm or reference is None or reference.poll() is not None))
-        if done_interrupt and terminal and (slurm or launcher_done):
-            break
-        if not slurm and launcher_done and done_interrupt and not terminal:
-            break
-        if time.monotonic() - t0 > args.deadline_s:
-            log(f"deadline of {args.deadline_s:.0f} s passed; states: {states}")
-            for t in held:
-                _scontrol("release", t)
-            return 1
+    try:
+        while True:
+            time.sleep(1)
+            dirs = run_dirs(sweep_dir)
+            states = {d.name: state(d).get("state") for d in dirs}
+            if not done_interrupt:
+                target = next((d for d in dirs if d.name.startswith(args.interrupt)), None)
+                if target is not None and has_checkpoint(target) and states.get(target.name) == "RUNNING":
+                    killed_since = owner(target).get("since")
+                    what, held = interrupt(target, slurm, log)
+                    log(f"interrupting {target.name} after its first checkpoint: {what}")
+                    done_interrupt = True
+                    if not slurm:  # the killed cell is relaunched by a second launch once the first ends
+                        first.wait()
+                        log("first launch ended; relaunching the sweep (DONE cells are skipped, the "
+                            "interrupted one resumes)")
+                        relaunch = subprocess.Popen(launch_args(slurm, args.out, only))
+            if held and target is not None and taken_over(target, killed_since):
+                log(f"{target.name} runs again; releasing {', '.join(t for t in held if _scontrol('release', t))}")
+                held = []
+            launcher_done = (relaunch or first).poll() is not None
+            ref_states = [state(d).get("state") for d in run_dirs(reference_dir)] if reference else ["DONE"]
+            terminal = (dirs and all(s in ("DONE", "FAILED") for s in states.values()) and len(dirs) == expected
+                        and ref_states and all(s in ("DONE", "FAILED") for s in ref_states)
+                        and (slurm or reference is None or reference.poll() is not None))
+            if done_interrupt and terminal and (slurm or launcher_done):
+                break
+            if not slurm and launcher_done and done_interrupt and not terminal:
+                break
+            if time.monotonic() - t0 > args.deadline_s:
+                log(f"deadline of {args.deadline_s:.0f} s passed; states: {states}")
+                return 1
+    finally:  # never leave the sweep's tasks held (an error, a deadline, Ctrl-C)
+        for t in held:
+            _scontrol("release", t)
     for proc in (first, relaunch, reference):
         if proc is not None and proc.poll() is None:
             proc.wait(timeout=120)
