@@ -2,15 +2,18 @@
 
 1. launches ``+sweep=paper_smoke scale=paper`` -- on the local Slurm cluster
    (``cluster=local``, one array task per cell) when one answers (``sinfo``), otherwise with the
-   local launcher (``launcher=local``: the same cells in this machine's processes, no Slurm);
+   local launcher (``launcher=local``: the same cells in this machine's processes, no Slurm) --
+   and meanwhile trains the cells' tiny model (``backends.openrlhf.smoke``, under the lock the
+   cells take), which the first cell would otherwise train while the others wait;
 2. launches the cell it will interrupt once more, alone and never interrupted, as the sweep
    ``paper_smoke_reference`` (``+smoke_cell=grpo_rowwise_calibrated``): the reference its resumed
    twin's metrics must equal (rollouts are seeded, ``plugin.binding.rollout``);
 3. interrupts one cell (``--interrupt``, default the GRPO rowwise calibrated cell) once it
    has written a checkpoint: on Slurm ``scontrol requeue`` of its array task (what a preemption
-   does: the task is killed and queued again, the job resumes from the checkpoint); without
-   Slurm, SIGKILL of the process that owns the run, then a second launch of the sweep, which
-   resumes it;
+   does: the task is killed and queued again, the job resumes from the checkpoint), the array's
+   other pending tasks held meanwhile so that the requeued task gets its slot back at once;
+   without Slurm, SIGKILL of the process that owns the run, then a second launch of the sweep,
+   which resumes it;
 4. waits for every cell to end (``--deadline-s``) and checks each is DONE with its steps;
 5. writes the report (``python -m analysis.report runs/paper_smoke``).
 
@@ -45,6 +48,14 @@ INTERRUPT_CELL = "grpo_rowwise_calibrated"
 CELLS = ("grpo_bf16_vanilla", "grpo_rowwise_calibrated", "dapo_tensorwise_tis", "dapo_rollout_only_vanilla")
 #: The uninterrupted twin of the interrupted cell: its own sweep directory, one cell.
 REFERENCE = [f"+smoke_cell={INTERRUPT_CELL}", "sweep_name=paper_smoke_reference"]
+#: ``python -c`` program (argument: the sweep directory): the smoke model where the cells look for it,
+#: under the lock they take (``backends.openrlhf.smoke.prepare_model``).
+PREPARE_MODEL = """
+import sys
+from fp8rl.backends.openrlhf.run import data_dir_of
+from fp8rl.backends.openrlhf.smoke import MODEL_ID, prepare_model
+prepare_model(MODEL_ID, data_dir_of({"openrlhf": {}, "output_dir": sys.argv[1]}))
+"""
 
 
 def slurm_up() -> bool:
@@ -87,16 +98,40 @@ def owner(run_dir: Path) -> dict:
         return {}
 
 
-def interrupt(run_dir: Path, slurm: bool, log) -> str:
-    """Interrupt the cell's job the way a preemption does; returns what was done."""
+def interrupt(run_dir: Path, slurm: bool, log) -> tuple[str, list[str]]:
+    """Interrupt the cell's job the way a preemption does: ``(what was done, tasks held)``.
+
+    On Slurm the array's pending tasks are held first (``scontrol hold``), so that the slot the
+    requeued task frees goes back to it rather than to the next cell (a requeued task is not
+    eligible for a moment; without the hold it waited for a whole other cell to end); ``main``
+    releases them once the task runs again."""
     o = owner(run_dir)
     if slurm:
-        job = o.get("slurm_array") or o.get("slurm_job_id")
-        subprocess.run(["scontrol", "requeue", str(job)], check=True, timeout=60)
-        return f"scontrol requeue {job}"
+        job = str(o.get("slurm_array") or o.get("slurm_job_id"))
+        held = [t for t in pending_tasks(job.split("_")[0]) if t != job and _scontrol("hold", t)] \
+            if "_" in job else []
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=60)
+        return f"scontrol requeue {job}" + (f" ({', '.join(held)} held until it runs again)" if held else ""), held
     pid = int(o["pid"])
     os.killpg(os.getpgid(pid), signal.SIGKILL) if os.getpgid(pid) != os.getpgid(0) else os.kill(pid, signal.SIGKILL)
-    return f"SIGKILL pid {pid}"
+    return f"SIGKILL pid {pid}", []
+
+
+def pending_tasks(array_job: str) -> list[str]:
+    """The pending tasks of a Slurm array job, one id each (``squeue -r``: ``8_2``, ``8_3``)."""
+    out = subprocess.run(["squeue", "-h", "-r", "-j", array_job, "-t", "PENDING", "-o", "%i"],
+                         capture_output=True, text=True, timeout=60)
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def _scontrol(*args: str) -> bool:
+    """``scontrol ARGS``; False where it refuses (e.g. ``release`` of a task that has ended)."""
+    return subprocess.run(["scontrol", *args], capture_output=True, timeout=60).returncode == 0
+
+
+def taken_over(run_dir: Path, since: str | None) -> bool:
+    """Another attempt owns the run than the one that owned it ``since`` (``owner.json``), or it ended."""
+    return owner(run_dir).get("since") != since or state(run_dir).get("state") in ("DONE", "FAILED")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     reference_dir = Path(args.out) / "paper_smoke_reference"
     os.environ[DRIVER_COVERAGE_ENV] = str((Path(args.out) / "paper_smoke_coverage").resolve())
     log(f"launching {' '.join(SWEEP)} on {'the local Slurm cluster (cluster=local)' if slurm else 'this machine (launcher=local, no Slurm)'}")
+    # the cells' tiny model, trained while the launchers compose the sweep (the cells would wait for
+    # the first of them to train it, under its lock, with a core idle)
+    model = subprocess.Popen([sys.executable, "-c", PREPARE_MODEL, str(sweep_dir)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
     only = (f"+smoke_cell={','.join(args.cell)}",) if args.cell else ()
     expected = len(args.cell) or len(CELLS)
     first = subprocess.Popen(launch_args(slurm, args.out, only), start_new_session=not slurm)
@@ -136,34 +175,49 @@ def main(argv: list[str] | None = None) -> int:
         log(f"launching its uninterrupted reference: {' '.join(REFERENCE)}")
         reference = subprocess.Popen(launch_args(slurm, args.out, (*REFERENCE, "workers=1")),
                                      start_new_session=not slurm)
+    out, _ = model.communicate()
+    log("smoke model ready" if model.returncode == 0 else
+        f"preparing the smoke model failed (the cells try again themselves):\n{out[-3000:]}")
     done_interrupt = not args.interrupt
     relaunch: subprocess.Popen | None = None
-    while True:
-        time.sleep(2)
-        dirs = run_dirs(sweep_dir)
-        states = {d.name: state(d).get("state") for d in dirs}
-        if not done_interrupt:
-            target = next((d for d in dirs if d.name.startswith(args.interrupt)), None)
-            if target is not None and has_checkpoint(target) and states.get(target.name) == "RUNNING":
-                log(f"interrupting {target.name} after its first checkpoint: {interrupt(target, slurm, log)}")
-                done_interrupt = True
-                if not slurm:  # the killed cell is relaunched by a second launch once the first ends
-                    first.wait()
-                    log("first launch ended; relaunching the sweep (DONE cells are skipped, the "
-                        "interrupted one resumes)")
-                    relaunch = subprocess.Popen(launch_args(slurm, args.out, only))
-        launcher_done = (relaunch or first).poll() is not None
-        ref_states = [state(d).get("state") for d in run_dirs(reference_dir)] if reference else ["DONE"]
-        terminal = (dirs and all(s in ("DONE", "FAILED") for s in states.values()) and len(dirs) == expected
-                    and ref_states and all(s in ("DONE", "FAILED") for s in ref_states)
-                    and (slurm or reference is None or reference.poll() is not None))
-        if done_interrupt and terminal and (slurm or launcher_done):
-            break
-        if not slurm and launcher_done and done_interrupt and not terminal:
-            break
-        if time.monotonic() - t0 > args.deadline_s:
-            log(f"deadline of {args.deadline_s:.0f} s passed; states: {states}")
-            return 1
+    held: list[str] = []  # the array's pending tasks, held until the requeued task runs again
+    target: Path | None = None
+    killed_since: str | None = None
+    try:
+        while True:
+            time.sleep(1)
+            dirs = run_dirs(sweep_dir)
+            states = {d.name: state(d).get("state") for d in dirs}
+            if not done_interrupt:
+                target = next((d for d in dirs if d.name.startswith(args.interrupt)), None)
+                if target is not None and has_checkpoint(target) and states.get(target.name) == "RUNNING":
+                    killed_since = owner(target).get("since")
+                    what, held = interrupt(target, slurm, log)
+                    log(f"interrupting {target.name} after its first checkpoint: {what}")
+                    done_interrupt = True
+                    if not slurm:  # the killed cell is relaunched by a second launch once the first ends
+                        first.wait()
+                        log("first launch ended; relaunching the sweep (DONE cells are skipped, the "
+                            "interrupted one resumes)")
+                        relaunch = subprocess.Popen(launch_args(slurm, args.out, only))
+            if held and target is not None and taken_over(target, killed_since):
+                log(f"{target.name} runs again; releasing {', '.join(t for t in held if _scontrol('release', t))}")
+                held = []
+            launcher_done = (relaunch or first).poll() is not None
+            ref_states = [state(d).get("state") for d in run_dirs(reference_dir)] if reference else ["DONE"]
+            terminal = (dirs and all(s in ("DONE", "FAILED") for s in states.values()) and len(dirs) == expected
+                        and ref_states and all(s in ("DONE", "FAILED") for s in ref_states)
+                        and (slurm or reference is None or reference.poll() is not None))
+            if done_interrupt and terminal and (slurm or launcher_done):
+                break
+            if not slurm and launcher_done and done_interrupt and not terminal:
+                break
+            if time.monotonic() - t0 > args.deadline_s:
+                log(f"deadline of {args.deadline_s:.0f} s passed; states: {states}")
+                return 1
+    finally:  # never leave the sweep's tasks held (an error, a deadline, Ctrl-C)
+        for t in held:
+            _scontrol("release", t)
     for proc in (first, relaunch, reference):
         if proc is not None and proc.poll() is None:
             proc.wait(timeout=120)

@@ -5,7 +5,9 @@ integration``). Without the packages the tests skip, and fail when ``FP8RL_REQUI
 is set (``.ci/run`` sets it). The driver-side work of each test runs in a subprocess
 (``support/scenarios.py``, ``support/vllm_cpu.py``) so that this process never imports the
 import stand-in for flash-attn, Ray or vLLM; the tests assert on what those processes recorded and
-compute their references here, from the same tensors, with independent code.
+compute their references here, from the same tensors, with independent code. Those subprocesses
+start when the session does, two at a time (``int_ahead``; ``FP8RL_INTEGRATION_JOBS``), and
+the tests read their results as they come.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import subprocess
 import sys
 
 import pytest
+from int_ahead import Ahead
 from int_paths import REPO, SUPPORT
 
 
@@ -49,6 +52,19 @@ def integration_ready():
         pytest.skip(msg)
 
 
+#: Support subprocesses run ahead of the tests that read them, this many at a time
+#: (``FP8RL_INTEGRATION_JOBS``; 1: one after the other).
+AHEAD_JOBS = int(os.environ.get("FP8RL_INTEGRATION_JOBS", "2"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def scenarios_ahead(request, tmp_path_factory):
+    """The session's :class:`Ahead` (empty where the tier's packages are missing: its tests skip)."""
+    ahead = Ahead(request.session.items if not _missing() else [], tmp_path_factory, AHEAD_JOBS)
+    yield ahead
+    ahead.close()
+
+
 def _run(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
     if out.returncode != 0:
@@ -66,20 +82,6 @@ def scenario(integration_ready, tmp_path):
         out.mkdir(parents=True, exist_ok=True)
         (out / "params.json").write_text(json.dumps(params))
         _run([sys.executable, str(SUPPORT / "scenarios.py"), name, str(out), "@" + str(out / "params.json")], timeout)
-        return torch.load(out / "result.pt", weights_only=False)
-
-    return run
-
-
-@pytest.fixture
-def vllm_cpu(integration_ready, tmp_path):
-    """``vllm_cpu(name, **params)``: a ``support/vllm_cpu.py`` scenario with the pinned vLLM on its path."""
-    import torch
-
-    def run(name: str, timeout: float = 180, **params):
-        out = tmp_path / f"vllm-{name}"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(REPO)])}
-        _run([sys.executable, str(SUPPORT / "vllm_cpu.py"), name, str(out), json.dumps(params)], timeout, env)
         return torch.load(out / "result.pt", weights_only=False)
 
     return run

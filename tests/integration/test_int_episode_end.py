@@ -33,7 +33,7 @@ micro-batch order as the uninterrupted run.
 from __future__ import annotations
 
 import pytest
-import torch
+from int_ahead import Job
 
 pytestmark = pytest.mark.integration
 
@@ -43,29 +43,20 @@ FULL_STEP = 4 * GROUP  # 4 prompts x 4 samples
 TAIL_GROUPS = 3  # kept groups left when the prompts run out (11 kept = 2 x 4 + 3)
 
 
-def _run_scenario(tmp_path_factory, name, timeout):
-    import json
-    import subprocess
-    import sys
-
-    from int_paths import REPO, SUPPORT
-
-    out = tmp_path_factory.mktemp(name)
-    (out / "params.json").write_text(json.dumps({}))
-    res = subprocess.run([sys.executable, str(SUPPORT / "scenarios.py"), name, str(out), f"@{out / 'params.json'}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-6000:]
-    return torch.load(out / "result.pt", weights_only=False)
+#: The module's scenarios, started ahead (conftest ``Ahead``): the upstream one first, whose run
+#: ends in a bounded 60 s hang.
+AHEAD = {"upstream": Job("upstream", "scenario", "episode_end_upstream", timeout_s=600, expected_s=240),
+         "plugin_runs": Job("plugin_runs", "scenario", "episode_end_resume", timeout_s=1500, expected_s=200)}
 
 
 @pytest.fixture(scope="module")
-def upstream(tmp_path_factory, integration_ready):
-    return _run_scenario(tmp_path_factory, "episode_end_upstream", timeout=600)["upstream"]
+def upstream(request, scenarios_ahead, integration_ready):
+    return scenarios_ahead.result(request, "upstream")["upstream"]
 
 
 @pytest.fixture(scope="module")
-def plugin_runs(tmp_path_factory, integration_ready):
-    return _run_scenario(tmp_path_factory, "episode_end_resume", timeout=1500)
+def plugin_runs(request, scenarios_ahead, integration_ready):
+    return scenarios_ahead.result(request, "plugin_runs")
 
 
 def _fits(run) -> dict:

@@ -155,25 +155,37 @@ def test_greedy_samples_after_the_last_sync_equal_a_fresh_engine_on_the_new_weig
     """OpenRLHF's evaluation after the last step decoded greedily on the engine that had just
     received the trained weights; a fresh vLLM engine built from the saved final checkpoint
     (same quantization and batching) decodes the same prompts to the same text. Also: its weights' digests
-    equal the last sync's, bit for bit."""
+    equal the last sync's, bit for bit. (The cells' fresh engines run two at a time: each is one
+    single-threaded process.)"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    eval_file = SWEEP.parent / ".cache" / "openrlhf_data" / "smoke_eval.jsonl"  # the job's evaluation set
+    cfg_eval = {json.loads(ln)["input"] for ln in eval_file.read_text().splitlines() if ln.strip()} \
+        if eval_file.exists() else None
+    wanted = {}
     for prefix, run in runs.items():
-        quant = CELLS[prefix][0]
-        cfg_eval = {json.loads(ln)["input"] for ln in
-                    (REPO / "runs" / ".cache" / "openrlhf_data" / "smoke_eval.jsonl").read_text().splitlines()
-                    if ln.strip()} if (REPO / "runs" / ".cache" / "openrlhf_data" / "smoke_eval.jsonl").exists() else None
         samples = jsonl(run / "openrlhf" / "dumps" / "samples.jsonl")
         evals = [s for s in samples if cfg_eval is None or s["prompt"] in cfg_eval]
         last = {}
         for s in evals:  # the last evaluation's response per prompt
             last[s["prompt"]] = s["response"]
         assert len(last) >= 4, prefix
+        wanted[prefix] = last
+
+    def fresh(prefix: str) -> dict:
+        run = runs[prefix]
         spec = json.loads((run / "openrlhf" / "plugin_spec.json").read_text())
-        got = _fresh_engine_greedy(run / "checkpoint" / "final", quant, sorted(last), tmp_path / f"{prefix}.json",
-                                   spec.get("engine_max_num_seqs"))
+        return _fresh_engine_greedy(run / "checkpoint" / "final", CELLS[prefix][0], sorted(wanted[prefix]),
+                                    tmp_path / f"{prefix}.json", spec.get("engine_max_num_seqs"))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        engines = dict(zip(wanted, pool.map(fresh, wanted), strict=True))
+    for prefix, got in engines.items():
+        run = runs[prefix]
         assert got["digest"] == _syncs(run)[-1]["digest"], prefix
         assert got["probe"] == _syncs(run)[-1]["probe"], prefix  # what every GEMM computes
         for prompt, response in got["responses"].items():  # OpenRLHF's text keeps the end token
-            assert response == last[prompt].removesuffix("<eos>"), (prefix, prompt[-40:])
+            assert response == wanted[prefix][prompt].removesuffix("<eos>"), (prefix, prompt[-40:])
 
 
 def _dumps(run: Path) -> list[dict]:
@@ -208,6 +220,66 @@ def test_logged_clip_diagnostics_equal_counts_recomputed_from_the_loss_inputs(ru
                 for b in ("low", "high"):
                     assert row[f"actor/clipfrac_{side}_{b}"] == pytest.approx(n[f"{side}_{b}"] / n[side]), \
                         (prefix, step, side, b)
+
+
+#: Cells whose loss applies TIS (token-level truncated IS on the rollout/trainer mismatch): both
+#: have FP8 engines, so their rollout log-probs differ from the trainer's old log-probs.
+TIS_CELLS = ("grpo-8b-rowwise-calibrated", "dapo-8b-tensorwise-tis")
+
+
+def _tis_cap(run: Path) -> float:
+    import yaml
+
+    return float(yaml.safe_load((run / "config.yaml").read_text())["clip"]["tis_cap"])
+
+
+def test_tis_ran_on_the_engines_log_probs_in_every_micro_batch(runs):
+    """In the TIS cells (the calibrated cell applies TIS too) every micro-batch's loss received the
+    engines' rollout log-probs (vLLM asked for them: ``SamplingParams(logprobs=1)``), which differ
+    from the trainer's old log-probs (FP8 engines), and applied IS weights equal to
+    min(exp(old - rollout), C), C the cell's ``clip.tis_cap``, recomputed here; they are not all 1,
+    and the per-token loss it reduced is the PPO loss times them. The logged
+    ``rollout/mismatch_kl`` of every step equals the token-weighted k3 recomputed from the same
+    dumps. The vanilla cells apply no weight."""
+    for prefix, run in runs.items():
+        dumps = _dumps(run)
+        assert dumps, prefix
+        if prefix not in TIS_CELLS:
+            assert all(d["correction"] == "none" and d["is_weights"] is None for d in dumps), prefix
+            assert not any("rollout/mismatch_kl" in r for r in metrics(run).values()), prefix
+            continue
+        cap = _tis_cap(run)
+        assert sorted({d["step"] for d in dumps}) == list(range(STEPS)), prefix
+        for d in dumps:
+            where = (prefix, d["step"], d["n"], d["pid"])
+            m, old, rollout, w = d["mask"].bool(), d["old_log_probs"].double(), d["rollout_log_probs"], d["is_weights"]
+            assert d["correction"] == "tis" and d["correction_params"] == {"cap": cap}, where
+            assert rollout is not None and w is not None, where
+            rollout = rollout.double()
+            assert rollout.shape == old.shape == m.shape and m.any(), where
+            assert torch.isfinite(rollout[m]).all() and (rollout[m] <= 0).all(), where
+            # FP8 engines against the trainer: (nearly) every token's log-prob differs
+            assert ((rollout - old).abs()[m] > 1e-6).float().mean() > 0.5, where
+            want = torch.where(m, torch.exp(old - rollout).clamp(max=cap), torch.zeros((), dtype=torch.float64))
+            torch.testing.assert_close(w.double(), want, rtol=1e-5, atol=1e-6, msg=lambda e, where=where: f"{where}: {e}")
+            assert (w.double() - 1).abs()[m].max() > 1e-3, where  # a correction, not weights of 1
+            r, adv = d["ratio"].double(), d["advantages"].double()
+            ppo = torch.where(m, torch.maximum(-adv * r, -adv * r.clamp(d["low"], d["high"])),
+                              torch.zeros((), dtype=torch.float64))
+            torch.testing.assert_close(d["token_loss"].double(), ppo * want, rtol=1e-5, atol=1e-6,
+                                       msg=lambda e, where=where: f"{where}: {e}")
+        rows = metrics(run)
+        for step in range(STEPS):
+            recs = [d for d in dumps if d["step"] == step]
+            last_pid = max(recs, key=lambda d: d["time"])["pid"]  # the attempt that logged the step
+            num = den = 0.0
+            for d in (d for d in recs if d["pid"] == last_pid):
+                m = d["mask"].bool()
+                lr = (d["old_log_probs"].double() - d["rollout_log_probs"].double()).clamp(-20, 20)[m]
+                num += float((torch.expm1(lr) - lr).sum())
+                den += float(m.sum())
+            assert rows[step + 1]["rollout/mismatch_kl"] == pytest.approx(num / den, rel=1e-4), (prefix, step)
+            assert num > 0, (prefix, step)
 
 
 def _kernels(run: Path) -> list[tuple[str, dict]]:
@@ -365,16 +437,16 @@ def test_driver_main_ran_whole_under_coverage(runs):
         pytest.skip(msg)
     # one per driver that exited: every cell's and the reference's (the interrupted attempt need not)
     assert len(files) >= len(runs) + REFERENCE.exists(), [f.name for f in files]
-    from fp8rl.backends.openrlhf import driver
-
-    source = Path(driver.__file__).resolve()
     data = coverage.CoverageData(no_disk=True)
     for f in files:
         part = coverage.CoverageData(basename=str(f))
         part.read()
         data.update(part)
-    measured = next((f for f in data.measured_files() if Path(f).resolve() == source), None)
+    # the driver that ran: this tree's, or that of the copy the job ran from (planted-bug checks)
+    measured = next((f for f in data.measured_files()
+                     if Path(f).parts[-4:] == ("fp8rl", "backends", "openrlhf", "driver.py")), None)
     assert measured is not None, sorted(data.measured_files())[:5]
+    source = Path(measured)
     ran = set(data.lines(measured))
     main = next(n for n in ast.parse(source.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == "main")
     statements = {n.lineno for n in ast.walk(main) if isinstance(n, ast.stmt) and n is not main}

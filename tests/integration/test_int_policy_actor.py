@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from int_ahead import Job
 
 pytestmark = pytest.mark.integration
 
@@ -31,25 +32,18 @@ RECIPES = {
 LINEARS = 14  # 2 decoder layers x (q, k, v, o, gate, up, down); the LM head stays BF16
 
 
+#: The module's scenarios, started ahead (conftest ``Ahead``).
+AHEAD = {
+    "recipes": Job("recipes", "scenario", "policy_recipes", {"recipes": [list(k) for k in RECIPES]}, expected_s=120),
+    "trained": Job("trained", "scenario", "ppo_train", expected_s=90),
+    "trained_same_batch": Job("trained_same_batch", "scenario", "ppo_train", {"mode": "same_batch", "checkpoint": False},
+                              expected_s=70),
+}
+
+
 @pytest.fixture(scope="module")
-def recipes(tmp_path_factory, integration_ready):
-    return _scenario(tmp_path_factory, "policy_recipes", recipes=[list(k) for k in RECIPES])
-
-
-def _scenario(tmp_path_factory, name, scenario=None, **params):
-    import json
-    import subprocess
-    import sys
-
-    from int_paths import REPO, SUPPORT
-
-    out = tmp_path_factory.mktemp(name)
-    (out / "params.json").write_text(json.dumps(params))
-    res = subprocess.run([sys.executable, str(SUPPORT / "scenarios.py"), scenario or name, str(out),
-                          f"@{out / 'params.json'}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=420)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-6000:]
-    return torch.load(out / "result.pt", weights_only=False)
+def recipes(request, scenarios_ahead, integration_ready):
+    return scenarios_ahead.result(request, "recipes")
 
 
 def test_setup_hook_imports_nothing_and_the_plugin_binds_only_where_the_trainer_is_imported(recipes):
@@ -116,8 +110,8 @@ def _same(a, b) -> bool:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, integration_ready):
-    return _scenario(tmp_path_factory, "ppo_train")
+def trained(request, scenarios_ahead, integration_ready):
+    return scenarios_ahead.result(request, "trained")
 
 
 def _tokens(fwds, shadows=None) -> dict:
@@ -196,8 +190,8 @@ def test_two_gloo_ranks_calibrate_to_the_single_process_bounds(trained):
 
 
 @pytest.fixture(scope="module")
-def trained_same_batch(tmp_path_factory, integration_ready):
-    return _scenario(tmp_path_factory, "ppo_train_same_batch", "ppo_train", mode="same_batch", checkpoint=False)
+def trained_same_batch(request, scenarios_ahead, integration_ready):
+    return scenarios_ahead.result(request, "trained_same_batch")
 
 
 def test_two_gloo_ranks_calibrate_each_optimizer_step_before_its_loss(trained_same_batch):

@@ -12,14 +12,29 @@ import ast
 from pathlib import Path
 
 import pytest
+from int_ahead import Job
 
 pytestmark = pytest.mark.integration
 
 EXTENSION = "fp8rl.backends.openrlhf.plugin.binding.Fp8WorkerWrap"
+BATCHING = "test_a_seeded_request_answers_alike_alone_or_queued_one_at_a_time"
+#: The module's vLLM runs (``support/vllm_cpu.py``), started ahead (conftest ``Ahead``).
+AHEAD = {
+    "sync_fp8": Job("test_fp8_engine_weight_sync_through_layerwise_reload", "vllm", "sync",
+                    {"recipes": ["tensorwise", "rowwise"]}, 180, 40),
+    "sync_bf16": Job("test_bf16_engine_weight_sync_on_cpu", "vllm", "sync", {"recipes": ["bf16"]}, 180, 20),
+    "configs": Job("test_rollout_recipes_resolve_to_vllm_online_fp8", "vllm", "configs",
+                   {"recipes": ["tensorwise", "rowwise", "blockwise"]}, 180, 20),
+    "quant_ops": Job("test_cpu_builds_static_fp8_quantizer_gets_a_body_that_matches_the_reference", "vllm",
+                     "quant_ops", {}, 180, 20),
+    **{f"serial_{r}": Job(BATCHING, "vllm", "batching", {"recipe": r, "max_num_seqs": 1}, 180, 25)
+       for r in ("bf16", "rowwise", "tensorwise")},
+    "batched_tensorwise": Job(BATCHING, "vllm", "batching", {"recipe": "tensorwise"}, 180, 25),
+}
 
 
-def test_fp8_engine_weight_sync_through_layerwise_reload(vllm_cpu):
-    r = vllm_cpu("sync", recipes=["tensorwise", "rowwise"])
+def test_fp8_engine_weight_sync_through_layerwise_reload(request, scenarios_ahead, integration_ready):
+    r = scenarios_ahead.result(request, "sync_fp8")
     methods = {"tensorwise": "Fp8PerTensorOnlineLinearMethod", "rowwise": "Fp8PtpcOnlineLinearMethod"}
     for recipe, got in r.items():
         assert got["engine_kwargs"]["worker_extension_cls"] == EXTENSION
@@ -42,13 +57,13 @@ def test_fp8_engine_weight_sync_through_layerwise_reload(vllm_cpu):
             assert sync["probes"] == sync["probe_changed"] == 9 and sync["probe_differ"] == []
 
 
-def test_bf16_engine_weight_sync_on_cpu(vllm_cpu):
+def test_bf16_engine_weight_sync_on_cpu(request, scenarios_ahead, integration_ready):
     """A BF16 engine on CPU syncs through the layer-wise reload too. Where vLLM's CPU build packs
     BF16 linear weights into its GEMM kernel (oneDNN on AVX512 CPUs, SGL kernels on AMX) it leaves
     empty parameters behind and OpenRLHF's ``model.load_weights`` route fails; on a build that
     keeps them (plain AVX2) it works. Either way the plugin's route makes every GEMM compute what
     a fresh engine on the new weights computes, twice in a row."""
-    got = vllm_cpu("sync", recipes=["bf16"])["bf16"]
+    got = scenarios_ahead.result(request, "sync_bf16")["bf16"]
     qkv = got["layers"]["model.layers.0.self_attn.qkv_proj"]
     assert qkv["method"] == "UnquantizedLinearMethod"
     packed = qkv["weight_shape"] == [0]
@@ -63,10 +78,10 @@ def test_bf16_engine_weight_sync_on_cpu(vllm_cpu):
         assert sync["probes"] == sync["probe_changed"] == 9 and sync["probe_differ"] == []
 
 
-def test_rollout_recipes_resolve_to_vllm_online_fp8(vllm_cpu):
+def test_rollout_recipes_resolve_to_vllm_online_fp8(request, scenarios_ahead, integration_ready):
     """The engine kwargs the driver injects, through vLLM's EngineArgs: per-tensor, per-channel
     (rowwise: per-output-channel weights, per-token activations) and 128x128 blocks."""
-    r = vllm_cpu("configs", recipes=["tensorwise", "rowwise", "blockwise"])
+    r = scenarios_ahead.result(request, "configs")
     shapes = {"tensorwise": "row=-1, col=-1", "rowwise": "row=-1, col=1", "blockwise": "row=128, col=128"}
     for recipe, got in r.items():
         assert got["quant_config"] == "OnlineQuantizationConfig"
@@ -164,12 +179,13 @@ def test_openrlhf_sends_what_the_extension_expects(integration_ready):
     assert not ours & worker_names
 
 
-def test_cpu_builds_static_fp8_quantizer_gets_a_body_that_matches_the_reference(vllm_cpu):
+def test_cpu_builds_static_fp8_quantizer_gets_a_body_that_matches_the_reference(request, scenarios_ahead,
+                                                                                 integration_ready):
     """vLLM-cpu 0.29.0 ships ``_C::static_scaled_fp8_quant`` as an argument-less stub (the
     dynamic quantizers too; the engine's paths do not reach those); the project's vLLM plugin (an
     entry point vLLM itself loads) gives ``scaled_fp8_quant``'s static path a torch body whose FP8
     bytes equal an independent fp32 reference for every scale layout, padding included."""
-    r = vllm_cpu("quant_ops")
+    r = scenarios_ahead.result(request, "quant_ops")
     assert r["plugins_loaded"] and r["patched"]
     assert all(sch.endswith("() -> ()") for sch in r["stub_schemas"])  # still stubs upstream
     for case in ("per_tensor", "per_token", "per_channel", "per_group", "padding"):
@@ -178,17 +194,18 @@ def test_cpu_builds_static_fp8_quantizer_gets_a_body_that_matches_the_reference(
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "rowwise", "tensorwise"])
-def test_a_seeded_request_answers_alike_alone_or_queued_one_at_a_time(vllm_cpu, recipe):
+def test_a_seeded_request_answers_alike_alone_or_queued_one_at_a_time(request, scenarios_ahead, integration_ready,
+                                                                       recipe):
     """Seeded requests (as the plugin's rollouts send them) sampled all queued together and one at a
     time. With ``max_num_seqs=1`` (how the smoke job's engines run) every recipe gives the same
     tokens and log-probs either way, on any CPU. With vLLM's default batching ``fp8_per_tensor``
     does not: its one activation scale is the amax of the whole batch, so a request's logits depend
     on its batch-mates (BF16 and ``fp8_per_channel`` agreed on an AVX512 CPU, recorded, not
     asserted: vLLM's CPU GEMM kernels are chosen by ISA and row count)."""
-    serial = vllm_cpu("batching", recipe=recipe, max_num_seqs=1)
+    serial = scenarios_ahead.result(request, f"serial_{recipe}")
     assert serial["distinct"] > 1  # sampling, not a constant answer
     assert serial["tokens_equal"] == serial["logprobs_equal"] == serial["requests"], serial
     if recipe == "tensorwise":
-        batched = vllm_cpu("batching", recipe=recipe)
+        batched = scenarios_ahead.result(request, "batched_tensorwise")
         assert batched["quantization"] == "fp8_per_tensor" and batched["logprobs_equal"] < batched["requests"], \
             batched

@@ -192,3 +192,45 @@ def test_eps_mismatch_with_spec_raises(upstream_loss):
     cls = make_policy_loss_class(upstream_loss.PolicyLoss, PluginSpec(eps_low=0.2, eps_high=0.28))
     with pytest.raises(ValueError, match="disagrees with the plugin spec"):
         cls(clip_eps_low=0.2, clip_eps_high=0.2)
+
+
+def test_a_correction_without_rollout_log_probs_raises(upstream_loss):
+    """Engines asked for no log-probs send ``rollout_log_probs=None``: upstream's loss fails on the
+    ``None``; ours must not fall back to no correction in silence."""
+    lp, old, _, adv, mask = random_batch(5, 3, 9)
+    tis = dict(is_correction_level="token", is_correction_mode="clip", is_correction_threshold=(0.0, 2.0))
+    theirs = upstream_loss.PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2, **tis)
+    with pytest.raises(TypeError):
+        theirs(lp, old, adv, mask, rollout_log_probs=None)
+    ours = make_policy_loss_class(upstream_loss.PolicyLoss, PluginSpec())(clip_eps_low=0.2, clip_eps_high=0.2, **tis)
+    with pytest.raises(ValueError, match="got no rollout log-probs"):
+        ours(lp, old, adv, mask, rollout_log_probs=None)
+    off = make_policy_loss_class(upstream_loss.PolicyLoss, PluginSpec())(clip_eps_low=0.2, clip_eps_high=0.2)
+    off(lp, old, adv, mask, rollout_log_probs=None)  # no correction: none needed
+
+
+def test_the_dump_holds_the_rollout_log_probs_and_the_weights_applied(upstream_loss, tmp_path):
+    """``dump_dir``: each forward writes what the loss received and the IS weights it applied;
+    the weights equal min(exp(old - rollout), C) (a formula here) and the per-token loss is the
+    PPO loss times them."""
+    tis = dict(is_correction_level="token", is_correction_mode="clip", is_correction_threshold=(0.0, 2.0))
+    lp, old, rollout, adv, mask = random_batch(6, 4, 11)
+    dumped = []
+    for name, kw in (("tis", tis), ("off", {})):
+        cls = make_policy_loss_class(upstream_loss.PolicyLoss, PluginSpec(dump_dir=str(tmp_path / name)))
+        cls(clip_eps_low=0.2, clip_eps_high=0.2, **kw)(lp, old, adv, mask, rollout_log_probs=rollout)
+        (path,) = (tmp_path / name).glob("rank0-*.pt")
+        dumped.append(torch.load(path, weights_only=False))
+    with_tis, without = dumped
+    m = mask.bool()
+    assert with_tis["correction"] == "tis" and with_tis["correction_params"] == {"cap": 2.0}
+    torch.testing.assert_close(with_tis["rollout_log_probs"], rollout)
+    torch.testing.assert_close(with_tis["old_log_probs"], old)
+    want_w = torch.where(m, torch.exp(old - rollout).clamp(max=2.0), torch.zeros(()))
+    torch.testing.assert_close(with_tis["is_weights"], want_w)
+    assert ((want_w != 1) & m).any() and (want_w == 2.0).any()  # the batch is corrected and truncated
+    r = torch.exp(lp.detach() - old)
+    ppo = torch.where(m, torch.maximum(-adv * r, -adv * r.clamp(0.8, 1.2)), torch.zeros(()))
+    torch.testing.assert_close(with_tis["token_loss"], ppo * want_w)
+    assert without["correction"] == "none" and without["is_weights"] is None
+    torch.testing.assert_close(without["token_loss"], ppo)

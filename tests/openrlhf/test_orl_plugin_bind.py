@@ -250,7 +250,7 @@ def _flow(monkeypatch, mode, n=8, t=64, gas=2, steps=2):
         lp = self.actor(experience.sequences, experience.action_mask)
         loss = self.actor_loss_fn
         out = loss(lp, experience.action_log_probs, experience.advantages, experience.action_mask,
-                   **loss_batch_info)
+                   rollout_log_probs=experience.action_log_probs, **loss_batch_info)  # TIS on: weights of 1
         w = loss.window
         forwards.append({"step": loss.step, "k": self.actor.k, "idx": experience.sequences.tolist(),
                          "bounds": (w.bounds() if w is not None else loss.clipper.bounds(loss.step)).as_tuple()})

@@ -184,6 +184,39 @@ def test_eval_requests_have_their_own_seeds(monkeypatch):
     assert gen._fp8rl_purpose == "train"
 
 
+@pytest.mark.parametrize("level", ["off", "token"])
+def test_seeded_requests_ask_the_engines_for_what_upstream_asks(monkeypatch, level):
+    """Each seeded request's ``SamplingParams`` are upstream's own ``_dispatch_prompts_to_vllm``'s
+    (the real source, for the same arguments) plus the seed: with an IS correction on they ask the
+    engines for the sampled tokens' log-probs (``logprobs=1``), which the TIS loss needs."""
+    module = load_samples_generator(monkeypatch)
+    asked = {"upstream": [], "ours": []}
+
+    class Recording(Engine):
+        def __init__(self, into):
+            super().__init__([])
+            self.into = into
+            self.generate_responses = ns(remote=self._record)
+
+        def _record(self, *, sampling_params, **kw):
+            self.into.append(dict(vars(sampling_params)))
+            return self._generate(sampling_params=sampling_params, **kw)
+
+    kwargs = dict(temperature=0.7, top_p=0.9, max_new_tokens=24, min_new_tokens=2, n_samples_per_prompt=2)
+    for who in asked:
+        strategy = ns(args=_args())
+        strategy.args.algo.advantage.is_correction_level = level
+        gen = module.SamplesGenerator(strategy, None, None, tokenizer=None, vllm_engines=[Recording(asked[who])])
+        if who == "upstream":
+            gen._dispatch_prompts_to_vllm(["p0"], ["l0"], **kwargs)
+        else:
+            rollout.dispatch(gen, ["p0"], ["l0"], None, 0, lambda k, j: 100 + j, **kwargs)
+    (theirs,) = asked["upstream"]
+    assert [a.pop("seed") for a in asked["ours"]] == [100, 101] and theirs.pop("seed") is None
+    assert asked["ours"] == [theirs, theirs]
+    assert theirs["logprobs"] == (1 if level == "token" else None)
+
+
 def test_without_a_seed_the_binding_leaves_upstream_rollout(monkeypatch):
     module = load_samples_generator(monkeypatch)
     upstream = module.SamplesGenerator._generate_vllm

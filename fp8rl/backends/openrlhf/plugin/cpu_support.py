@@ -124,6 +124,9 @@ def worker_env() -> dict[str, str]:
         # vLLM's CPU engine: a small KV cache (GiB) and no thread pinning on a shared machine
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        # the model runs in the engine-core process, as with one GPU (vLLM's CPU build otherwise
+        # adds a worker process per engine: one more vLLM start-up on a 2-core machine)
+        "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         "TOKENIZERS_PARALLELISM": "false",
         # the reward's grading pool on a small shared machine: two processes, a patient deadline

@@ -3,12 +3,14 @@
 **Loss** (paper: the PPO-clip surrogate with the train/rollout IS weight).
 :func:`make_policy_loss_class` subclasses upstream ``PolicyLoss`` with its constructor and
 ``forward`` signature and its 5-tuple ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)``,
-and computes it with ``fp8rl.rl.correction.corrected_ppo_token_loss`` +
+and computes it as ``fp8rl.rl.correction.corrected_ppo_token_loss`` does (``ppo_token_loss`` times
+the IS weights of ``is_weights``, kept apart so that the dump records the weights applied) +
 ``fp8rl.rl.aggregation.aggregate`` using the bounds of our clip method (``vanilla``: ``1 -+ eps``;
 ``calibrated``: the controller's). With calibration off it equals upstream (tested against the
 real 0.11.2 class). Upstream's IS options map onto ours (:func:`correction_from_upstream`):
 token/clip/threshold ``(0, C)`` = TIS with cap C; token/mask = ICEPOP; off = none; anything else
-raises. The loss adds each micro-batch's counts to ``self.step_metrics``
+raises. A correction without rollout log-probs raises too (upstream fails there on ``None``): the
+engines were not asked for them, and a silent fallback to no correction would hide it. The loss adds each micro-batch's counts to ``self.step_metrics``
 (``plugin.metrics.StepMetrics``), never to ``experience.info`` (see ``metrics`` for why).
 
 **Calibrated Clipping.** The loss follows the step's plan (``fp8rl.rl.calibration.plan``; the
@@ -63,7 +65,8 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
     the binding's calibration uses, None = this rank).
     """
     from fp8rl.rl.aggregation import aggregate
-    from fp8rl.rl.correction import corrected_ppo_token_loss
+    from fp8rl.rl.correction import is_weights
+    from fp8rl.rl.policy_loss import ppo_token_loss
 
     class Fp8rlPolicyLoss(base):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -104,11 +107,19 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
                     sh = p.shadowed.to(ratio.device)
                     w.observe(ratio[sh], p.shadow[sh], advantages[sh], action_mask[sh], after=w.after is not None)
             low, high = bounds.as_tuple()
-            corr = self.correction if rollout_log_probs is not None else "none"
-            loss_mat, m = corrected_ppo_token_loss(
-                log_probs, old_log_probs, rollout_log_probs if corr != "none" else None, advantages,
-                action_mask, low=low, high=high, dual_clip=self.dual_clip, correction=corr,
-                correction_params=self.correction_params if corr != "none" else None)
+            if self.correction != "none" and rollout_log_probs is None:
+                raise ValueError(
+                    f"the IS correction {self.correction!r} (--algo.advantage.is_correction_level "
+                    f"{self.is_correction_level}) got no rollout log-probs: the engines were not asked for "
+                    "them (SamplingParams(logprobs=...)), so the train/rollout correction cannot run")
+            loss_mat, m = ppo_token_loss(log_probs, old_log_probs, advantages, action_mask, low=low, high=high,
+                                         dual_clip=self.dual_clip)
+            weights = None
+            if self.correction != "none":  # corrected_ppo_token_loss, with the weights kept for the dump
+                weights, is_metrics = is_weights(old_log_probs, rollout_log_probs, action_mask, self.correction,
+                                                 **self.correction_params)
+                loss_mat = loss_mat * weights
+                m.update(is_metrics)
             if batch_num_tokens is None and global_batch_size is None:
                 loss = aggregate(loss_mat, action_mask, self.agg_mode)
             else:
@@ -119,7 +130,9 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
                                       mismatch_kl=m.get("rollout/mismatch_kl"))
             if spec.dump_dir:
                 dump(spec.dump_dir, self, ratio=ratio, advantages=advantages, mask=action_mask, low=low,
-                     high=high, loss=loss)
+                     high=high, loss=loss, token_loss=loss_mat, log_probs=log_probs, old_log_probs=old_log_probs,
+                     rollout_log_probs=rollout_log_probs, is_weights=weights,
+                     correction=self.correction, correction_params=dict(self.correction_params))
             return loss, m["actor/clipfrac"], m["actor/ppo_kl"], m.get("rollout/mismatch_k1"), \
                 m.get("rollout/is_clipfrac")
 
@@ -132,8 +145,11 @@ def dump(directory: str, loss_fn, **tensors) -> None:
 
     File ``<directory>/rank<R>-<pid>-<N>.pt`` (``N`` counts this process's forwards; a resumed
     attempt is another process): the controller step, pid, time, the tensors given (detached, on
-    the CPU) and the bounds in force. The tests of the smoke job recompute the logged clip
-    fractions from these files."""
+    the CPU) and the bounds in force. The loss gives the ratio, advantages, mask, bounds, the
+    reduced loss, the per-token loss it reduced (``token_loss``, IS weights applied), the log-probs,
+    old and rollout log-probs (None when the engines sent none), the IS weights applied (None
+    without a correction) and the correction with its parameters. The tests of the smoke job
+    recompute the logged clip fractions and the IS weights from these files."""
     import os
     import time
 
