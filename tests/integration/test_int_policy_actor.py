@@ -185,8 +185,9 @@ def test_two_gloo_ranks_calibrate_to_the_single_process_bounds(trained):
         counted += _check_agreement(trained["statuses"][step], step, _agreement(tok, *in_force, vlow, vhigh))
         in_force = ups[0][step]["bounds"]
     assert counted > 0  # not vacuous
-    final = [s["clip/low"] for s in trained["statuses"][-1]]
-    assert final[0] == final[1] == reference.bounds(1).low
+    last = trained["statuses"][-1]  # clip/low: the bounds in force; clip/low_next: the update's
+    assert [s["clip/low"] for s in last] == [ups[0][0]["bounds"][0]] * 2
+    assert [s["clip/low_next"] for s in last] == [reference.bounds(1).low] * 2 == [ups[0][1]["bounds"][0]] * 2
 
 
 @pytest.fixture(scope="module")
