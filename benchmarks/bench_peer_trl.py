@@ -277,8 +277,6 @@ def summarize(ours_rounds: list[list[dict]], trl_rounds: list[list[dict]], lengt
 
 
 def main(argv: list[str]) -> dict:
-    import os
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", type=int, default=8, help="measured generation batches per round and system")
     p.add_argument("--warmup", type=int, default=2, help="batches dropped at the start of each round")
@@ -294,9 +292,6 @@ def main(argv: list[str]) -> dict:
     if args.rounds < 1 or args.batches < 1 or args.warmup < 0:
         raise SystemExit("--rounds and --batches must be >= 1 and --warmup >= 0")
     from fp8rl.backends.mini.__main__ import parse_config
-    from fp8rl.backends.mini.sft import warm_start
-    from fp8rl.backends.mini.task import make_splits
-    from fp8rl.backends.mini.tokenizer import CharTokenizer
 
     arm_file = Path(__file__).resolve().parents[1] / "sweeps" / "fp8" / f"{args.arm}.yaml"
     if not arm_file.is_file():
@@ -310,8 +305,21 @@ def main(argv: list[str]) -> dict:
     same_lr = ["lr_lm_head=null", "lr_final_norm=null"]
     cfg, _, _ = parse_config([*arm, *same_lr, f"mini.num_threads={args.threads}", f"mini.cache_dir={args.cache}",
                               *args.overrides])
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(cfg.mini.deterministic)
+    from fp8rl.backends.mini.runtime import torch_settings
+
+    # the torch settings of a mini run (threads, deterministic algorithms, no NaN fill)
+    with torch_settings(cfg.mini.deterministic, args.threads, cfg.mini.device):
+        return measure(args, cfg)
+
+
+def measure(args: argparse.Namespace, cfg) -> dict:
+    """The rounds of ``main``; prints and returns the JSON summary."""
+    import os
+
+    from fp8rl.backends.mini.sft import warm_start
+    from fp8rl.backends.mini.task import make_splits
+    from fp8rl.backends.mini.tokenizer import CharTokenizer
+
     mini, tok = cfg.mini, CharTokenizer()
     train_set, _ = make_splits(mini.data_seed, mini.n_train, mini.n_eval, min_terms=mini.min_terms,
                                max_terms=mini.max_terms, max_operand=mini.max_operand)

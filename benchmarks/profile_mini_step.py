@@ -89,19 +89,17 @@ def instrument(trainer, clock: PhaseClock) -> None:
     torch.nn.utils.clip_grad_norm_ = clock.wrap(".clip_grad", torch.nn.utils.clip_grad_norm_)
 
 
-def build(argv_overrides: list[str], arm: str, threads: int, cache: str):
+def config(argv_overrides: list[str], arm: str, threads: int, cache: str):
+    """The ``MiniRunConfig`` of ``bench_peer_trl.py`` for ``arm`` (8 prompts, one learning rate)."""
     import yaml
 
     from fp8rl.backends.mini.__main__ import parse_config
-    from fp8rl.backends.mini.trainer import MiniTrainer
 
     arm_file = Path(__file__).resolve().parents[1] / "sweeps" / "fp8" / f"{arm}.yaml"
     arm_kv = [f"fp8.{k}={v}" for k, v in yaml.safe_load(arm_file.read_text()).items()]
     cfg, _, _ = parse_config([*arm_kv, "lr_lm_head=null", "lr_final_norm=null", "prompts_per_step=8",
                               f"mini.num_threads={threads}", f"mini.cache_dir={cache}", *argv_overrides])
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(cfg.mini.deterministic)
-    return MiniTrainer(cfg, None, sft_cache=cache)
+    return cfg
 
 
 def main(argv: list[str]) -> dict:
@@ -114,7 +112,18 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--ops", action="store_true", help="also a torch.profiler op table of one step")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
-    trainer = build(args.overrides, args.arm, args.threads, args.cache)
+    from fp8rl.backends.mini.runtime import torch_settings
+
+    cfg = config(args.overrides, args.arm, args.threads, args.cache)
+    # the torch settings of a mini run (threads, deterministic algorithms, no NaN fill)
+    with torch_settings(cfg.mini.deterministic, args.threads, cfg.mini.device):
+        return profile(args, cfg)
+
+
+def profile(args: argparse.Namespace, cfg) -> dict:
+    from fp8rl.backends.mini.trainer import MiniTrainer
+
+    trainer = MiniTrainer(cfg, None, sft_cache=args.cache)
     clock = PhaseClock()
     step_fn = clock.wrap("step/other", trainer.train_step)
     instrument(trainer, clock)

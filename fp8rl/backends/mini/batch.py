@@ -78,5 +78,8 @@ def response_logits(
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
     """``log softmax(logits / temperature)[tokens]``: ``[B, T, V], [B, T] -> [B, T]`` (fp32)."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    z = logits.float()
+    if temperature != 1.0:  # x / 1.0 == x, and its gradient likewise: skip the no-op division
+        z = z / temperature
+    logp = torch.log_softmax(z, dim=-1)
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -239,7 +239,13 @@ class MiniTrainer(UpdateMixin):
         return {M.STEP: step, **row}
 
     def check_finite_parameters(self) -> None:
-        for name, p in self.policy.named_parameters():
+        """Raise ``RunFailed`` naming the first non-finite parameter (one check over all of them
+        first: the largest magnitude of each, finite for a finite tensor)."""
+        named = list(self.policy.named_parameters())
+        peaks = torch._foreach_max(torch._foreach_abs([p.detach() for _, p in named]))
+        if bool(torch.isfinite(torch.stack(peaks)).all()):
+            return
+        for name, p in named:
             if not bool(torch.isfinite(p).all()):
                 raise RunFailed(f"parameter {name} became non-finite; the run diverged")
 
