@@ -15,7 +15,8 @@ Identical settings, taken from one ``MiniRunConfig``:
   ``PreTrainedTokenizerFast`` with exactly our character vocabulary (checked: it encodes every
   prompt to our ids);
 - the **generation batch**: ``prompts_per_step`` prompts x ``n_samples_per_prompt``
-  completions, sampled at ``temperature`` (no top-k / top-p);
+  completions (8 x 8 unless overridden, e.g. ``prompts_per_step=16`` for the mini default),
+  sampled at ``temperature`` (no top-k / top-p);
 - the **completion length** (``--trl-length fixed``, the default): TRL generates exactly ``L``
   tokens per completion (``min_new_tokens = max_new_tokens = L``), ``L`` = our measured mean
   completion length in the same run, rounded; so both systems train on the same number of
@@ -303,7 +304,9 @@ def main(argv: list[str]) -> dict:
     # one learning rate for every parameter, as TRL trains (the mini regime's per-group rates
     # cost nothing extra, but like for like); a key=value override replaces these
     same_lr = ["lr_lm_head=null", "lr_final_norm=null"]
-    cfg, _, _ = parse_config([*arm, *same_lr, f"mini.num_threads={args.threads}", f"mini.cache_dir={args.cache}",
+    # the settings of issue 33: 8 prompts x 8 completions (the mini default is 16 prompts)
+    issue = ["prompts_per_step=8"]
+    cfg, _, _ = parse_config([*arm, *same_lr, *issue, f"mini.num_threads={args.threads}", f"mini.cache_dir={args.cache}",
                               *args.overrides])
     from fp8rl.backends.mini.runtime import torch_settings
 
