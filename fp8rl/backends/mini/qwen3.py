@@ -70,9 +70,9 @@ class KVCache:
         end = self.length + k.shape[2]
         if end > self.capacity:
             raise ValueError(f"KV cache full: {end} positions needed, capacity {self.capacity}")
-        self.k[layer][:, :, self.length:end] = k
-        self.v[layer][:, :, self.length:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        self.k[layer].narrow(2, self.length, k.shape[2]).copy_(k)
+        self.v[layer].narrow(2, self.length, v.shape[2]).copy_(v)
+        return self.k[layer].narrow(2, 0, end), self.v[layer].narrow(2, 0, end)
 
     def advance(self, n: int) -> None:
         self.length += n
@@ -161,7 +161,7 @@ class LeanQwen3:
         self.embed_weight, self.padding_idx = emb.weight, emb.padding_idx
         self.final_norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
         self.lm_head = _fwd(model.lm_head, weights_rounded, dtype)
-        self.cos_table, self.sin_table = rope_tables(model.model.rotary_emb, max_positions)
+        self.cos_table, self.signed_sin_table, self.rotate_index = rope_tables(model.model.rotary_emb, max_positions)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         w = self.model.lm_head.weight
@@ -174,23 +174,30 @@ class LeanQwen3:
         weight, eps = norm
         dtype = x.dtype
         if dtype == torch.float32 and weight.dtype == torch.float32:
-            # the same operations without its three casts, which return their input in fp32
-            return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+            # without its three casts, which return their input in fp32: torch's rms_norm, which
+            # on CPU runs these very operations (x.pow(2).mean(-1, keepdim) + eps, rsqrt, x * it,
+            # * weight) and records the same autograd nodes, in one call
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
         h = x.to(torch.float32)
         variance = h.pow(2).mean(-1, keepdim=True)
         h = h * torch.rsqrt(variance + eps)
         return weight.to(dtype) * h.to(dtype)
 
-    @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x * cos + rotate_half(x) * sin`` (``apply_rotary_pos_emb`` for one tensor)."""
-        half = x.shape[-1] // 2
-        return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """``x * cos + rotate_half(x) * sin`` (``apply_rotary_pos_emb`` for one tensor).
+
+        ``rotate_half(x) = cat(-x2, x1)`` (``x1``, ``x2`` the halves of the last dim) is computed as
+        ``cat(x2, x1) * sign`` with the sign folded into the sine (``signed_sin``, see
+        :func:`rope_tables`): a product's rounding is symmetric in sign, so
+        ``(-a) * s == a * (-s)`` bit for bit, and one gather replaces two slices, a negation
+        and a concatenation."""
+        return (x * cos) + (torch.index_select(x, -1, self.rotate_index) * signed_sin)
 
     def rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin ``[B, 1, L, head_dim]`` of ``position_ids`` ``[B, L]``, in the compute dtype
-        (gathered from the tables: a caller may gather many positions once and pass slices)."""
-        cos, sin = self.cos_table[position_ids], self.sin_table[position_ids]
+        """cos and signed sin (:meth:`_rope`) ``[B, 1, L, head_dim]`` of ``position_ids`` ``[B, L]``,
+        in the compute dtype (gathered from the tables: a caller may gather many positions once
+        and pass slices)."""
+        cos, sin = self.cos_table[position_ids], self.signed_sin_table[position_ids]
         if self.dtype != torch.float32:
             cos, sin = cos.to(dtype=self.dtype), sin.to(dtype=self.dtype)
         return cos[:, None], sin[:, None]
@@ -309,10 +316,12 @@ class _Layer:
 _ROPE_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def rope_tables(rot: torch.nn.Module, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin ``[max_positions, head_dim]`` of transformers' ``Qwen3RotaryEmbedding.forward``
-    for every position at once (times its attention scaling), built once per module, size and
-    device (``inv_freq`` is a non-persistent buffer that nothing changes after construction)."""
+def rope_tables(rot: torch.nn.Module, max_positions: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(cos, signed_sin, rotate_index)``: cos and sin ``[max_positions, head_dim]`` of
+    transformers' ``Qwen3RotaryEmbedding.forward`` for every position at once (times its
+    attention scaling), the sin's first half negated (exact), and the index that swaps the two
+    halves of the last dim (``LeanQwen3._rope``). Built once per module, size and device
+    (``inv_freq`` is a non-persistent buffer that nothing changes after construction)."""
     inv_freq = rot.inv_freq
     key = (max_positions, inv_freq.device, inv_freq.dtype, rot.attention_scaling)
     cached = _ROPE_TABLES.setdefault(rot, {})
@@ -320,6 +329,10 @@ def rope_tables(rot: torch.nn.Module, max_positions: int) -> tuple[torch.Tensor,
         pos = torch.arange(max_positions, device=inv_freq.device)
         freqs = pos[..., None].float() * inv_freq.to(dtype=torch.float)
         emb = torch.cat((freqs, freqs), dim=-1)
+        half = emb.shape[-1] // 2
+        sign = torch.ones(emb.shape[-1], device=emb.device)
+        sign[:half] = -1.0
+        index = torch.cat((torch.arange(half, 2 * half), torch.arange(half))).to(emb.device)
         cached.clear()  # one entry per module: a second size or device replaces the first
-        cached[key] = (emb.cos() * rot.attention_scaling, emb.sin() * rot.attention_scaling)
+        cached[key] = (emb.cos() * rot.attention_scaling, (emb.sin() * rot.attention_scaling) * sign, index)
     return cached[key]
