@@ -157,7 +157,7 @@ class MiniTrainer(UpdateMixin):
     def score(self, rb: RolloutBatch, rows: list[Problem], group_ids: torch.Tensor) -> ScoredBatch:
         from fp8rl.rl.dapo import overlong_penalty
 
-        texts = [self.tok.decode(r.tolist()) for r in rb.response_ids.cpu()]
+        texts = [self.tok.decode(r) for r in rb.response_ids.cpu().tolist()]
         grades = [grade_exact(t, str(p.answer)) for t, p in zip(texts, rows, strict=True)]
         correct = torch.tensor([g.correct for g in grades], dtype=torch.float32)
         rewards = correct.clone()
