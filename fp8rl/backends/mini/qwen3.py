@@ -161,7 +161,7 @@ class LeanQwen3:
         self.embed_weight, self.padding_idx = emb.weight, emb.padding_idx
         self.final_norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
         self.lm_head = _fwd(model.lm_head, weights_rounded, dtype)
-        self.cos_table, self.signed_sin_table, self.rotate_index = rope_tables(model.model.rotary_emb, max_positions)
+        self.cos_table, self.signed_sin_table = rope_tables(model.model.rotary_emb, max_positions)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         w = self.model.lm_head.weight
@@ -189,9 +189,9 @@ class LeanQwen3:
         ``rotate_half(x) = cat(-x2, x1)`` (``x1``, ``x2`` the halves of the last dim) is computed as
         ``cat(x2, x1) * sign`` with the sign folded into the sine (``signed_sin``, see
         :func:`rope_tables`): a product's rounding is symmetric in sign, so
-        ``(-a) * s == a * (-s)`` bit for bit, and one gather replaces two slices, a negation
-        and a concatenation."""
-        return (x * cos) + (torch.index_select(x, -1, self.rotate_index) * signed_sin)
+        ``(-a) * s == a * (-s)`` bit for bit, and one ``roll`` by half the dim (a permutation,
+        forward and backward) replaces two slices, a negation and a concatenation."""
+        return (x * cos) + (torch.roll(x, x.shape[-1] // 2, -1) * signed_sin)
 
     def rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin (:meth:`_rope`) ``[B, 1, L, head_dim]`` of ``position_ids`` ``[B, L]``,
@@ -316,12 +316,11 @@ class _Layer:
 _ROPE_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def rope_tables(rot: torch.nn.Module, max_positions: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(cos, signed_sin, rotate_index)``: cos and sin ``[max_positions, head_dim]`` of
-    transformers' ``Qwen3RotaryEmbedding.forward`` for every position at once (times its
-    attention scaling), the sin's first half negated (exact), and the index that swaps the two
-    halves of the last dim (``LeanQwen3._rope``). Built once per module, size and device
-    (``inv_freq`` is a non-persistent buffer that nothing changes after construction)."""
+def rope_tables(rot: torch.nn.Module, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, signed_sin)``: cos and sin ``[max_positions, head_dim]`` of transformers'
+    ``Qwen3RotaryEmbedding.forward`` for every position at once (times its attention scaling),
+    the sin's first half negated (exact; ``LeanQwen3._rope``). Built once per module, size and
+    device (``inv_freq`` is a non-persistent buffer that nothing changes after construction)."""
     inv_freq = rot.inv_freq
     key = (max_positions, inv_freq.device, inv_freq.dtype, rot.attention_scaling)
     cached = _ROPE_TABLES.setdefault(rot, {})
@@ -332,7 +331,6 @@ def rope_tables(rot: torch.nn.Module, max_positions: int) -> tuple[torch.Tensor,
         half = emb.shape[-1] // 2
         sign = torch.ones(emb.shape[-1], device=emb.device)
         sign[:half] = -1.0
-        index = torch.cat((torch.arange(half, 2 * half), torch.arange(half))).to(emb.device)
         cached.clear()  # one entry per module: a second size or device replaces the first
-        cached[key] = (emb.cos() * rot.attention_scaling, (emb.sin() * rot.attention_scaling) * sign, index)
+        cached[key] = (emb.cos() * rot.attention_scaling, (emb.sin() * rot.attention_scaling) * sign)
     return cached[key]
