@@ -1,12 +1,11 @@
 """Our mini RL step against Hugging Face TRL's ``GRPOTrainer`` on identical settings.
 
     make bench-peer                # installs the benchmark extra (TRL) and runs this
-    python benchmarks/bench_peer_trl.py [--batches N] [--rounds R] [--arm bf16] [key=value ...]
+    python benchmarks/bench_peer_trl.py [--batches N] [--rounds R] [--arm fp32] [key=value ...]
 
 A one-machine user who wants GRPO on a small model would reach for TRL; this prints how much
-faster (or slower) a generation batch of our mini backend is, measured in the same process,
-alternating the two systems ``--rounds`` times so that a load change on the (shared) machine
-hits both alike. Identical settings, taken from one ``MiniRunConfig``:
+faster (or slower) a generation batch of our mini backend is, measured in the same process.
+Identical settings, taken from one ``MiniRunConfig``:
 
 - the **model**: the same warm-started tiny Qwen3 (``Qwen3ForCausalLM``, fp32 master weights),
   one deep copy per system; TRL's copy uses transformers' default SDPA attention (as a TRL user
@@ -16,9 +15,14 @@ hits both alike. Identical settings, taken from one ``MiniRunConfig``:
   ``PreTrainedTokenizerFast`` with exactly our character vocabulary (checked: it encodes every
   prompt to our ids);
 - the **generation batch**: ``prompts_per_step`` prompts x ``n_samples_per_prompt``
-  completions, sampled at ``temperature`` (no top-k / top-p), at most ``max_response_len``
-  tokens; lengths are printed for both (same policy, so the same distribution; not the same
-  samples);
+  completions (8 x 8 unless overridden, e.g. ``prompts_per_step=16`` for the mini default),
+  sampled at ``temperature`` (no top-k / top-p);
+- the **completion length** (``--trl-length fixed``, the default): TRL generates exactly ``L``
+  tokens per completion (``min_new_tokens = max_new_tokens = L``), ``L`` = our measured mean
+  completion length in the same run, rounded; so both systems train on the same number of
+  completion tokens and neither generates more. Ours samples until ``<eos>`` (its batch decodes
+  until its longest completion ends). ``--trl-length natural``: TRL samples until ``<eos>`` too
+  (same policy, so the same length distribution; not the same samples);
 - the **updates**: ``num_mini_batches`` AdamW steps per generation batch (TRL:
   ``steps_per_generation`` = that, ``per_device_train_batch_size`` = batch / that, one
   iteration), old log-probs recomputed by the trainer before the updates (TRL does this when
@@ -32,16 +36,25 @@ hits both alike. Identical settings, taken from one ``MiniRunConfig``:
   fill a large scratch buffer on every call, ~4x its step time at this size; not TRL's fault);
 - the **reward**: our exact-match grader in both.
 
-Timing: ours = wall time of ``MiniTrainer.train_step`` (rollout = generation + grading;
-train = old log-probs, updates, engine sync, diagnostics); TRL = wall time from the first
-optimizer step of a generation batch to the first of the next (rollout = its ``_generate``;
-train = everything else: scoring, old log-probs, the four optimizer steps, its bookkeeping).
-Per round the first ``--warmup`` batches of each are dropped; the printed numbers are the
-medians over all measured batches. ``speedup`` = TRL time / our time per generation batch
-(> 1: we are faster). ``--arm`` picks our arm from ``sweeps/fp8/`` (default ``fp32``: TRL runs the
-fp32 model in fp32, so ``fp32`` is the like-for-like comparison; ``bf16`` adds our CPU emulation
-of BF16 GEMMs, ``tensorwise`` etc. FP8, which TRL does not have). Both systems train every
-parameter at ``lr`` (``lr_lm_head`` / ``lr_final_norm`` are set to null unless overridden).
+Timing: ours = ``MiniTrainer.train_step`` (rollout = generation + grading; train = old
+log-probs, updates, engine sync, diagnostics); TRL = from the first optimizer step of a
+generation batch to the first of the next (rollout = its ``_generate``; train = everything
+else: scoring, old log-probs, the four optimizer steps, its bookkeeping). Both as wall time and
+as the process's CPU time (``time.process_time``: on a shared machine it leaves out the time
+other processes hold the cores, which wall time does not).
+
+Protocol: ``--rounds`` rounds; each round runs ``--warmup + --batches`` generation batches of
+each system (a fresh trainer each), the order alternating round by round (ours first in odd
+rounds, TRL first in even ones) so that a load change on the machine hits both alike; the first
+``--warmup`` batches of each round are dropped. Printed: per round the two medians and their
+ratio; overall the medians over all measured batches with their interquartile range, and
+``speedup`` = TRL median / our median per generation batch (> 1: we are faster), with the
+per-round ratios' minimum and maximum as its spread; the same for CPU time; the machine (CPU,
+cores, torch and TRL versions) and the load average before and after. ``--arm`` picks our arm
+from ``sweeps/fp8/`` (default ``fp32``: TRL runs the fp32 model in fp32, so ``fp32`` is the
+like-for-like comparison; ``bf16`` adds our CPU emulation of BF16 GEMMs, ``tensorwise`` etc.
+FP8, which TRL does not have). Both systems train every parameter at ``lr`` (``lr_lm_head`` /
+``lr_final_norm`` are set to null unless overridden).
 """
 
 from __future__ import annotations
@@ -87,11 +100,11 @@ class Ours:
         out = []
         for _ in range(n):
             self.step += 1
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             row = self.trainer.train_step(self.step)
-            total = time.perf_counter() - t0
-            out.append({"total_s": total, "rollout_s": row["perf/rollout_s"], "train_s": total - row["perf/rollout_s"],
-                        "completion_len": row["rollout/response_len"]})
+            total, cpu = time.perf_counter() - t0, time.process_time() - c0
+            out.append({"total_s": total, "cpu_s": cpu, "rollout_s": row["perf/rollout_s"],
+                        "train_s": total - row["perf/rollout_s"], "completion_len": row["rollout/response_len"]})
         return out
 
 
@@ -118,8 +131,10 @@ class Trl:
         self.reward = reward
         self.GRPOConfig, self.GRPOTrainer = GRPOConfig, GRPOTrainer
 
-    def batches(self, n: int) -> list[dict]:
-        """Train a fresh GRPOTrainer for ``n`` generation batches and time each."""
+    def batches(self, n: int, length: int | None) -> list[dict]:
+        """Train a fresh GRPOTrainer for ``n`` generation batches and time each; ``length``:
+        every completion exactly that many tokens (None: until ``<eos>``, at most
+        ``max_response_len``)."""
         from transformers import TrainerCallback
 
         cfg, a = self.cfg, self.cfg.algorithm
@@ -129,7 +144,9 @@ class Trl:
             output_dir=self.workdir, use_cpu=True, bf16=False, fp16=False, seed=cfg.seed,
             per_device_train_batch_size=batch // m, gradient_accumulation_steps=1, steps_per_generation=m,
             num_generations=a.n_samples_per_prompt, num_iterations=1, max_steps=n * m,
-            max_completion_length=cfg.max_response_len, temperature=cfg.temperature, top_p=1.0, top_k=0,
+            max_completion_length=cfg.max_response_len if length is None else length,
+            generation_kwargs=None if length is None else {"min_new_tokens": length},
+            temperature=cfg.temperature, top_p=1.0, top_k=0,
             learning_rate=cfg.lr, lr_scheduler_type="constant", warmup_steps=0,
             adam_beta1=cfg.adam_betas[0], adam_beta2=cfg.adam_betas[1], weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.max_grad_norm, beta=0.0, epsilon=a.eps_low, epsilon_high=a.eps_high,
@@ -138,16 +155,19 @@ class Trl:
             gradient_checkpointing=False,  # TRL's default is True; our trainer does not recompute
         )
         stamps: list[float] = []
+        cpu_stamps: list[float] = []
         gen_s: list[float] = []
         threads: list[int] = []
 
         class Clock(TrainerCallback):
             def on_step_begin(self, *_a, **_k):
                 stamps.append(time.perf_counter())
+                cpu_stamps.append(time.process_time())
                 threads.append(torch.get_num_threads())
 
             def on_train_end(self, *_a, **_k):
                 stamps.append(time.perf_counter())
+                cpu_stamps.append(time.process_time())
 
         model = copy.deepcopy(self.base).train()
         model.set_attn_implementation("sdpa")  # transformers' default, what a TRL user gets
@@ -167,18 +187,20 @@ class Trl:
         # TRL as its users run it: torch's default (non-deterministic) mode. Deterministic mode
         # makes every ``torch.empty`` fill its memory, which costs TRL's chunked log-prob kernel
         # (a large scratch buffer per call) about 4x its step time at this size.
-        with deterministic(False):
+        with deterministic(False), contextlib.redirect_stdout(sys.stderr):  # its log lines off our JSON
             trainer.train()
         if set(threads) != {torch.get_num_threads()}:
             raise RuntimeError(f"TRL ran with {sorted(set(threads))} threads, ours with {torch.get_num_threads()}")
-        starts = stamps[::m][: n + 1]
-        if len(starts) < n + 1:
-            starts.append(stamps[-1])
+        def batch_starts(clock: list[float]) -> list[float]:
+            starts = clock[::m][: n + 1]
+            return starts if len(starts) == n + 1 else [*starts, clock[-1]]
+
+        starts, cpu_starts = batch_starts(stamps), batch_starts(cpu_stamps)
         out = []
         for i in range(n):
             total = starts[i + 1] - starts[i]
-            out.append({"total_s": total, "rollout_s": gen_s[i], "train_s": total - gen_s[i],
-                        "completion_len": lengths[i]})
+            out.append({"total_s": total, "cpu_s": cpu_starts[i + 1] - cpu_starts[i], "rollout_s": gen_s[i],
+                        "train_s": total - gen_s[i], "completion_len": lengths[i]})
         return out
 
 
@@ -192,26 +214,85 @@ def deterministic(on: bool):
         torch.use_deterministic_algorithms(prev)
 
 
+KEYS = ("total_s", "cpu_s", "rollout_s", "train_s", "completion_len")
+
+
 def median(rows: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in rows)
+
+
+def iqr(rows: list[dict], key: str) -> list[float]:
+    """The interquartile range ``[q1, q3]`` of ``key`` over ``rows``."""
+    q = statistics.quantiles([r[key] for r in rows], n=4, method="inclusive")
+    return [round(q[0], 4), round(q[2], 4)]
+
+
+def machine() -> dict:
+    """What the numbers were measured on."""
+    import os
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import version
+
+        trl_version = version("trl")
+    except Exception:  # only reported
+        trl_version = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "trl": trl_version,
+            "python": platform.python_version()}
+
+
+def summarize(ours_rounds: list[list[dict]], trl_rounds: list[list[dict]], length: int | None) -> dict:
+    """Medians, interquartile ranges and the speedup with its per-round spread."""
+    ours = [r for rows in ours_rounds for r in rows]
+    trl = [r for rows in trl_rounds for r in rows]
+
+    def part(rows):
+        return {k: round(median(rows, k), 4) for k in KEYS} | {"total_s_iqr": iqr(rows, "total_s"),
+                                                               "cpu_s_iqr": iqr(rows, "cpu_s")}
+
+    def ratio(key: str) -> float:
+        return round(median(trl, key) / median(ours, key), 3)
+
+    def per_round(key: str) -> list[float]:
+        return [round(median(t, key) / median(o, key), 3) for o, t in zip(ours_rounds, trl_rounds, strict=True)]
+
+    rounds_total, rounds_cpu = per_round("total_s"), per_round("cpu_s")
+    return {
+        "trl_completion_len": "natural" if length is None else length,
+        "ours": part(ours), "trl": part(trl),
+        "speedup": ratio("total_s"), "speedup_rounds": rounds_total,
+        "speedup_spread": [min(rounds_total), max(rounds_total)],
+        "speedup_cpu": ratio("cpu_s"), "speedup_cpu_rounds": rounds_cpu,
+        "speedup_cpu_spread": [min(rounds_cpu), max(rounds_cpu)],
+        "speedup_rollout": ratio("rollout_s"), "speedup_train": ratio("train_s"),
+    }
 
 
 def main(argv: list[str]) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", type=int, default=8, help="measured generation batches per round and system")
     p.add_argument("--warmup", type=int, default=2, help="batches dropped at the start of each round")
-    p.add_argument("--rounds", type=int, default=3, help="alternations ours / TRL")
+    p.add_argument("--rounds", type=int, default=4, help="rounds, the order of the two systems alternating")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--trl-length", choices=("fixed", "natural"), default="fixed",
+                   help="fixed: TRL completions exactly our measured mean length; natural: until <eos>")
     p.add_argument("--arm", default="fp32",
                    help="our arm, a sweeps/fp8/ name (default fp32: TRL's model computes in fp32 here)")
     p.add_argument("--cache", default="runs/.cache/sft", help="SFT warm-start cache")
     p.add_argument("overrides", nargs="*", help="MiniRunConfig key=value overrides")
     args = p.parse_args(argv)
-
+    if args.rounds < 1 or args.batches < 1 or args.warmup < 0:
+        raise SystemExit("--rounds and --batches must be >= 1 and --warmup >= 0")
     from fp8rl.backends.mini.__main__ import parse_config
-    from fp8rl.backends.mini.sft import warm_start
-    from fp8rl.backends.mini.task import make_splits
-    from fp8rl.backends.mini.tokenizer import CharTokenizer
 
     arm_file = Path(__file__).resolve().parents[1] / "sweeps" / "fp8" / f"{args.arm}.yaml"
     if not arm_file.is_file():
@@ -223,37 +304,59 @@ def main(argv: list[str]) -> dict:
     # one learning rate for every parameter, as TRL trains (the mini regime's per-group rates
     # cost nothing extra, but like for like); a key=value override replaces these
     same_lr = ["lr_lm_head=null", "lr_final_norm=null"]
-    cfg, _, _ = parse_config([*arm, *same_lr, f"mini.num_threads={args.threads}", f"mini.cache_dir={args.cache}",
+    # the settings of issue 33: 8 prompts x 8 completions (the mini default is 16 prompts)
+    issue = ["prompts_per_step=8"]
+    cfg, _, _ = parse_config([*arm, *same_lr, *issue, f"mini.num_threads={args.threads}", f"mini.cache_dir={args.cache}",
                               *args.overrides])
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(cfg.mini.deterministic)
+    from fp8rl.backends.mini.runtime import torch_settings
+
+    # the torch settings of a mini run (threads, deterministic algorithms, no NaN fill)
+    with torch_settings(cfg.mini.deterministic, args.threads, cfg.mini.device):
+        return measure(args, cfg)
+
+
+def measure(args: argparse.Namespace, cfg) -> dict:
+    """The rounds of ``main``; prints and returns the JSON summary."""
+    import os
+
+    from fp8rl.backends.mini.sft import warm_start
+    from fp8rl.backends.mini.task import make_splits
+    from fp8rl.backends.mini.tokenizer import CharTokenizer
+
     mini, tok = cfg.mini, CharTokenizer()
     train_set, _ = make_splits(mini.data_seed, mini.n_train, mini.n_eval, min_terms=mini.min_terms,
                                max_terms=mini.max_terms, max_operand=mini.max_operand)
     base, _ = warm_start(cfg.model.slot, train_set, tok, mini, args.cache)
-    ours_rows, trl_rows = [], []
+    load_before = os.getloadavg()
+    ours_rounds: list[list[dict]] = []
+    trl_rounds: list[list[dict]] = []
+    length: int | None = None
+    keep = slice(args.warmup, None)
     with tempfile.TemporaryDirectory() as tmp:
         trl = Trl(cfg, base, train_set, tok, tmp)
         for r in range(args.rounds):
-            ours = Ours(cfg, base, args.cache)
-            ours_rows += ours.batches(args.warmup + args.batches)[args.warmup:]
-            trl_rows += trl.batches(args.warmup + args.batches)[args.warmup:]
-            print(f"round {r + 1}/{args.rounds}: ours {median(ours_rows, 'total_s'):.4f} s, "
-                  f"TRL {median(trl_rows, 'total_s'):.4f} s per generation batch", file=sys.stderr)
-
-    def part(rows):
-        return {k: round(median(rows, k), 4) for k in ("total_s", "rollout_s", "train_s", "completion_len")}
-
-    ours_p, trl_p = part(ours_rows), part(trl_rows)
+            for system in (("ours", "trl") if r % 2 == 0 else ("trl", "ours")):
+                if system == "ours":
+                    ours_rounds.append(Ours(cfg, base, args.cache).batches(args.warmup + args.batches)[keep])
+                    if length is None and args.trl_length == "fixed":  # round 1 runs ours first
+                        length = round(statistics.mean(b["completion_len"] for b in ours_rounds[0]))
+                else:
+                    trl_rounds.append(trl.batches(args.warmup + args.batches, length)[keep])
+            o, t = ours_rounds[-1], trl_rounds[-1]
+            print(f"round {r + 1}/{args.rounds} ({'ours first' if r % 2 == 0 else 'TRL first'}): "
+                  f"ours {median(o, 'total_s'):.4f} s, TRL {median(t, 'total_s'):.4f} s per generation batch "
+                  f"(x{median(t, 'total_s') / median(o, 'total_s'):.3f}; cpu "
+                  f"x{median(t, 'cpu_s') / median(o, 'cpu_s'):.3f}), load {os.getloadavg()[0]:.2f}", file=sys.stderr)
     out = {
         "settings": {"slot": cfg.model.slot, "arm": args.arm, "prompts x samples":
                      f"{cfg.prompts_per_step} x {cfg.algorithm.n_samples_per_prompt}",
                      "updates_per_batch": cfg.num_mini_batches, "max_response_len": cfg.max_response_len,
-                     "threads": args.threads, "batches_measured": len(ours_rows)},
-        "ours": ours_p, "trl": trl_p,
-        "speedup": round(trl_p["total_s"] / ours_p["total_s"], 3),
-        "speedup_rollout": round(trl_p["rollout_s"] / ours_p["rollout_s"], 3),
-        "speedup_train": round(trl_p["train_s"] / ours_p["train_s"], 3),
+                     "threads": args.threads, "rounds": args.rounds,
+                     "batches_measured_per_system": sum(len(x) for x in ours_rounds)},
+        "machine": machine(),
+        "load_avg_1_5_15": {"before": [round(x, 2) for x in load_before],
+                            "after": [round(x, 2) for x in os.getloadavg()]},
+        **summarize(ours_rounds, trl_rounds, length),
     }
     print(json.dumps(out, indent=1))
     return out

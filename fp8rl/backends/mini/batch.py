@@ -21,23 +21,18 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     if not seqs or any(len(s) == 0 for s in seqs):
         raise ValueError("left_pad needs a non-empty list of non-empty sequences")
     p = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), p), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), p), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, p - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, p - len(s):] = 1
+    # built as Python lists, one tensor each (not a tensor per row)
+    ids = torch.tensor([[pad_id] * (p - len(s)) + list(s) for s in seqs], dtype=torch.long)
+    mask = torch.tensor([[0] * (p - len(s)) + [1] * len(s) for s in seqs], dtype=torch.long)
     return ids, mask
 
 
 def right_pad(seqs: list[list[int]], pad_id: int, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad ``seqs`` -> ``(ids [B, T], mask [B, T])``; ``T = length`` or the max len."""
     t = max((len(s) for s in seqs), default=0) if length is None else length
-    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), t), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        s = s[:t]
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, : len(s)] = 1
+    cut = [list(s[:t]) for s in seqs]
+    ids = torch.tensor([s + [pad_id] * (t - len(s)) for s in cut], dtype=torch.long).view(len(seqs), t)
+    mask = torch.tensor([[1] * len(s) + [0] * (t - len(s)) for s in cut], dtype=torch.long).view(len(seqs), t)
     return ids, mask
 
 
@@ -78,5 +73,8 @@ def response_logits(
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
     """``log softmax(logits / temperature)[tokens]``: ``[B, T, V], [B, T] -> [B, T]`` (fp32)."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    z = logits.float()
+    if temperature != 1.0:  # x / 1.0 == x, and its gradient likewise: skip the no-op division
+        z = z / temperature
+    logp = torch.log_softmax(z, dim=-1)
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -53,8 +53,8 @@ def evaluate(
     out = engine.generate(ids.to(device), mask.to(device), max_new_tokens=max_new_tokens,
                           temperature=temperature, eos_id=tok.eos_id, pad_id=tok.pad_id,
                           generator=generator)
-    grades = [grade_exact(tok.decode(r.tolist()), str(p.answer))
-              for r, p in zip(out.response_ids.cpu(), rows, strict=True)]
+    grades = [grade_exact(tok.decode(r), str(p.answer))
+              for r, p in zip(out.response_ids.cpu().tolist(), rows, strict=True)]
     correct = torch.tensor([g.correct for g in grades], dtype=torch.float32).view(len(problems), k)
     garbled = torch.tensor([g.garbled for g in grades], dtype=torch.float32)
     out = {
@@ -68,8 +68,8 @@ def evaluate(
         ids, mask = left_pad([tok.encode(p.prompt, bos=True) for p in problems], tok.pad_id)
         g = engine.generate(ids.to(device), mask.to(device), max_new_tokens=max_new_tokens, temperature=1.0,
                             eos_id=tok.eos_id, pad_id=tok.pad_id, generator=None, greedy=True)
-        out["greedy"] = sum(grade_exact(tok.decode(r.tolist()), str(p.answer)).correct
-                            for r, p in zip(g.response_ids.cpu(), problems, strict=True)) / len(problems)
+        out["greedy"] = sum(grade_exact(tok.decode(r), str(p.answer)).correct
+                            for r, p in zip(g.response_ids.cpu().tolist(), problems, strict=True)) / len(problems)
     return out
 
 

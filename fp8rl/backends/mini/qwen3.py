@@ -41,6 +41,9 @@ attention dropout in training mode): the mini backend builds its models itself
 
 from __future__ import annotations
 
+import functools
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -67,9 +70,9 @@ class KVCache:
         end = self.length + k.shape[2]
         if end > self.capacity:
             raise ValueError(f"KV cache full: {end} positions needed, capacity {self.capacity}")
-        self.k[layer][:, :, self.length:end] = k
-        self.v[layer][:, :, self.length:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        self.k[layer].narrow(2, self.length, k.shape[2]).copy_(k)
+        self.v[layer].narrow(2, self.length, v.shape[2]).copy_(v)
+        return self.k[layer].narrow(2, 0, end), self.v[layer].narrow(2, 0, end)
 
     def advance(self, n: int) -> None:
         self.length += n
@@ -151,21 +154,14 @@ class LeanQwen3:
         self.kv_heads = cfg.num_key_value_heads
         # the modules' forward functions and norm weights, looked up once per instance (an
         # instance lives for one forward or one rollout; FP8 conversion happens before)
-        self.layers = [_Layer(layer, weights_rounded) for layer in model.model.layers]
+        self.layers = [_Layer(layer, weights_rounded, dtype) for layer in model.model.layers]
         emb = model.model.embed_tokens
         if type(emb) is not torch.nn.Embedding or emb.max_norm is not None or emb.sparse or emb.scale_grad_by_freq:
             raise ValueError("LeanQwen3 needs a plain nn.Embedding (no max_norm, sparse or scale_grad_by_freq)")
         self.embed_weight, self.padding_idx = emb.weight, emb.padding_idx
         self.final_norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
-        self.lm_head = _fwd(model.lm_head, weights_rounded)
-        rot = model.model.rotary_emb
-        inv_freq = rot.inv_freq
-        pos = torch.arange(max_positions, device=inv_freq.device)
-        # transformers' Qwen3RotaryEmbedding.forward, for every position at once
-        freqs = pos[..., None].float() * inv_freq.to(dtype=torch.float)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos_table = emb.cos() * rot.attention_scaling  # [max_positions, head_dim]
-        self.sin_table = emb.sin() * rot.attention_scaling
+        self.lm_head = _fwd(model.lm_head, weights_rounded, dtype)
+        self.cos_table, self.signed_sin_table = rope_tables(model.model.rotary_emb, max_positions)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         w = self.model.lm_head.weight
@@ -177,34 +173,57 @@ class LeanQwen3:
         """``Qwen3RMSNorm.forward`` (``norm``: its weight and epsilon)."""
         weight, eps = norm
         dtype = x.dtype
+        if dtype == torch.float32 and weight.dtype == torch.float32:
+            # without its three casts, which return their input in fp32: torch's rms_norm, which
+            # on CPU runs these very operations (x.pow(2).mean(-1, keepdim) + eps, rsqrt, x * it,
+            # * weight) and records the same autograd nodes, in one call
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
         h = x.to(torch.float32)
         variance = h.pow(2).mean(-1, keepdim=True)
         h = h * torch.rsqrt(variance + eps)
         return weight.to(dtype) * h.to(dtype)
 
-    @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x * cos + rotate_half(x) * sin`` (``apply_rotary_pos_emb`` for one tensor)."""
-        half = x.shape[-1] // 2
-        return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """``x * cos + rotate_half(x) * sin`` (``apply_rotary_pos_emb`` for one tensor).
 
-    def __call__(self, input_ids: torch.Tensor, bias: torch.Tensor, position_ids: torch.Tensor,
-                 cache: KVCache | None = None) -> torch.Tensor:
+        ``rotate_half(x) = cat(-x2, x1)`` (``x1``, ``x2`` the halves of the last dim) is computed as
+        ``cat(x2, x1) * sign`` with the sign folded into the sine (``signed_sin``, see
+        :func:`rope_tables`): a product's rounding is symmetric in sign, so
+        ``(-a) * s == a * (-s)`` bit for bit, and one ``roll`` by half the dim (a permutation,
+        forward and backward) replaces two slices, a negation and a concatenation."""
+        return (x * cos) + (torch.roll(x, x.shape[-1] // 2, -1) * signed_sin)
+
+    def rope(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin (:meth:`_rope`) ``[B, 1, L, head_dim]`` of ``position_ids`` ``[B, L]``,
+        in the compute dtype (gathered from the tables: a caller may gather many positions once
+        and pass slices)."""
+        cos, sin = self.cos_table[position_ids], self.signed_sin_table[position_ids]
+        if self.dtype != torch.float32:
+            cos, sin = cos.to(dtype=self.dtype), sin.to(dtype=self.dtype)
+        return cos[:, None], sin[:, None]
+
+    def __call__(self, input_ids: torch.Tensor, bias: torch.Tensor, position_ids: torch.Tensor | None,
+                 cache: KVCache | None = None, *, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 ) -> torch.Tensor:
         """Logits ``[B, L, V]``.
 
         Args:
             input_ids: ``[B, L]`` tokens (with a cache: the next ``L`` tokens of every row).
             bias: ``[B, 1, L, S]`` additive mask over the ``S`` keys (cached + new):
                 :func:`causal_bias` / a prefix of :func:`decode_bias`.
-            position_ids: ``[B, L]`` rotary positions.
+            position_ids: ``[B, L]`` rotary positions (None when ``rope`` is given).
             cache: optional :class:`KVCache`; the new keys/values are appended.
+            rope: ``self.rope(position_ids)`` (or slices of it along ``L``), instead of
+                ``position_ids``: the same values, gathered once for many calls.
         """
         # the table cast to the compute dtype, as a BF16 model holds it (the gradient of a row
-        # that appears several times then sums in that dtype, as there)
-        x = F.embedding(input_ids, self.embed_weight.to(self.dtype), self.padding_idx)
-        bias = bias.to(self.dtype)
-        cos = self.cos_table[position_ids].to(dtype=x.dtype)[:, None]  # [B, 1, L, d]
-        sin = self.sin_table[position_ids].to(dtype=x.dtype)[:, None]
+        # that appears several times then sums in that dtype, as there); the casts below are
+        # skipped where they would return their input (fp32): the same operations, fewer calls
+        low = self.dtype != torch.float32
+        x = F.embedding(input_ids, self.embed_weight.to(self.dtype) if low else self.embed_weight, self.padding_idx)
+        if bias.dtype != self.dtype:
+            bias = bias.to(self.dtype)
+        cos, sin = self.rope(position_ids) if rope is None else rope  # [B, 1, L, d]
         b, n = input_ids.shape
         hd, g = self.head_dim, self.groups
         for i, ly in enumerate(self.layers):
@@ -216,7 +235,9 @@ class LeanQwen3:
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             if cache is not None:
                 k, v = cache.append(i, k, v)
-            if self.fused:
+            if self.fused and not low:
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scaling, enable_gqa=g > 1)
+            elif self.fused:
                 o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias.float(),
                                                    scale=self.scaling, enable_gqa=g > 1).to(q.dtype)
             else:
@@ -229,7 +250,7 @@ class LeanQwen3:
                 w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
                 o = lowp_matmul(w, v)
             o = o.transpose(1, 2).contiguous()
-            x = residual + ly.o_proj(o.reshape(b, n, -1).contiguous())
+            x = residual + ly.o_proj(o.reshape(b, n, -1))  # (contiguous: a view of o)
             residual = x
             h = self._rms(ly.post_norm, x)
             x = residual + ly.down_proj(ly.act(ly.gate_proj(h)) * ly.up_proj(h))
@@ -238,14 +259,16 @@ class LeanQwen3:
         return self.lm_head(self._rms(self.final_norm, x))
 
 
-def _fwd(module: torch.nn.Module, weights_rounded: bool = False):
+def _fwd(module: torch.nn.Module, weights_rounded: bool = False, dtype: torch.dtype | None = None):
     """The function a forward calls for ``module``.
 
     A plain ``nn.Linear`` becomes :func:`fp8rl.quant.lowp.linear` on its weight (``F.linear``
-    itself for fp32 activations); other modules (FP8 linears, the embedding) are called through
-    ``module.forward`` when calling the module would add nothing (no hooks of any kind), else
-    through the module: the same computation without ``nn.Module.__call__``'s bookkeeping. An
-    instance-level ``forward`` (``fp8_disabled``'s switch) is what ``module.forward`` finds.
+    itself, bound to the weight, when the compute ``dtype`` is fp32: what ``lowp.linear`` calls
+    for fp32 activations); a plain SiLU activation becomes ``F.silu`` (what its forward calls);
+    other modules (FP8 linears, the embedding) are called through ``module.forward`` when calling
+    the module would add nothing (no hooks of any kind), else through the module: the same
+    computation without ``nn.Module.__call__``'s bookkeeping. An instance-level ``forward``
+    (``fp8_disabled``'s switch) is what ``module.forward`` finds, and it is never bypassed.
     """
     from torch.nn.modules import module as torch_module
 
@@ -255,9 +278,15 @@ def _fwd(module: torch.nn.Module, weights_rounded: bool = False):
              torch_module._global_backward_pre_hooks)
     if any(hooks):
         return module
-    if type(module) is torch.nn.Linear:
+    own_forward = "forward" in vars(module)
+    if type(module) is torch.nn.Linear and not own_forward:
         weight, bias = module.weight, module.bias
+        if dtype == torch.float32:
+            return functools.partial(F.linear, weight=weight, bias=bias)
         return lambda x: lowp_linear(x, weight, bias, weight_rounded=weights_rounded)
+    if type(module).__name__ == "SiLUActivation" and type(module).__module__.startswith("transformers.") \
+            and not own_forward:
+        return F.silu
     return module.forward
 
 
@@ -267,7 +296,7 @@ class _Layer:
     __slots__ = ("act", "down_proj", "gate_proj", "input_norm", "k_norm", "k_proj", "o_proj", "post_norm",
                  "q_norm", "q_proj", "up_proj", "v_proj")
 
-    def __init__(self, layer: torch.nn.Module, weights_rounded: bool) -> None:
+    def __init__(self, layer: torch.nn.Module, weights_rounded: bool, dtype: torch.dtype) -> None:
         attn, mlp = layer.self_attn, layer.mlp
 
         def norm(m: torch.nn.Module) -> tuple[torch.Tensor, float]:
@@ -276,8 +305,32 @@ class _Layer:
         self.input_norm, self.post_norm = norm(layer.input_layernorm), norm(layer.post_attention_layernorm)
         self.q_norm, self.k_norm = norm(attn.q_norm), norm(attn.k_norm)
         def f(m: torch.nn.Module):
-            return _fwd(m, weights_rounded)
+            return _fwd(m, weights_rounded, dtype)
 
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = f(attn.q_proj), f(attn.k_proj), f(attn.v_proj), f(attn.o_proj)
         self.gate_proj, self.up_proj, self.down_proj = f(mlp.gate_proj), f(mlp.up_proj), f(mlp.down_proj)
         self.act = _fwd(mlp.act_fn)
+
+
+#: rotary tables per rotary-embedding module (its ``inv_freq`` is fixed at construction)
+_ROPE_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def rope_tables(rot: torch.nn.Module, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, signed_sin)``: cos and sin ``[max_positions, head_dim]`` of transformers'
+    ``Qwen3RotaryEmbedding.forward`` for every position at once (times its attention scaling),
+    the sin's first half negated (exact; ``LeanQwen3._rope``). Built once per module, size and
+    device (``inv_freq`` is a non-persistent buffer that nothing changes after construction)."""
+    inv_freq = rot.inv_freq
+    key = (max_positions, inv_freq.device, inv_freq.dtype, rot.attention_scaling)
+    cached = _ROPE_TABLES.setdefault(rot, {})
+    if key not in cached:
+        pos = torch.arange(max_positions, device=inv_freq.device)
+        freqs = pos[..., None].float() * inv_freq.to(dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        half = emb.shape[-1] // 2
+        sign = torch.ones(emb.shape[-1], device=emb.device)
+        sign[:half] = -1.0
+        cached.clear()  # one entry per module: a second size or device replaces the first
+        cached[key] = (emb.cos() * rot.attention_scaling, (emb.sin() * rot.attention_scaling) * sign)
+    return cached[key]

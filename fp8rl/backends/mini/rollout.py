@@ -118,12 +118,19 @@ def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
     bias = decode_bias(prompt_mask, max_new_tokens, dtype)  # [B, 1, 1, P + max_new]
     logits = lean(prompt_ids, causal_bias(prompt_mask, dtype), position_ids(prompt_mask), cache)
     next_pos = prompt_mask.sum(-1, keepdim=True)  # [B, 1] position of the first response token
+    # the rotary cos/sin of every decode position, gathered once (step i slices column i): the
+    # values the step would gather itself; skipped if the last positions fall off the table
+    # (then a step that reaches them raises, as before)
+    steps_pos = next_pos + torch.arange(max_new_tokens, device=next_pos.device)  # [B, max_new]
+    rope = lean.rope(steps_pos) if int(steps_pos.max()) < lean.cos_table.shape[0] else None
     done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
     pad = torch.full_like(done, pad_id, dtype=torch.long)
     zero = torch.zeros((), dtype=torch.float32, device=prompt_ids.device)
     toks, logps, valid = [], [], []
     for i in range(max_new_tokens):
-        last = logits[:, -1, :].float()  # [B, V]
+        last = logits[:, -1, :]  # [B, V]
+        if last.dtype != torch.float32:
+            last = last.float()
         if temperature != 1.0:  # x / 1.0 == x: skip the no-op division
             last = last / temperature
         logp_all = torch.log_softmax(last, dim=-1)
@@ -138,7 +145,11 @@ def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
         done = done | (tok == eos_id)
         if bool(done.all()):
             break
-        logits = lean(tok.unsqueeze(-1), bias[..., : p + i + 1], next_pos, cache)
+        if rope is None:
+            logits = lean(tok.unsqueeze(-1), bias[..., : p + i + 1], next_pos, cache)
+        else:
+            logits = lean(tok.unsqueeze(-1), bias[..., : p + i + 1], None, cache,
+                          rope=(rope[0][:, :, i : i + 1], rope[1][:, :, i : i + 1]))
         next_pos = next_pos + 1
     return toks, logps, valid, done
 

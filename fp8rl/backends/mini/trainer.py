@@ -179,7 +179,7 @@ class MiniTrainer(UpdateMixin):
     def score(self, rb: RolloutBatch, rows: list[Problem], group_ids: torch.Tensor) -> ScoredBatch:
         from fp8rl.rl.dapo import overlong_penalty
 
-        texts = [self.tok.decode(r.tolist()) for r in rb.response_ids.cpu()]
+        texts = [self.tok.decode(r) for r in rb.response_ids.cpu().tolist()]
         grades = [grade_exact(t, str(p.answer)) for t, p in zip(texts, rows, strict=True)]
         correct = torch.tensor([g.correct for g in grades], dtype=torch.float32)
         rewards = correct.clone()
@@ -261,7 +261,13 @@ class MiniTrainer(UpdateMixin):
         return {M.STEP: step, **row}
 
     def check_finite_parameters(self) -> None:
-        for name, p in self.policy.named_parameters():
+        """Raise ``RunFailed`` naming the first non-finite parameter (one check over all of them
+        first: the largest magnitude of each, finite for a finite tensor)."""
+        named = list(self.policy.named_parameters())
+        peaks = torch._foreach_max(torch._foreach_abs([p.detach() for _, p in named]))
+        if bool(torch.isfinite(torch.stack(peaks)).all()):
+            return
+        for name, p in named:
             if not bool(torch.isfinite(p).all()):
                 raise RunFailed(f"parameter {name} became non-finite; the run diverged")
 
