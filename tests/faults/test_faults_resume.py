@@ -71,8 +71,9 @@ def _tensorboard_steps(run_dir: Path, tag: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("sft_cache")
+def cache(shared_sft_cache) -> Path:
+    """The run's SFT cache (``tests/conftest.py``; tests/mini's ``tiny`` trains the same key)."""
+    return shared_sft_cache
 
 
 @pytest.fixture(scope="module")
