@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 # On CPU-only machines torch must be installed before the project, or pip pulls a CUDA build.
 TORCH   ?= torch==2.13.0
 
-.PHONY: install install-run test test-all lint bench clean install-integration test-integration paper-smoke notebooks
+.PHONY: install install-run test test-slow test-all lint bench clean install-integration test-integration paper-smoke notebooks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,11 +27,29 @@ $(VENV)/.installed: $(VENV)/.installed-run
 install-run: $(VENV)/.installed-run
 install: $(VENV)/.installed
 
+# The default suite on every core: pytest-xdist, one worker per CPU this process may use (nproc;
+# TEST_WORKERS=0: no workers, one process); tests/conftest.py says which tests run together on one
+# worker (the Slurm tests; a module whose fixture is built once). Prints the 15 slowest tests, then
+# its wall and CPU time and the load average (on a shared machine the load says what a time is worth).
+TEST_WORKERS ?= $(shell nproc)
+PYTEST_N := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+# timed NAME CMD: run CMD, then print NAME's wall and CPU time and the load; CMD's exit status.
+# (`times` writes to a file: in a pipe it would run in a subshell, which has no children.)
+timed = t0=$$(date +%s); rc=0; $(2) || rc=$$?; tf=$$(mktemp); times > $$tf; \
+	cpu=$$(tail -n 1 $$tf | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($$i, a, /[ms]/); s += a[1] * 60 + a[2] } printf "%d", s }'); \
+	rm -f $$tf; wall=$$(( $$(date +%s) - t0 )); \
+	echo "$(1): $$((wall / 60)) min $$((wall % 60)) s wall, $$((cpu / 60)) min $$((cpu % 60)) s CPU on $$(nproc) core(s), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	exit $$rc
+
 test: install
-	$(BIN)/python -m pytest -q --durations=15
+	@$(call timed,make test,$(PYTEST_N) --durations=15)
+
+# The slow tier (`-m slow`; .ci/run runs it after the default suite).
+test-slow: install
+	@$(call timed,make test-slow,$(PYTEST_N) -m slow --durations=15)
 
 test-all: install
-	$(BIN)/python -m pytest -q -m 'not integration'
+	@$(call timed,make test-all,$(PYTEST_N) -m 'not integration' --durations=15)
 
 # Every notebook of analysis/notebooks, executed headless on the published runs
 # (docs/results/mini/runs/entropy_granularity); fails on any cell error (analysis/run_notebooks.py).

@@ -23,7 +23,7 @@ What is checked (each failure names the doc, its line and what is wrong):
   overrides;
 - every ``python -m experiments.launch ...`` line without placeholders expands and validates
   its whole grid as a dry run (``dry_run=true`` appended), so a stale override, sweep name or
-  cluster profile fails here: each distinct command once, all in this process.
+  cluster profile fails here: each distinct command once, one test each (named by the command).
 
 It is part of the default suite (``make test``). The dry runs dominate its time: about 35 s on
 an idle 2-core machine, several times that when other jobs load the cores.
@@ -35,6 +35,8 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -636,30 +638,36 @@ def launch_commands() -> dict[tuple[str, ...], list[Item]]:
     return out
 
 
-def test_launch_commands_in_the_docs_dry_run(tmp_path, monkeypatch, capsys):
-    """Every launch line of the docs, as a dry run: the whole grid expands and validates."""
+LAUNCH_COMMANDS = launch_commands()
+
+
+@pytest.mark.parametrize("args", list(LAUNCH_COMMANDS),
+                         ids=[" ".join(a) or "(no overrides)" for a in LAUNCH_COMMANDS])
+def test_launch_commands_in_the_docs_dry_run(args, tmp_path, monkeypatch, capsys):
+    """Every launch line of the docs, as a dry run: the whole grid expands and validates. One
+    test per distinct command (its id), so that the suite's workers share them out."""
     import sys
 
     import experiments.launch as launch
 
     monkeypatch.chdir(tmp_path)  # dry runs write nothing; relative run roots resolve here
-    problems = []
-    for args, items in launch_commands().items():
-        argv = ["experiments/launch.py", *args, "dry_run=true"]
-        monkeypatch.setattr(sys, "argv", argv)
-        code = 0
-        try:
-            launch.main()
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        cap = capsys.readouterr()
-        if code != 0 or "dry run: nothing was run" not in cap.out:
-            where = "; ".join(f"{i.doc}:{i.line}" for i in items)
-            tail = "\n    ".join((cap.out + cap.err).strip().splitlines()[-8:])
-            problems.append(f"{where}: python -m experiments.launch {' '.join(args)} dry_run=true "
-                            f"-> exit {code}\n    {tail}")
-    assert not problems, "\n".join(problems)
-    assert list(tmp_path.iterdir()) == [], "a dry run wrote files"
+    monkeypatch.setattr(sys, "argv", ["experiments/launch.py", *args, "dry_run=true"])
+    code = 0
+    try:
+        launch.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    cap = capsys.readouterr()
+    where = "; ".join(f"{i.doc}:{i.line}" for i in LAUNCH_COMMANDS[args])
+    tail = "\n    ".join((cap.out + cap.err).strip().splitlines()[-8:])
+    assert code == 0 and "dry run: nothing was run" in cap.out, (
+        f"{where}: python -m experiments.launch {' '.join(args)} dry_run=true -> exit {code}\n    {tail}")
+    assert list(tmp_path.iterdir()) == [], f"{where}: a dry run wrote files"
+
+
+def test_the_docs_have_launch_commands():
+    """The parametrized dry runs above are not vacuous: the README's main commands are there."""
+    assert ("+sweep=main_table",) in LAUNCH_COMMANDS and len(LAUNCH_COMMANDS) >= 10
 
 
 # --- docs/design.md stays current ---------------------------------------------------------------

@@ -71,8 +71,9 @@ def _tensorboard_steps(run_dir: Path, tag: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("sft_cache")
+def cache(shared_sft_cache) -> Path:
+    """The run's SFT cache (``tests/conftest.py``; tests/mini's ``tiny`` trains the same key)."""
+    return shared_sft_cache
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +103,19 @@ def _assert_same_as(rd: RunDir, ref: RunDir) -> None:
     assert _tensorboard_steps(rd.path, "eval/arith/avg@k") == [0, 2, 4, 5]
 
 
-SIGNALS = [pytest.param(signal.SIGKILL, id="SIGKILL"), pytest.param(signal.SIGTERM, id="SIGTERM")]
+def _by_signal(name: str, default: signal.Signals, *values) -> list:
+    """``values`` killed by SIGKILL and by SIGTERM (ids ``NAME-SIGKILL``, ``NAME-SIGTERM``). The
+    signal that is not ``default`` is in the slow tier (``make test-slow``, which CI runs): each
+    kill point has one signal in ``make test``, and both signals are there."""
+    return [pytest.param(*values, s, id=f"{name}-{s.name}", marks=() if s == default else pytest.mark.slow)
+            for s in (signal.SIGKILL, signal.SIGTERM)]
 
 
-@pytest.mark.parametrize("sig", SIGNALS)
-@pytest.mark.parametrize(("point", "extra"), [
-    pytest.param("step:2", [], id="before-first-checkpoint"),
-    pytest.param("metrics:1", [], id="metrics-append"),
+@pytest.mark.parametrize(("point", "extra", "sig"), [
+    *_by_signal("before-first-checkpoint", signal.SIGKILL, "step:2", []),
+    *_by_signal("metrics-append", signal.SIGTERM, "metrics:1", []),
     # a run without checkpoints (the metrics do not depend on checkpointing)
-    pytest.param("summary", ["checkpoint_every=0"], id="after-last-step"),
+    *_by_signal("after-last-step", signal.SIGKILL, "summary", ["checkpoint_every=0"]),
 ])
 def test_killed_run_relaunched_ends_as_the_uninterrupted_run(reference, cache, tmp_path, capfd, point, extra, sig):
     run_dir = tmp_path / "run"
@@ -124,8 +129,7 @@ def test_killed_run_relaunched_ends_as_the_uninterrupted_run(reference, cache, t
     _assert_same_as(rd, reference)
 
 
-@pytest.mark.parametrize("sig", SIGNALS)
-@pytest.mark.parametrize("nth", [1, 2])
+@pytest.mark.parametrize(("nth", "sig"), [*_by_signal("1", signal.SIGTERM, 1), *_by_signal("2", signal.SIGKILL, 2)])
 def test_kill_during_a_checkpoint_write_leaves_a_temp_file_the_relaunch_removes(
         reference, cache, tmp_path, capfd, nth, sig):
     run_dir = tmp_path / "run"

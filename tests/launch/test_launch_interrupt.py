@@ -100,6 +100,7 @@ def test_ctrl_c_stops_cells_at_a_checkpoint_and_the_printed_command_resumes(tmp_
         assert (path / "run.log").read_text().count("=== attempt") == 2
 
 
+@pytest.mark.slow  # six interpreters again (~40 CPU s): the slow tier, which CI runs (make test-slow)
 def test_second_ctrl_c_stops_at_once_and_the_sweep_still_resumes(tmp_path):
     root = tmp_path / "runs"
     code, out = _interrupt(root, workers=2, signals=2)

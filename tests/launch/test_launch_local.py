@@ -12,8 +12,10 @@ SMOKE2 = ["+sweep=smoke", "fp8=bf16", "clip=vanilla,calibrated"]
 
 
 def test_launch_local_sweep_runs_skips_and_reruns(launch, snapshot, tmp_path):
+    """Which cells run is the sweep's decision, before any launcher: the cells run in this process
+    (``workers=1``; the worker pool has its own tests below) and the test starts no interpreter."""
     root = tmp_path / "runs"
-    res = launch(*SMOKE2, f"output_dir={root}")
+    res = launch(*SMOKE2, "workers=1", f"output_dir={root}")
     assert res.code == 0, res.err
     assert "2 to run" in res.err and "cells finished" in res.err  # progress display
     man = read_manifest(root / "smoke")
@@ -27,7 +29,7 @@ def test_launch_local_sweep_runs_skips_and_reruns(launch, snapshot, tmp_path):
     runs_before = {k: v for k, v in snapshot(root / "smoke").items() if not k.startswith("manifest")}
 
     # relaunch: every cell DONE -> nothing runs, no run directory changes
-    res = launch(*SMOKE2, f"output_dir={root}")
+    res = launch(*SMOKE2, "workers=1", f"output_dir={root}")
     assert res.code == 0 and "2 DONE (skipped)" in res.err and "nothing to do" in res.err
     assert {k: v for k, v in snapshot(root / "smoke").items() if not k.startswith("manifest")} == runs_before
 
@@ -36,7 +38,7 @@ def test_launch_local_sweep_runs_skips_and_reruns(launch, snapshot, tmp_path):
     keep = man.run_path(man.cells[0])
     redo.set_status("FAILED", 4, reason="pretend")
     keep_before = snapshot(keep)
-    res = launch(*SMOKE2, f"output_dir={root}")
+    res = launch(*SMOKE2, "workers=1", f"output_dir={root}")
     assert res.code == 0, res.err
     assert "1 DONE (skipped)" in res.err and "1 to run" in res.err
     assert redo.state == "DONE" and snapshot(keep) == keep_before

@@ -58,7 +58,8 @@ def test_two_concurrent_launches_log_every_step_once(tmp_path):
     assert "running elsewhere" in out_a + out_b
 
 
-@pytest.mark.parametrize("kill", ["owner", "launcher"])
+# ``launcher`` starts six interpreters (~45 CPU s): the slow tier, which CI runs (make test-slow)
+@pytest.mark.parametrize("kill", ["owner", pytest.param("launcher", marks=pytest.mark.slow)])
 def test_killed_run_shows_died_and_next_launch_takes_over(tmp_path, kill, capsys):
     """``owner``: kill -9 the process that holds the run (here the launcher itself, one worker).
     ``launcher``: kill -9 a launcher with two worker processes; its workers die with it."""

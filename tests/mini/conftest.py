@@ -27,8 +27,9 @@ def _clip_opts(arm: str, opts: dict | None) -> dict:
 
 
 @pytest.fixture(scope="session")
-def sft_cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("sft_cache"))
+def sft_cache(shared_sft_cache):
+    """The run's SFT cache (``tests/conftest.py``): each warm start is trained once per test run."""
+    return str(shared_sft_cache)
 
 
 @pytest.fixture
