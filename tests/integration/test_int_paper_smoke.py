@@ -305,14 +305,72 @@ def test_fp8_trainer_cells_ran_fp8_gemms(runs):
 
 
 def test_the_bf16_shadow_pass_ran_no_fp8_gemm(runs):
-    """The calibrated cell's BF16 shadow forwards (old and current policy, calibration steps)
-    ran GEMMs, none of them ``_scaled_mm``: the shadow really is BF16."""
+    """The calibrated cell's BF16 shadow forwards (old and current policy) ran GEMMs, none of them
+    ``_scaled_mm``: the shadow really is BF16. No other cell ran a shadow."""
     for prefix, run in runs.items():
+        ran = 0
         for name, k in _kernels(run):
             shadow = k.get("shadow", {})
             assert not any(key.startswith("_scaled_mm") for key in shadow), (prefix, name, shadow)
-            if CELLS[prefix][3] == "calibrated" and name.endswith(("step0.json", "step2.json")):
-                assert sum(shadow.values()) > 0, (prefix, name)  # the shadow ran
+            ran += sum(shadow.values())
+        assert (ran > 0) == (CELLS[prefix][3] == "calibrated"), (prefix, ran)
+
+
+SAMPLE_FRACTION = 0.5  # sweeps/smoke_cell/grpo_rowwise_calibrated.yaml
+
+
+def test_sampled_shadows_only_the_seeded_subset_drawn_anew_each_step(runs):
+    """``clip.calibration_mode=sampled`` in the real actor: each step's measured rows are the seeded
+    draw of ``fp8rl.rl.calibration.sampling.draw_subset`` from that step's eligible rows (A != 0),
+    recomputed here from the dumped eligible rows, the run's seed and the step -- so a subset not
+    drawn anew each step, or drawn from the wrong rows, fails; only those rows got a BF16 shadow,
+    and the shadow forwards ran on them alone: twice per step (old and current weights), so the
+    shadow's work is the subset's share of what a shadow of every row would cost (the forward's
+    GEMM count is fixed per call; rows say what it computed)."""
+    from fp8rl.rl.calibration.sampling import draw_subset
+
+    run = runs.get(INTERRUPTED)
+    if run is None:
+        pytest.skip("the calibrated cell is not among the runs")
+    rows = metrics(run)
+    kernels = dict(_kernels(run))
+    assert len(kernels) >= STEPS
+    shares, draws = [], []
+    for step in range(STEPS):
+        k = kernels[f"kernels-rank0-step{step}.json"]
+        plan, n = k["plan"], k["plan"]["n"]
+        eligible = torch.zeros(n, dtype=torch.bool)
+        eligible[plan["eligible"]] = True
+        want = draw_subset(eligible, SAMPLE_FRACTION, seed=0, step=step, rank=0)
+        assert plan["measured"] == torch.nonzero(want).flatten().tolist(), (step, plan)
+        assert plan["shadowed"] == plan["measured"], (step, plan)  # no diagnostics: the subset only
+        assert k["rows"].get("shadow", 0) == 2 * len(plan["measured"]), (step, k["rows"])
+        assert "fp8_prepass" not in k["rows"], step  # sampled takes the FP8 ratios from the losses
+        assert rows[step + 1]["clip/sample_seqs"] == len(plan["measured"])
+        assert rows[step + 1]["clip/sample_share"] == SAMPLE_FRACTION
+        shares.append(len(plan["measured"]) / n)
+        draws.append(plan["measured"])
+    assert 0 < sum(shares) / len(shares) < 0.75, shares  # the shadow did a part of a full shadow's work
+    assert len({tuple(d) for d in draws}) > 1, draws  # different rows in different steps
+
+
+def test_sampled_metrics_out_of_sample_every_step(runs):
+    """Every step of the sampled cell calibrates in each optimizer-step window that holds measured
+    rows (the counts add up over the steps, and survive the interruption), and logs the
+    out-of-sample counts: the measured rows' tokens ran under the bounds of an earlier window, so
+    each step with a shadow has ``shadow/oos_*`` with the FP8 and BF16 counts below the bounds;
+    the cells without a shadow log none of it."""
+    rows = metrics(runs[INTERRUPTED])
+    windows = 2  # num_mini_batches
+    for step in range(1, STEPS + 1):
+        r = rows[step]
+        assert "clip/low" in r and "clip/high" in r, step
+        assert r["shadow/oos_n_neg"] > 0, (step, r)
+        assert 0 <= r["shadow/oos_clipfrac_neg_low"] <= 1 and 0 <= r["shadow/oos_bf16_clipfrac_neg_low"] <= 1
+    assert rows[STEPS]["clip/calibrations"] + rows[STEPS]["clip/degenerate_updates"] == windows * STEPS
+    assert rows[STEPS]["clip/calibrations"] > 0
+    for prefix in [p for p in ("grpo-8b-bf16-vanilla", "dapo-8b-tensorwise-tis") if p in runs]:
+        assert not any(k.startswith(("shadow/", "clip/sample")) for r in metrics(runs[prefix]).values() for k in r)
 
 
 def test_the_driver_checked_every_policy_actor_before_training(runs):
@@ -326,31 +384,6 @@ def test_the_driver_checked_every_policy_actor_before_training(runs):
                 assert a["fp8_layers"] == (LINEARS if CELLS[prefix][1] else 0), prefix
 
 
-def test_calibration_metrics_appear_on_calibration_steps_only(runs):
-    """Calibrated Clipping calibrates every second step here (steps 1 and 3): its
-    calibration-only values are logged on a step whose calibration succeeded and nowhere else --
-    never on step 2 (no stale value repeated)."""
-    rows = metrics(runs["grpo-8b-rowwise-calibrated"])
-    only = ("shadow/clipfrac_neg_low", "clip/low_raw", "clip/n_neg")
-    others = [p for p in ("grpo-8b-bf16-vanilla", "dapo-8b-tensorwise-tis") if p in runs]
-    done = 0.0
-    calibrated = []
-    for step in range(1, STEPS + 1):
-        new = rows[step]["clip/calibrations"] > done
-        done = rows[step]["clip/calibrations"]
-        for key in only:
-            assert (key in rows[step]) == new, (key, step, new)
-        if new:
-            calibrated.append(step)
-        assert "clip/low" in rows[step]  # the bounds in force are logged every step
-    # on schedule; a calibration can be skipped (degenerate: the one measured micro-batch held no
-    # A != 0 token, likely with the smoke's sparse rewards), which the controller counts instead
-    assert set(calibrated) <= {1, 3}, calibrated
-    assert rows[STEPS]["clip/calibrations"] + rows[STEPS]["clip/degenerate_updates"] == 2
-    for prefix in others:
-        assert not any(k in r for r in metrics(runs[prefix]).values() for k in only), prefix
-
-
 def test_the_interrupted_cell_resumed_from_its_checkpoint(runs):
     """The cell killed after its first checkpoint ran again (a second driver attempt), resumed
     from the checkpoint (no step before it rerun) and logged every step exactly once."""
@@ -362,8 +395,8 @@ def test_the_interrupted_cell_resumed_from_its_checkpoint(runs):
     assert f"Global step {STEPS}:" in resumed
     rows = metrics(run)
     assert sorted(rows) == list(range(1, STEPS + 1))
-    # the controller's counts survived the restart: two calibration steps (0 and 2), each counted
-    assert rows[STEPS]["clip/calibrations"] + rows[STEPS]["clip/degenerate_updates"] == 2
+    # the controller's counts survived the restart: every window of every step, each counted once
+    assert rows[STEPS]["clip/calibrations"] + rows[STEPS]["clip/degenerate_updates"] == 2 * STEPS
 
 
 def test_dapo_cells_crossed_an_episode_end(runs):

@@ -27,7 +27,8 @@ from fp8rl.quant.modules import Fp8UnsupportedError
 def smoke_config(tmp_path, cell: str, **openrlhf) -> OpenRLHFRunConfig:
     """A paper_smoke cell built from the YAML tree (scale/paper + the sweep + its cell file)."""
     sweep = yaml.safe_load((REPO / "sweeps" / "sweep" / "paper_smoke.yaml").read_text())
-    over = yaml.safe_load((REPO / "sweeps" / "smoke_cell" / f"{cell}.yaml").read_text())["defaults"]
+    cell_file = yaml.safe_load((REPO / "sweeps" / "smoke_cell" / f"{cell}.yaml").read_text())
+    over = cell_file["defaults"]
     pick = {k.split("/")[-1].split(":")[0].strip(): v for d in over for k, v in d.items()}
     scale = {k: v for k, v in _yaml("scale", "paper").items() if k not in ("defaults", "scale", "launcher")}
     o = {**_yaml("backend", "openrlhf")["openrlhf"], **_yaml("data", "paper")["openrlhf"]}
@@ -38,7 +39,7 @@ def smoke_config(tmp_path, cell: str, **openrlhf) -> OpenRLHFRunConfig:
                                                        "array_parallelism", "workers")}
     cfg = {"algorithm": {**_yaml("algorithm", pick["algorithm"]), **sweep["algorithm"]}, "model": {"slot": "8b"},
            "fp8": {**_yaml("fp8", pick["fp8"]), **scale["fp8"]},
-           "clip": {**_yaml("clip", pick["clip"]), **scale["clip"], **sweep["clip"]},
+           "clip": {**_yaml("clip", pick["clip"]), **scale["clip"], **sweep.get("clip", {}), **cell_file.get("clip", {})},
            **{k: v for k, v in scale.items() if k not in ("fp8", "clip")}, **top,
            "openrlhf": o, "output_dir": str(tmp_path / "paper_smoke")}
     return build_dataclass(OpenRLHFRunConfig, OmegaConf.to_container(OmegaConf.create(cfg), resolve=True))
@@ -140,6 +141,10 @@ def test_spec_of_a_smoke_cell_carries_device_dump_dir_seed_and_batching(tmp_path
     assert PluginSpec.from_json(spec.to_json()) == spec
     with pytest.raises(ValueError, match="run directory"):
         PluginSpec.from_config(cfg)
+    # the calibrated smoke cell runs the sampled mode (tests/integration/test_int_paper_smoke.py)
+    cal = PluginSpec.from_config(smoke_config(tmp_path, "grpo_rowwise_calibrated"), run_dir=tmp_path / "run")
+    assert cal.clip_options["mode"] == "sampled" and cal.clip_options["sample_fraction"] == 0.5
+    assert cal.make_clipper().mode == "sampled"
 
 
 def test_cpu_runtime_env_sets_the_cpu_accelerator_standins_and_dump_logs(tmp_path):

@@ -69,8 +69,11 @@ def count_matmuls(counter: Counter):
         torch._scaled_mm = orig
 
 
-def write_counts(directory: str, rank: int, step: int, counts: dict[str, Counter]) -> None:
-    """``<directory>/kernels-rank<R>-step<S>.json``: ``{phase: {op:dtype: count}}``."""
+def write_counts(directory: str, rank: int, step: int, counts: dict[str, dict]) -> None:
+    """``<directory>/kernels-rank<R>-step<S>.json``: ``{phase: {op:dtype: count}}`` for the phases
+    ``train`` and ``shadow``; beside them the actor binding's ``rows`` (samples per kind of no-grad
+    forward: ``shadow``, ``fp8_prepass``) and ``plan`` (the step's row ids: ``eligible``,
+    ``measured``, ``shadowed``; ``n`` rows on ``rank``)."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, f"kernels-rank{rank}-step{step}.json"), "w", encoding="utf-8") as f:
         json.dump({k: dict(v) for k, v in counts.items()}, f, sort_keys=True)

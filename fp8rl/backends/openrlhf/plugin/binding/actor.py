@@ -258,7 +258,8 @@ def _ppo_train(self, kl_ctl, orig_ppo_train):
     if loss.spec.dump_dir:  # which GEMMs this step ran (plugin.kernels; the smoke job's tests)
         from collections import Counter
 
-        self._fp8rl_kernels = {"train": Counter(), "shadow": Counter()}
+        # "rows": samples per shadow forward (the shadow's share of the work); "plan": the step's rows
+        self._fp8rl_kernels = {"train": Counter(), "shadow": Counter(), "rows": Counter(), "plan": {}}
     self._fp8rl_metrics = metrics
     outer_rng = torch.get_rng_state()
     try:

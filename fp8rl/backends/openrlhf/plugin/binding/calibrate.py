@@ -92,6 +92,8 @@ def actor_log_probs(trainer, experience, *, fp8: bool) -> torch.Tensor:
 
     counter = getattr(trainer, "_fp8rl_kernels", None)  # diagnostic dumps only (plugin.kernels)
     off = contextlib.nullcontext() if fp8 else fp8_disabled(trainer.actor.model)
+    if counter is not None:
+        counter["rows"]["fp8_prepass" if fp8 else "shadow"] += int(experience.sequences.shape[0])
     with torch.no_grad(), off, counting(counter, "train" if fp8 else "shadow"):
         return trainer.actor(experience.sequences, experience.action_mask, attention_mask=experience.attention_mask,
                              ring_attn_group=trainer.strategy.ring_attn_group)
@@ -144,6 +146,12 @@ def begin_step(trainer, step: int) -> None:
                          "batching off or use clip.calibration_mode=pooled")
     trainer._fp8rl_plan = plan
     trainer._fp8rl_items = items
+    counter = getattr(trainer, "_fp8rl_kernels", None)
+    if counter is not None:  # the step's rows, for the smoke job's tests (plugin.kernels)
+        counter["plan"].update({k: torch.nonzero(v, as_tuple=False).flatten().tolist()
+                                for k, v in (("eligible", eligible), ("measured", plan.measured),
+                                             ("shadowed", plan.shadowed))})
+        counter["plan"]["rank"], counter["plan"]["n"] = _rank(), len(items)
     trainer._fp8rl_shadow_old = {}
     for i, it in enumerate(items):
         it.info[ROW_KEY] = i
