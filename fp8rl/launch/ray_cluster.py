@@ -117,13 +117,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def reap(state_file: str | os.PathLike, log=sys.stderr) -> None:
+def reap(state_file: str | os.PathLike, log=None) -> None:
     """Kill the Ray a previous attempt of this job left on this host (its process group).
 
     Slurm cancels and requeues a task by signalling its own processes; Ray's services run in a
     session of their own (``ray start``) and are not among them, so a killed attempt can leave
     its Ray running. :func:`bootstrap` records the head's process group in ``state_file``; the next
     attempt calls this first. Only a group that still runs a ``ray`` process is killed."""
+    log = sys.stderr if log is None else log  # resolved per call: a worker redirects it per cell
     import json
 
     try:
@@ -154,7 +155,7 @@ def reap(state_file: str | os.PathLike, log=sys.stderr) -> None:
 
 
 def bootstrap(command: Sequence[str], *, gpus_per_node: int, port: int | None = None,
-              deadline_s: float = 300.0, ray_bin: str | None = None, log=sys.stderr,
+              deadline_s: float = 300.0, ray_bin: str | None = None, log=None,
               num_cpus: int | None = None, state_file: str | os.PathLike | None = None) -> int:
     """Start Ray on the allocation, run ``command`` against it, tear down; returns its status.
 
@@ -162,6 +163,7 @@ def bootstrap(command: Sequence[str], *, gpus_per_node: int, port: int | None = 
     GPUs (``gpus_per_node``) and more logical CPUs than cores, so that OpenRLHF's actors (one
     CPU each in Ray's bookkeeping) all get scheduled on a small machine. ``state_file``: where the
     head's process group is recorded, and a previous attempt's Ray reaped first (:func:`reap`)."""
+    log = sys.stderr if log is None else log  # resolved per call: a worker redirects it per cell
     if not command:
         raise RayBootstrapError("no driver command given (usage: ray_bootstrap.py [options] -- CMD ...)")
     ray_bin = ray_bin or shutil.which("ray") or os.path.join(os.path.dirname(sys.executable), "ray")
@@ -206,8 +208,9 @@ def bootstrap(command: Sequence[str], *, gpus_per_node: int, port: int | None = 
         teardown(procs, ray_bin, log=log)
 
 
-def teardown(procs: list[subprocess.Popen], ray_bin: str, *, timeout_s: float = 30.0, log=sys.stderr) -> None:
+def teardown(procs: list[subprocess.Popen], ray_bin: str, *, timeout_s: float = 30.0, log=None) -> None:
     """Stop the worker steps and the head: SIGTERM to each process group, SIGKILL to what is left."""
+    log = sys.stderr if log is None else log  # resolved per call: a worker redirects it per cell
     try:
         import ray
 

@@ -185,3 +185,21 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere(tmp_path):
     assert "#2 step 5/10" in tty.getvalue()
     assert log.getvalue().startswith("[s] 1/2 cells finished | cell 2/2 r1 step 5/10 | elapsed")
     assert log.getvalue().endswith("\n") and "\r" not in log.getvalue()
+
+
+def test_ray_bootstrap_writes_to_the_stderr_of_its_call_not_of_its_import(monkeypatch, tmp_path):
+    """A launcher worker runs cells one after another, each with stderr captured into its own run
+    log and closed after it; the bootstrap's default log is the stderr in force when it is called
+    (bound at import, the second cell of a worker wrote to the first cell's closed log)."""
+    import io
+
+    from fp8rl.launch import ray_cluster  # imported with another stderr in force (pytest's)
+
+    now = io.StringIO()
+    monkeypatch.setattr(ray_cluster.sys, "stderr", now)
+    fake_ray = tmp_path / "ray"
+    fake_ray.write_text("#!/bin/sh\nexit 1\n")
+    fake_ray.chmod(0o755)
+    with pytest.raises(ray_cluster.RayBootstrapError, match="did not answer"):
+        ray_cluster.bootstrap(["true"], gpus_per_node=1, ray_bin=str(fake_ray), deadline_s=1)
+    assert "[ray_bootstrap] head" in now.getvalue()
