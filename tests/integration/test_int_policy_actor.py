@@ -34,7 +34,8 @@ LINEARS = 14  # 2 decoder layers x (q, k, v, o, gate, up, down); the LM head sta
 
 #: The module's scenarios, started ahead (conftest ``Ahead``).
 AHEAD = {
-    "recipes": Job("recipes", "scenario", "policy_recipes", {"recipes": [list(k) for k in RECIPES]}, expected_s=120),
+    "recipes": Job("recipes", "scenario", "policy_recipes", {"recipes": [list(k) for k in RECIPES]}, expected_s=120,
+                   timeout_s=900),
     "trained": Job("trained", "scenario", "ppo_train", expected_s=90),
     "trained_same_batch": Job("trained_same_batch", "scenario", "ppo_train", {"mode": "same_batch", "checkpoint": False},
                               expected_s=70),
