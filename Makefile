@@ -145,6 +145,8 @@ reproduce-calibration-80: install-run
 .PHONY: reproduce-calibration
 reproduce-calibration: install-run
 	$(BIN)/python -m experiments.launch +sweep=calibration_match seeds=12
+	$(BIN)/python -m experiments.launch +sweep=calibration_match seeds=12 fp8=tensorwise,rowwise,blockwise,mxfp8 \
+	  clip=calibrated clip.calibration_mode=sampled
 	$(BIN)/python -m experiments.launch +sweep=calibration_modes seeds=6 sweep_name=calibration_modes_periodic \
 	  clip.calibration_mode=periodic clip.period=4 clip.window=4
 	$(BIN)/python -m experiments.launch +sweep=calibration_modes seeds=6 sweep_name=calibration_modes_pooled \
