@@ -166,13 +166,15 @@ def corrected_ppo_token_loss(
     dual_clip: float | None = None,
     correction: str = "none",
     correction_params: Mapping[str, float] | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return_weights: bool = False,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
     """``ppo_token_loss`` times the IS weight of ``correction``: ``(loss_mat * w, metrics)``.
 
     ``correction_params`` are the correction's parameters (a mapping, since icepop's
     ``low``/``high`` would collide with the clip bounds), e.g. ``{"cap": 2.0}`` for tis.
     ``rollout_log_prob`` may be None only with ``correction="none"`` (then no ``rollout/``
-    metrics are produced). Shapes as in ``ppo_token_loss``.
+    metrics are produced). ``return_weights``: also return the weights applied (``[B, T]``, None
+    without rollout log-probs), as a third element. Shapes as in ``ppo_token_loss``.
     """
     correction_params = dict(correction_params or {})
     loss_mat, metrics = ppo_token_loss(
@@ -182,7 +184,7 @@ def corrected_ppo_token_loss(
         make_correction(correction, **correction_params)  # validates name and parameters
         if correction != "none":
             raise ValueError(f"IS correction {correction!r} needs rollout_log_prob (got None)")
-        return loss_mat, metrics
+        return (loss_mat, metrics, None) if return_weights else (loss_mat, metrics)
     weights, is_metrics = is_weights(old_log_prob, rollout_log_prob, mask, correction, **correction_params)
     metrics.update(is_metrics)
-    return loss_mat * weights, metrics
+    return (loss_mat * weights, metrics, weights) if return_weights else (loss_mat * weights, metrics)

@@ -155,3 +155,19 @@ def test_bad_tensors_raise():
         is_weights(old, rollout, mask[:2], "tis")
     with pytest.raises(ValueError, match="needs rollout_log_prob"):
         corrected_ppo_token_loss(old, old, None, old, mask, low=0.8, high=1.2, correction="tis")
+
+
+def test_return_weights_hands_back_the_weights_applied():
+    """``return_weights=True``: the third element is the detached IS weight the loss was
+    multiplied by (min(exp(old - rollout), cap) for tis), None without rollout log-probs."""
+    old, rollout, mask = batch(seed=5)
+    g = torch.Generator().manual_seed(4)
+    lp, adv = old + torch.randn(old.shape, generator=g) * 0.2, torch.randn(old.shape, generator=g)
+    kw = dict(low=0.8, high=1.28)
+    plain, _ = corrected_ppo_token_loss(lp, old, None, adv, mask, **kw)
+    got, _, w = corrected_ppo_token_loss(lp, old, rollout, adv, mask, **kw, correction="tis",
+                                         correction_params={"cap": 2.0}, return_weights=True)
+    m = mask.bool()
+    torch.testing.assert_close(w[m], torch.clamp(torch.exp(old - rollout), max=2.0)[m])
+    assert torch.equal(got, plain * w)
+    assert corrected_ppo_token_loss(lp, old, None, adv, mask, **kw, return_weights=True)[2] is None

@@ -3,8 +3,8 @@
 **Loss** (paper: the PPO-clip surrogate with the train/rollout IS weight).
 :func:`make_policy_loss_class` subclasses upstream ``PolicyLoss`` with its constructor and
 ``forward`` signature and its 5-tuple ``(loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio)``,
-and computes it as ``fp8rl.rl.correction.corrected_ppo_token_loss`` does (``ppo_token_loss`` times
-the IS weights of ``is_weights``, kept apart so that the dump records the weights applied) +
+and computes it with ``fp8rl.rl.correction.corrected_ppo_token_loss`` (which also hands back the
+IS weights applied, for the dump) +
 ``fp8rl.rl.aggregation.aggregate`` using the bounds of our clip method (``vanilla``: ``1 -+ eps``;
 ``calibrated``: the controller's). With calibration off it equals upstream (tested against the
 real 0.11.2 class). Upstream's IS options map onto ours (:func:`correction_from_upstream`):
@@ -65,8 +65,7 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
     the binding's calibration uses, None = this rank).
     """
     from fp8rl.rl.aggregation import aggregate
-    from fp8rl.rl.correction import is_weights
-    from fp8rl.rl.policy_loss import ppo_token_loss
+    from fp8rl.rl.correction import corrected_ppo_token_loss
 
     class Fp8rlPolicyLoss(base):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -112,14 +111,11 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
                     f"the IS correction {self.correction!r} (--algo.advantage.is_correction_level "
                     f"{self.is_correction_level}) got no rollout log-probs: the engines were not asked for "
                     "them (SamplingParams(logprobs=...)), so the train/rollout correction cannot run")
-            loss_mat, m = ppo_token_loss(log_probs, old_log_probs, advantages, action_mask, low=low, high=high,
-                                         dual_clip=self.dual_clip)
-            weights = None
-            if self.correction != "none":  # corrected_ppo_token_loss, with the weights kept for the dump
-                weights, is_metrics = is_weights(old_log_probs, rollout_log_probs, action_mask, self.correction,
-                                                 **self.correction_params)
-                loss_mat = loss_mat * weights
-                m.update(is_metrics)
+            corrected = self.correction != "none"
+            loss_mat, m, weights = corrected_ppo_token_loss(
+                log_probs, old_log_probs, rollout_log_probs if corrected else None, advantages, action_mask,
+                low=low, high=high, dual_clip=self.dual_clip, correction=self.correction,
+                correction_params=self.correction_params if corrected else None, return_weights=True)
             if batch_num_tokens is None and global_batch_size is None:
                 loss = aggregate(loss_mat, action_mask, self.agg_mode)
             else:
