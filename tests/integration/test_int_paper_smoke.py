@@ -360,6 +360,8 @@ def test_sampled_metrics_out_of_sample_every_step(runs):
     out-of-sample counts: the measured rows' tokens ran under the bounds of an earlier window, so
     each step with a shadow has ``shadow/oos_*`` with the FP8 and BF16 counts below the bounds;
     the cells without a shadow log none of it."""
+    if INTERRUPTED not in runs:
+        pytest.skip("the calibrated cell is not among the runs")
     rows = metrics(runs[INTERRUPTED])
     windows = 2  # num_mini_batches
     for step in range(1, STEPS + 1):
