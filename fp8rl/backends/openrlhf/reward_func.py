@@ -112,4 +112,7 @@ def _log_samples(queries, prompts, labels, results) -> None:
     with _POOL_LOCK, open(path, "a", encoding="utf-8") as f:
         for q, p, lab, r in zip(queries, prompts, labels, results, strict=True):
             f.write(json.dumps({"time": time.time(), "prompt": p, "response": response_of(q, p), "label": lab,
-                                "reward": r["reward"], "score": r["score"]}) + "\n")
+                                "reward": r["reward"], "score": r["score"],
+                                # the raw text past the prompt (before any </think> cut) and
+                                # whether the query started with the prompt at all
+                                "tail": q[len(p):] if q.startswith(p) else None}) + "\n")

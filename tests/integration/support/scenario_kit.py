@@ -148,6 +148,28 @@ def actor_env(spec, hook: str = "worker_hook.setup") -> dict:
     return env
 
 
+#: Rendezvous ports handed to rank 0 of each group: below the kernel's ephemeral range (32768+),
+#: above Ray's worker ports (10002-19999). Upstream's ``_get_free_port`` binds port 0 and releases
+#: it; with several groups starting at once, another process can take that port before
+#: ``init_process_group`` listens on it (EADDRINUSE, seen in CI). A port outside the ephemeral
+#: range is never handed out by the kernel to anyone else in the meantime.
+_PORTS = iter(range(25000 + 97 * (os.getpid() % 40), 30000))
+
+
+def rendezvous_port() -> int:
+    """The next port of :data:`_PORTS` that nothing listens on now."""
+    import socket
+
+    for port in _PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free rendezvous port left in 25000-29999")
+
+
 def policy_group(world: int, spec=None):
     """``world`` real ``PolicyModelActor``s wired like ``RayActorGroup._initiate_actors`` (rank 0
     picks the master address and port), in workers of the current job (its runtime env). With
@@ -161,7 +183,7 @@ def policy_group(world: int, spec=None):
     opts = {"num_gpus": 1}
     if spec is not None:
         opts["runtime_env"] = {"env_vars": {SPEC_ENV: spec.to_json()}}
-    master = PolicyModelActor.options(**opts).remote(world, 0, None, None)
+    master = PolicyModelActor.options(**opts).remote(world, 0, None, rendezvous_port())
     addr, port = ray.get(master.get_master_addr_port.remote())
     return [master] + [PolicyModelActor.options(**opts).remote(world, r, addr, port) for r in range(1, world)]
 
