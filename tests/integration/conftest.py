@@ -85,3 +85,12 @@ def scenario(integration_ready, tmp_path):
         return torch.load(out / "result.pt", weights_only=False)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The smoke job's run directories by cell (``smoke_job.find_runs``; skips, or fails under
+    ``FP8RL_REQUIRE_PAPER_SMOKE``, when ``make paper-smoke`` has not run)."""
+    from smoke_job import find_runs
+
+    return find_runs()

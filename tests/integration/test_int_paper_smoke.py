@@ -28,51 +28,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from smoke_job import (
+    CELLS,
+    COVERAGE,
+    ENGINE_LINEARS,
+    INTERRUPTED,
+    LINEARS,
+    REFERENCE,
+    REPO,
+    STEPS,
+    SWEEP,
+    jsonl,
+    metrics,
+)
+from smoke_job import syncs as _syncs
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-SWEEP = Path(os.environ.get("FP8RL_PAPER_SMOKE_DIR", REPO / "runs" / "paper_smoke"))
-REFERENCE = Path(os.environ.get("FP8RL_PAPER_SMOKE_REFERENCE_DIR", SWEEP.parent / "paper_smoke_reference"))
-COVERAGE = SWEEP.parent / "paper_smoke_coverage"
-CELLS = {  # run-name prefix -> (rollout FP8?, trainer FP8?, algorithm, clip method)
-    "grpo-8b-bf16-vanilla": (None, False, "grpo", "vanilla"),
-    "grpo-8b-rowwise-calibrated": ("fp8_per_channel", True, "grpo", "calibrated"),
-    "dapo-8b-tensorwise-tis": ("fp8_per_tensor", True, "dapo", "vanilla"),
-    "dapo-8b-rollout_only-vanilla": ("fp8_per_tensor", False, "dapo", "vanilla"),
-}
-INTERRUPTED = "grpo-8b-rowwise-calibrated"
-STEPS = 3
-LINEARS = 14  # 2 decoder layers x (q, k, v, o, gate, up, down); the LM head stays BF16
-ENGINE_LINEARS = 8  # vLLM fuses them: 2 layers x (qkv, o, gate_up, down)
-
-
-@pytest.fixture(scope="module")
-def runs() -> dict[str, Path]:
-    """The cells' run directories. ``FP8RL_PAPER_SMOKE_PARTIAL=1`` accepts a subset (the planted-bug
-    checks of docs/cluster.md run one cell with a bug planted and point ``FP8RL_PAPER_SMOKE_DIR``
-    at it)."""
-    dirs = {p.name: p for p in SWEEP.glob("*") if (p / "config.yaml").exists()} if SWEEP.exists() else {}
-    found = {prefix: next((p for n, p in dirs.items() if n.startswith(prefix + "-s0-")), None) for prefix in CELLS}
-    missing = [k for k, v in found.items() if v is None]
-    if os.environ.get("FP8RL_PAPER_SMOKE_PARTIAL") and len(missing) < len(CELLS):
-        return {k: v for k, v in found.items() if v is not None}
-    if missing:
-        msg = f"{SWEEP} lacks {missing}: run `make paper-smoke` first"
-        if os.environ.get("FP8RL_REQUIRE_PAPER_SMOKE"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return found
-
-
-def jsonl(path: Path) -> list[dict]:
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-
-
-def metrics(run: Path) -> dict[int, dict]:
-    rows = jsonl(run / "metrics.jsonl")
-    return {int(r["step"]): r for r in rows}
-
 
 def test_every_cell_ran_the_whole_path_to_done(runs):
     """Each cell is DONE after its steps, through the driver (``driver.main``: its log line, the
@@ -112,10 +83,6 @@ def test_vllm_generated_tokens_in_every_step(runs):
         empty = [s for s in samples if not s["response"]]
         assert len(empty) <= 0.1 * len(samples), (prefix, len(empty), len(samples), empty[:3])
         assert len({s["score"] for s in samples}) == 2, prefix  # mixed rewards: training had signal
-
-
-def _syncs(run: Path) -> list[dict]:
-    return jsonl(run / "openrlhf" / "dumps" / "engine_syncs.jsonl")
 
 
 def test_engine_weights_after_every_sync_are_fp8_exactly_where_the_arm_says(runs):
@@ -405,15 +372,6 @@ def test_the_interrupted_cell_resumed_from_its_checkpoint(runs):
     assert sorted(rows) == list(range(1, STEPS + 1))
     # the controller's counts survived the restart: every window of every step, each counted once
     assert rows[STEPS]["clip/calibrations"] + rows[STEPS]["clip/degenerate_updates"] == 2 * STEPS
-
-
-def test_dapo_cells_crossed_an_episode_end(runs):
-    """24 prompts, 4 per step, up to 3 draw rounds: the episode plan gives 2 steps per episode,
-    so the DAPO cells' third step is in their second episode (the hang of issue 20)."""
-    for prefix in [p for p in ("dapo-8b-tensorwise-tis", "dapo-8b-rollout_only-vanilla") if p in runs]:
-        text = "\n".join(p.read_text(errors="replace") for p in (runs[prefix] / "openrlhf").glob("driver.*.log"))
-        assert "Episode [2/2]" in text, prefix
-        assert metrics(runs[prefix])[STEPS]
 
 
 def test_the_report_was_written(runs):

@@ -105,6 +105,7 @@ def _fake_engines(calls: list):
             aime, math500 = ANSWERS[(name, quantization)]
             return [aime if "2^{10}" in p else math500 for p in prompts]
 
+        generate.state = {"digest": f"{name}/{quantization}"}  # what a real engine's digest names
         return generate
 
     return engines
@@ -134,7 +135,13 @@ def test_evaluation_writes_both_engines(tmp_path, pool, recipe):
     s = rd.summary()
     assert s["eval/aime24/avg@k"] == want_own and s["eval_bf16/aime24/avg@k"] == 0.75
     assert s["eval_bf16/aime24/pass@k"] == 1.0 and s["eval_bf16/aime24/avg@k/initial"] == 0.0
+    weights = s["final_eval"].pop("weights")
     assert s["final_eval"] == {"k": 4, "step": 7, "quantization": own_q, "bf16": True}
+    # what each pass scored: the pass's step and model, and the digest its own engine reported
+    assert [(w["pass"], w["precision"], w["step"], w["model"], w["quantization"], w["digest"]) for w in weights] == [
+        ("final", "own", 7, "checkpoint/final", own_q, f"final/{own_q}"),
+        ("initial", "bf16", 0, "Qwen/Qwen3-8B-Base", None, "base/None"),
+        ("final", "bf16", 7, "checkpoint/final", None, "final/None")]
     rows = rd.read_eval()
     assert [(r["step"], r.get("source")) for r in rows] == [(0, "final"), (0, "final"), (7, None),
                                                             (7, "final"), (7, "final")]

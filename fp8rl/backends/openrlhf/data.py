@@ -130,6 +130,7 @@ FORMATS: dict[str, Format] = {
     # the CPU smoke job's a+b problems (fp8rl.backends.openrlhf.smoke; ids fp8rl-smoke:<seed>:<count>)
     "smoke_train": Format("train", lambda r: r["problem"], lambda r: r["answer"]),
     "smoke_eval": Format("test", lambda r: r["problem"], lambda r: r["answer"]),
+    "smoke_dapo": Format("train", lambda r: r["problem"], lambda r: r["answer"]),
     "minerva_math": Format("test", lambda r: r["question"], _minerva_answer),
     "olympiadbench": Format("train", _olympiad_problem, _olympiad_answer, config="OE_TO_maths_en_COMP"),
 }

@@ -5,7 +5,9 @@
 ``openrlhf.eval_bf16``), asks vLLM engines for ``k`` responses per prompt, grades them with the
 boxed-answer math reward (``fp8rl.backends.openrlhf.reward_func.score``, process pool with a
 deadline), and writes ``eval.jsonl`` rows marked ``"source": "final"`` (:data:`SOURCE`; kept by
-ingestion, replaced by the next pass) and the numbers into ``summary.json``.
+ingestion, replaced by the next pass) and the numbers into ``summary.json``, with what each pass
+scored (``final_eval.weights``: the step, the checkpoint and a digest of the parameters its engine
+held, :func:`evaluated_weights`).
 
 The engines (:func:`evaluation_plan`):
 
@@ -197,9 +199,35 @@ def evaluate_run(run_dir: str | Path, generate: Generate | None = None, *, pool=
             summary[M.eval_key(ds, M.EVAL_PASS, precision=M.EVAL_BF16)] = res["bf16"]["pass@k"]
             summary[f"{avg}/initial"] = res["bf16_initial"]["avg@k"]
     summary["final_eval"] = {"k": k, "step": last, "quantization": plan[0].quantization,
-                             "bf16": any(p.precision == M.EVAL_BF16 for p in plan)}
+                             "bf16": any(p.precision == M.EVAL_BF16 for p in plan),
+                             "weights": [evaluated_weights(p, at[p.step], gens.get(p.engine), rd.path) for p in plan]}
     rd.write_summary(summary)
     return results
+
+
+def evaluated_weights(p: EvalPass, step: int, generate: Generate | None, run_dir: Path) -> dict:
+    """What one pass scored: ``{"pass", "precision", "step", "model", "quantization", "digest"}``.
+
+    ``model``: the checkpoint, relative to the run directory where it lies inside it (``checkpoint/final``),
+    else as given (the base model); ``digest``: :func:`~fp8rl.backends.openrlhf.plugin.binding.vllm_worker.weights_digest`
+    of the parameters the engine held when it generated (``generate.state["digest"]``; None for a
+    generator that does not report them, as the unit tests' fakes), comparable with the digest the
+    rollout engines logged after their last weight sync (``openrlhf/dumps/engine_syncs.jsonl``)."""
+    model = Path(p.model)
+    try:
+        model_name = str(model.resolve().relative_to(Path(run_dir).resolve()))
+    except ValueError:
+        model_name = str(p.model)
+    state = getattr(generate, "state", None) or {}
+    return {"pass": p.step, "precision": p.precision, "step": step, "model": model_name,
+            "quantization": p.quantization, "digest": state.get("digest")}
+
+
+def _engine_digest(worker) -> str:
+    """Runs in the vLLM worker (``LLM.collective_rpc``): the digest of its model's parameters."""
+    from fp8rl.backends.openrlhf.plugin.binding.vllm_worker import engine_weights, weights_digest
+
+    return weights_digest(engine_weights(worker.model_runner.model)["digest"])
 
 
 def vllm_generator(model_path: str, *, tp: int = 1, seed: int = 0, chat_template: bool = True,
@@ -231,7 +259,13 @@ def vllm_generator(model_path: str, *, tp: int = 1, seed: int = 0, chat_template
                 extra = {"enforce_eager": True, "gpu_memory_utilization": 0.05}
             if quantization is not None:
                 extra["quantization"] = quantization
+            # the digest below sends a function of ours to the workers, which vLLM's multiprocess
+            # engine (GPUs) accepts with this set
+            import os
+
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
             state["llm"] = LLM(model=model_path, tensor_parallel_size=tp, dtype="bfloat16", seed=seed, **extra)
+            state["digest"] = state["llm"].collective_rpc(_engine_digest)[0]  # the weights it generates with
         llm = state["llm"]
         tok = llm.get_tokenizer()
         chats = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
@@ -239,5 +273,5 @@ def vllm_generator(model_path: str, *, tp: int = 1, seed: int = 0, chat_template
         params = SamplingParams(n=k, temperature=temperature, max_tokens=max_tokens, seed=seed)
         return [[o.text for o in out.outputs] for out in llm.generate(chats, params)]
 
-    generate.state = state  # the engine once built (``state["llm"]``): what it holds can be inspected
+    generate.state = state  # the engine once built (``state["llm"]``) and its weights' ``state["digest"]``
     return generate

@@ -126,7 +126,8 @@ def write_model(out: Path, s: dict = SETTINGS, log=print) -> Path:
 
 #: Model id of the smoke model in ``openrlhf.models`` (written beside the data on first use).
 MODEL_ID = "fp8rl-smoke:tiny-qwen3"
-#: Dataset-id prefix in ``openrlhf.datasets``: ``fp8rl-smoke:<seed>:<count>`` problems (``data.prepare``).
+#: Dataset-id prefix in ``openrlhf.datasets``: ``fp8rl-smoke:<seed>:<count>[:<rows>]`` problems
+#: (``data.prepare``; :func:`dataset_rows`).
 DATASET_PREFIX = "fp8rl-smoke:"
 
 
@@ -145,13 +146,39 @@ def prepare_model(model_id: str, data_dir: Path) -> None:
             write_model(out)
 
 
+#: The label of an unanswerable smoke row: no response the model writes grades correct, so its
+#: group always scores 0 and DAPO's dynamic filtering always drops it.
+UNANSWERABLE = "none"
+
+
 def dataset_rows(hf_id: str) -> list[dict]:
-    """Rows (``problem``, ``answer``) of a smoke dataset id ``fp8rl-smoke:<seed>:<count>``."""
+    """Rows (``problem``, ``answer``) of a smoke dataset id.
+
+    ``fp8rl-smoke:<seed>:<count>``: ``count`` seeded ``a+b`` problems (repeats possible).
+    ``fp8rl-smoke:<seed>:<count>:<i>,<j>,...``: ``count`` distinct problems, the listed rows
+    unanswerable (label :data:`UNANSWERABLE`). The DAPO cells of the smoke job use this to make an
+    episode end certain inside a step: rows placed last in the prompt loader's seeded order
+    (``plugin.binding.rollout.seed_prompt_sampler``) are drawn last and always filtered, so their
+    replacements are asked for when no prompt is left (sweeps/sweep/paper_smoke.yaml).
+    """
+    parts = hf_id[len(DATASET_PREFIX):].split(":") if hf_id.startswith(DATASET_PREFIX) else []
     try:
-        seed, count = (int(x) for x in hf_id[len(DATASET_PREFIX):].split(":"))
+        if len(parts) not in (2, 3):
+            raise ValueError
+        seed, count = int(parts[0]), int(parts[1])
+        dead = sorted({int(i) for i in parts[2].split(",")}) if len(parts) == 3 else []
     except ValueError as e:
-        raise ValueError(f"smoke dataset id {hf_id!r} must be {DATASET_PREFIX}<seed>:<count>") from e
-    return [{"problem": p, "answer": a} for p, a in problems(count, seed, SETTINGS["max_operand"])]
+        raise ValueError(f"smoke dataset id {hf_id!r} must be {DATASET_PREFIX}<seed>:<count> or "
+                         f"{DATASET_PREFIX}<seed>:<count>:<row>,<row>,... (unanswerable rows)") from e
+    if len(parts) == 2:
+        return [{"problem": p, "answer": a} for p, a in problems(count, seed, SETTINGS["max_operand"])]
+    m = SETTINGS["max_operand"]
+    if not 0 < count <= (m + 1) ** 2 or any(not 0 <= i < count for i in dead):
+        raise ValueError(f"smoke dataset id {hf_id!r}: {count} distinct problems need 0 < count <= {(m + 1) ** 2} "
+                         f"and unanswerable rows in 0..{count - 1}")
+    pairs = random.Random(seed).sample([(a, b) for a in range(m + 1) for b in range(m + 1)], count)
+    return [{"problem": f"What is {a}+{b}?", "answer": UNANSWERABLE if i in dead else str(a + b)}
+            for i, (a, b) in enumerate(pairs)]
 
 
 def main(argv: list[str] | None = None) -> int:

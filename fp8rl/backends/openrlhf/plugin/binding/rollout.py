@@ -157,7 +157,13 @@ def generate_vllm(generator, samples_module, spec: PluginSpec, purpose: str, ste
         return request_seed(spec.seed, purpose, step, k, j)
 
     prompts, labels, images, exhausted = collect(dataloader_iter, num_prompts)
+    # what this call drew and decided (``rollout_draws.jsonl`` with ``spec.dump_dir``; the smoke
+    # job's tests): the prompts in dispatch order, each group kept or filtered, the replacements
+    # asked for and how many found no prompt left
+    draw = {"purpose": purpose, "steps_done": int(step), "asked": int(num_prompts), "prompts": list(prompts),
+            "kept": [], "replacements": 0, "missed": 0}
     if not prompts:
+        _record(spec, {**draw, "exhausted": True})
         return [], 0, True
     pending = deque(dispatch(generator, prompts, labels, images, 0, seeds, **generate_kwargs))
     dispatched = consumed = len(prompts)
@@ -170,16 +176,39 @@ def generate_vllm(generator, samples_module, spec: PluginSpec, purpose: str, ste
             low, high = generator.args.algo.dynamic_filtering_range
             if not low < sum(scores) / len(scores) < high:
                 experiences = []
+        draw["kept"].append(bool(experiences))
         if experiences:
             accepted.extend(experiences)
         elif dynamic_filtering:
             new_prompts, new_labels, new_images, exhausted = collect(dataloader_iter, 1)
             consumed += len(new_prompts)
+            draw["replacements"] += 1
+            draw["missed"] += not new_prompts
             if new_prompts:
+                draw["prompts"] += list(new_prompts)
                 pending.extend(dispatch(generator, new_prompts, new_labels, new_images, dispatched, seeds,
                                         **generate_kwargs))
                 dispatched += len(new_prompts)
+    _record(spec, {**draw, "exhausted": bool(exhausted)})
     return accepted, consumed, exhausted
+
+
+#: The dump file of :func:`generate_vllm`'s draws and ``trainer.whole_steps_only``'s batches.
+DRAWS_FILE = "rollout_draws.jsonl"
+
+
+def _record(spec: PluginSpec, rec: dict) -> None:
+    """Append ``rec`` to ``<spec.dump_dir>/rollout_draws.jsonl`` (no dump dir: nothing). One
+    writer: the PPO trainer actor, the one process that draws prompts."""
+    if not spec.dump_dir:
+        return
+    import json
+    import os
+    import time
+
+    os.makedirs(spec.dump_dir, exist_ok=True)
+    with open(os.path.join(spec.dump_dir, DRAWS_FILE), "a", encoding="utf-8") as f:
+        f.write(json.dumps({"time": time.time(), "pid": os.getpid(), **rec}) + "\n")
 
 
 def bind_seeded_rollout(samples_module, spec: PluginSpec, steps_done) -> None:

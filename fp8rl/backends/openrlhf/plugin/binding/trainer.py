@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 
 from fp8rl.backends.openrlhf.plugin.binding.common import _check_params, _originals
-from fp8rl.backends.openrlhf.plugin.binding.rollout import bind_seeded_rollout
+from fp8rl.backends.openrlhf.plugin.binding.rollout import _record, bind_seeded_rollout
 from fp8rl.backends.openrlhf.plugin.spec import PluginSpec, check_version
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,12 @@ def bind_samples_generator(samples_generator, spec: PluginSpec) -> None:
     def generate_samples(self, **generate_kwargs):
         if spec.max_steps is not None and _STEPS_DONE["n"] >= spec.max_steps:
             return [], None, 0, True
-        return whole_steps_only(self.args, orig(self, **generate_kwargs))
+        generated = orig(self, **generate_kwargs)
+        out = whole_steps_only(self.args, generated)
+        _record(spec, {"batch": True, "steps_done": _STEPS_DONE["n"], "samples": len(generated[0]),
+                       "full": full_step_samples(self.args), "trained": len(out[0]), "consumed": int(generated[2]),
+                       "exhausted": bool(out[3])})
+        return out
 
     cls.generate_samples = generate_samples
     bind_seeded_rollout(samples_generator, spec, steps_done=lambda: _STEPS_DONE["n"])

@@ -172,6 +172,16 @@ def engine_weights(model: torch.nn.Module, vllm_config=None) -> dict:
     return {"dtypes": dtypes, "linear_dtypes": linear, "digest": digest, "probe": probe}
 
 
+def weights_digest(digest: dict) -> str:
+    """One SHA-256 (16 hex digits) over a ``{parameter: sha256}`` map (``engine_weights``'s
+    ``digest``): what a run's final evaluation records of the engine it scored, comparable with
+    the sync log's last entry."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(dict(sorted(digest.items()))).encode()).hexdigest()[:16]
+
+
 def _log_sync(worker) -> None:
     """Append the engine's weights after a sync to the sync log (nothing without ``FP8RL_SYNC_LOG``)."""
     import json
