@@ -12,6 +12,7 @@ an uninterrupted one's metrics -- is ``tests/integration/test_int_paper_smoke.py
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import itertools
 import sys
@@ -38,25 +39,40 @@ class Ref:
 
 class Engine:
     """Answers ``generate_responses`` from the request's seed (``None``: a fresh random draw, as
-    vLLM's shared generator gives); records every request."""
+    vLLM's shared generator gives); records every request.
+
+    A sample's score comes from its prompt's label: ``all 0`` / ``all 1`` score every sample so (a
+    group dynamic filtering drops), ``mixed`` alternates 0, 1, 0, 1 over the prompt's samples in
+    request order (a group it keeps), any other label the parity of the first token."""
 
     def __init__(self, log):
         self.log = log
+        self.samples_of = collections.Counter()
         self.get_num_unfinished_requests = ns(remote=lambda: Ref(0))
         self.generate_responses = ns(remote=self._generate)
+
+    def _score(self, prompt, label, tokens):
+        j = self.samples_of[prompt]
+        self.samples_of[prompt] += 1
+        fixed = {"all 0": 0.0, "all 1": 1.0, "mixed": float(j % 2)}
+        return fixed.get(label, float(tokens[0] % 2))
 
     def _generate(self, *, prompt, label, sampling_params, max_length, hf_tokenizer, num_samples=1, images=None):
         out = []
         for _ in range(num_samples):
             seed = sampling_params.seed
-            g = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, ())))
-            tokens = torch.randint(0, 50, (6,), generator=g).tolist()
-            score = float(tokens[0] % 2)  # mixed rewards
+            tokens = _tokens(seed if seed is not None else int(torch.randint(0, 2**31, ())))
+            score = self._score(prompt, label, tokens)
             self.log.append({"prompt": prompt, "seed": seed, "num_samples": num_samples})
             out.append({"prompt": prompt, "label": label, "observation_tokens": [1, 2, *tokens],
                         "action_ranges": [(2, 8)], "reward": score, "scores": score, "rollout_log_probs": None,
                         "truncated": False, "extra_logs": {}})
         return Ref(out)
+
+
+def _tokens(seed: int) -> list[int]:
+    """The stand-in engine's six response tokens for a request seed."""
+    return torch.randint(0, 50, (6,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def load_samples_generator(monkeypatch, completion=reversed):
@@ -105,12 +121,21 @@ def _args(dynamic=False):
               vllm=ns(enable_sleep=False))
 
 
-def _generator(module, log, prompts, dynamic=False, engines=2):
-    loader = [(None, [p], [f"label {p}"], [None]) for p in prompts]  # upstream's batches of one prompt
+def _generator(module, log, prompts, dynamic=False, engines=2, labels=None, drawn=None):
+    """A ``SamplesGenerator`` and a prompt iterator in upstream's batches of one prompt; ``labels``
+    (prompt -> label) default to ``label <prompt>``; ``drawn`` records the prompts as they are drawn."""
+    labels = labels or {p: f"label {p}" for p in prompts}
+
+    def loader():
+        for p in prompts:
+            if drawn is not None:
+                drawn.append(p)
+            yield None, [p], [labels[p]], [None]
+
     strategy = ns(args=_args(dynamic))
     gen = module.SamplesGenerator(strategy, None, None, tokenizer=None,
                                   vllm_engines=[Engine(log) for _ in range(engines)])
-    return gen, iter(loader)
+    return gen, loader()
 
 
 def _key(experiences):
@@ -154,22 +179,52 @@ def test_seeded_groups_come_in_dispatch_order_whatever_order_the_engines_finish(
     assert runs["reverse"] == runs["forward"]
 
 
-def test_dynamic_filtering_replacements_are_deterministic(monkeypatch):
-    """Under dynamic filtering a filtered group's replacement is the next prompt, seeded by its
-    dispatch index; the kept groups and their order do not depend on completion order."""
+#: Scores per prompt for dynamic filtering (range (0, 1), 3 prompts a step, 4 samples each): p1, p3
+#: and p4 score alike in all samples and are dropped; p3 replaces p1, p4 replaces p3, p5 replaces p4.
+FILTER_LABELS = {"p0": "mixed", "p1": "all 0", "p2": "mixed", "p3": "all 1", "p4": "all 0", "p5": "mixed",
+                 "p6": "mixed", "p7": "mixed"}
+
+
+@pytest.mark.parametrize("prompts, drawn_expected, kept_expected, exhausted_expected", [
+    pytest.param([f"p{i}" for i in range(8)], ["p0", "p1", "p2", "p3", "p4", "p5"], ["p0", "p2", "p5"], False,
+                 id="refilled"),
+    pytest.param([f"p{i}" for i in range(5)], ["p0", "p1", "p2", "p3", "p4"], ["p0", "p2"], True,
+                 id="prompts-run-out"),
+])
+def test_dynamic_filtering_replacements_are_deterministic(monkeypatch, prompts, drawn_expected, kept_expected,
+                                                          exhausted_expected):
+    """Under dynamic filtering a dropped group's replacement is the next prompt, dispatched as the
+    ``k``-th prompt of the call and seeded ``request_seed(seed, "train", step, k, j)``; the kept
+    groups are the mixed ones, in dispatch order, each sample the one its seed gives, whichever
+    order the engines complete in. Upstream (unbound) keeps them in completion order."""
+    seed, step, n = 11, 4, 4
     kept = {}
     for name, completion in (("reverse", reversed), ("forward", iter)):
         module = load_samples_generator(monkeypatch, completion)
-        monkeypatch.setitem(trainer_binding._STEPS_DONE, "n", 0)
-        trainer_binding.bind_samples_generator(module, PluginSpec(seed=11))
-        log = []
-        gen, it = _generator(module, log, [f"p{i}" for i in range(8)], dynamic=True)
-        experiences, consumed, _ = gen._generate_vllm(it, 3, True)
+        upstream_gen, it = _generator(module, [], prompts, dynamic=True, labels=FILTER_LABELS)
+        upstream, upstream_consumed, _ = upstream_gen._generate_vllm(it, 3, True)
+        monkeypatch.setitem(trainer_binding._STEPS_DONE, "n", step)
+        trainer_binding.bind_samples_generator(module, PluginSpec(seed=seed))
+        log, drawn = [], []
+        gen, it = _generator(module, log, prompts, dynamic=True, labels=FILTER_LABELS, drawn=drawn)
+        experiences, consumed, exhausted = gen._generate_vllm(it, 3, True)
+
+        # filtering happened: 3 groups dropped (p1, p3, p4), each replaced while prompts remained
+        assert drawn == drawn_expected and consumed == upstream_consumed == len(drawn_expected) > 3
+        assert consumed - len(experiences) // n == 3 and exhausted is exhausted_expected
+        # every drawn prompt dispatched once, in draw order, sample j of the k-th seeded (k, j)
+        assert [(r["prompt"], r["seed"], r["num_samples"]) for r in log] == [
+            (p, rollout.request_seed(seed, "train", step, k, j), 1) for k, p in enumerate(drawn) for j in range(n)]
+        # the kept groups: the mixed ones in dispatch order, each sample its seed's response
+        assert [e.prompts[0] for e in experiences] == [p for p in kept_expected for _ in range(n)]
+        k_of = {p: k for k, p in enumerate(drawn)}
+        assert [e.sequences[0].tolist()[2:] for e in experiences] == [
+            _tokens(rollout.request_seed(seed, "train", step, k_of[p], j)) for p in kept_expected for j in range(n)]
+        assert [e.scores[0].item() for e in experiences] == [0.0, 1.0, 0.0, 1.0] * len(kept_expected)
         kept[name] = _key(experiences)
-        assert consumed == len({r["prompt"] for r in log}) >= 3
-        groups = [experiences[i:i + 4] for i in range(0, len(experiences), 4)]
-        assert all(0.0 < sum(e.scores[0].item() for e in g) / 4 < 1.0 for g in groups)  # mixed groups only
-    assert kept["reverse"] == kept["forward"] and kept["forward"]
+        if name == "reverse":  # upstream keeps the groups in completion order: the last dispatched first
+            assert [e.prompts[0] for e in upstream[::n]] == [kept_expected[1], *kept_expected[2:], kept_expected[0]]
+    assert kept["reverse"] == kept["forward"]
 
 
 def test_eval_requests_have_their_own_seeds(monkeypatch):
