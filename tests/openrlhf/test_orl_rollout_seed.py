@@ -1,26 +1,21 @@
 """Seeded rollouts in dispatch order (``plugin.binding.rollout``) around OpenRLHF 0.11.2's real
 ``SamplesGenerator`` source.
 
-``samples_generator.py`` is executed from the installed wheel with its heavy imports stubbed
-(``ray``, ``vllm``, the engine module, ``Experience`` as a record); upstream's own
-``_collect_prompt_batch``, ``_process_response_into_experience`` and ``_generate_vllm`` run as
-written. The engines are stand-ins that answer deterministically from a request's seed and
-complete in an order the test chooses (what real vLLM engines under Ray do on their own time).
+Upstream's ``samples_generator.py`` runs as written around stand-in engines (``orl_samples``:
+they answer deterministically from a request's seed and complete in an order the test chooses).
 They prove the logic only; the real path -- Ray, vLLM 0.29's CPU engines, a resumed run repeating
 an uninterrupted one's metrics -- is ``tests/integration/test_int_paper_smoke.py``'s.
 """
 
 from __future__ import annotations
 
-import collections
-import importlib.util
 import itertools
-import sys
 import types
 
 import pytest
 import torch
-from orl_helpers import openrlhf_dir
+from orl_samples import FILTER_LABELS, Engine, load_samples_generator, sg_args, tokens
+from orl_samples import make_generator as _generator
 
 from fp8rl.backends.openrlhf.plugin import PluginSpec
 from fp8rl.backends.openrlhf.plugin.binding import rollout
@@ -28,114 +23,6 @@ from fp8rl.backends.openrlhf.plugin.binding import trainer as trainer_binding
 from fp8rl.backends.openrlhf.plugin.binding.common import UpstreamChangedError
 
 ns = types.SimpleNamespace
-
-
-class Ref:
-    """An object ref: resolved by the stub ``ray.get``."""
-
-    def __init__(self, value):
-        self.value = value
-
-
-class Engine:
-    """Answers ``generate_responses`` from the request's seed (``None``: a fresh random draw, as
-    vLLM's shared generator gives); records every request.
-
-    A sample's score comes from its prompt's label: ``all 0`` / ``all 1`` score every sample so (a
-    group dynamic filtering drops), ``mixed`` alternates 0, 1, 0, 1 over the prompt's samples in
-    request order (a group it keeps), any other label the parity of the first token."""
-
-    def __init__(self, log):
-        self.log = log
-        self.samples_of = collections.Counter()
-        self.get_num_unfinished_requests = ns(remote=lambda: Ref(0))
-        self.generate_responses = ns(remote=self._generate)
-
-    def _score(self, prompt, label, tokens):
-        j = self.samples_of[prompt]
-        self.samples_of[prompt] += 1
-        fixed = {"all 0": 0.0, "all 1": 1.0, "mixed": float(j % 2)}
-        return fixed.get(label, float(tokens[0] % 2))
-
-    def _generate(self, *, prompt, label, sampling_params, max_length, hf_tokenizer, num_samples=1, images=None):
-        out = []
-        for _ in range(num_samples):
-            seed = sampling_params.seed
-            tokens = _tokens(seed if seed is not None else int(torch.randint(0, 2**31, ())))
-            score = self._score(prompt, label, tokens)
-            self.log.append({"prompt": prompt, "seed": seed, "num_samples": num_samples})
-            out.append({"prompt": prompt, "label": label, "observation_tokens": [1, 2, *tokens],
-                        "action_ranges": [(2, 8)], "reward": score, "scores": score, "rollout_log_probs": None,
-                        "truncated": False, "extra_logs": {}})
-        return Ref(out)
-
-
-def _tokens(seed: int) -> list[int]:
-    """The stand-in engine's six response tokens for a request seed."""
-    return torch.randint(0, 50, (6,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def load_samples_generator(monkeypatch, completion=reversed):
-    """Upstream ``samples_generator`` with stubs; ``ray.wait`` returns the pending ref that
-    ``completion`` puts first (default: the last dispatched completes first)."""
-    path = openrlhf_dir() / "trainer" / "ppo_utils" / "samples_generator.py"
-
-    def wait(pending, num_returns=1, timeout=None):
-        first = next(iter(completion(list(pending))))
-        return [first], [r for r in pending if r is not first]
-
-    class Experience:
-        def __init__(self, **kw):
-            self.__dict__.update(kw)
-
-    class SamplingParams:
-        def __init__(self, **kw):
-            self.__dict__.update(kw)
-            self.seed = kw.get("seed")
-
-    stubs = {
-        "ray": types.SimpleNamespace(get=lambda r: [x.value for x in r] if isinstance(r, list) else r.value,
-                                     wait=wait),
-        "vllm": types.SimpleNamespace(SamplingParams=SamplingParams),
-        "tqdm": types.SimpleNamespace(tqdm=lambda *a, **k: types.SimpleNamespace(update=lambda *a: None,
-                                                                                  set_postfix=lambda *a: None)),
-        "openrlhf.trainer.ppo_utils.experience": types.SimpleNamespace(Experience=Experience),
-        "openrlhf.trainer.ray.vllm_engine": types.SimpleNamespace(batch_vllm_engine_call=lambda *a, **k: None),
-        "openrlhf.utils.logging_utils": types.SimpleNamespace(init_logger=lambda name: __import__("logging")
-                                                              .getLogger(name)),
-    }
-    for name, mod in stubs.items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    spec = importlib.util.spec_from_file_location("orl_samples_generator", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(rollout, "_get", stubs["ray"].get)
-    monkeypatch.setattr(rollout, "_sampling_params", SamplingParams)
-    return module
-
-
-def _args(dynamic=False):
-    return ns(rollout=ns(batch_size=3, n_samples_per_prompt=4, vllm_generate_batch_size=None),
-              algo=ns(dynamic_filtering_enable=dynamic, dynamic_filtering_range=[0.0, 1.0],
-                      advantage=ns(is_correction_level="off")),
-              vllm=ns(enable_sleep=False))
-
-
-def _generator(module, log, prompts, dynamic=False, engines=2, labels=None, drawn=None):
-    """A ``SamplesGenerator`` and a prompt iterator in upstream's batches of one prompt; ``labels``
-    (prompt -> label) default to ``label <prompt>``; ``drawn`` records the prompts as they are drawn."""
-    labels = labels or {p: f"label {p}" for p in prompts}
-
-    def loader():
-        for p in prompts:
-            if drawn is not None:
-                drawn.append(p)
-            yield None, [p], [labels[p]], [None]
-
-    strategy = ns(args=_args(dynamic))
-    gen = module.SamplesGenerator(strategy, None, None, tokenizer=None,
-                                  vllm_engines=[Engine(log) for _ in range(engines)])
-    return gen, loader()
 
 
 def _key(experiences):
@@ -179,12 +66,6 @@ def test_seeded_groups_come_in_dispatch_order_whatever_order_the_engines_finish(
     assert runs["reverse"] == runs["forward"]
 
 
-#: Scores per prompt for dynamic filtering (range (0, 1), 3 prompts a step, 4 samples each): p1, p3
-#: and p4 score alike in all samples and are dropped; p3 replaces p1, p4 replaces p3, p5 replaces p4.
-FILTER_LABELS = {"p0": "mixed", "p1": "all 0", "p2": "mixed", "p3": "all 1", "p4": "all 0", "p5": "mixed",
-                 "p6": "mixed", "p7": "mixed"}
-
-
 @pytest.mark.parametrize("prompts, drawn_expected, kept_expected, exhausted_expected", [
     pytest.param([f"p{i}" for i in range(8)], ["p0", "p1", "p2", "p3", "p4", "p5"], ["p0", "p2", "p5"], False,
                  id="refilled"),
@@ -219,7 +100,7 @@ def test_dynamic_filtering_replacements_are_deterministic(monkeypatch, prompts, 
         assert [e.prompts[0] for e in experiences] == [p for p in kept_expected for _ in range(n)]
         k_of = {p: k for k, p in enumerate(drawn)}
         assert [e.sequences[0].tolist()[2:] for e in experiences] == [
-            _tokens(rollout.request_seed(seed, "train", step, k_of[p], j)) for p in kept_expected for j in range(n)]
+            tokens(rollout.request_seed(seed, "train", step, k_of[p], j)) for p in kept_expected for j in range(n)]
         assert [e.scores[0].item() for e in experiences] == [0.0, 1.0, 0.0, 1.0] * len(kept_expected)
         kept[name] = _key(experiences)
         if name == "reverse":  # upstream keeps the groups in completion order: the last dispatched first
@@ -259,7 +140,7 @@ def test_seeded_requests_ask_the_engines_for_what_upstream_asks(monkeypatch, lev
 
     kwargs = dict(temperature=0.7, top_p=0.9, max_new_tokens=24, min_new_tokens=2, n_samples_per_prompt=2)
     for who in asked:
-        strategy = ns(args=_args())
+        strategy = ns(args=sg_args())
         strategy.args.algo.advantage.is_correction_level = level
         gen = module.SamplesGenerator(strategy, None, None, tokenizer=None, vllm_engines=[Recording(asked[who])])
         if who == "upstream":
