@@ -4,9 +4,10 @@ import json
 import shutil
 
 import pytest
-from orl_helpers import FIXTURES
+from orl_helpers import FIXTURES, openrlhf_dir
+from orl_samples import FILTER_LABELS, load_samples_generator, make_generator
 
-from fp8rl.backends.openrlhf.ingest import ingest, map_step, parse_dict, parse_log
+from fp8rl.backends.openrlhf.ingest import ingest, kept_group_frac, map_step, parse_dict, parse_log
 from fp8rl.runs import RunDir
 from fp8rl.runs import metrics as M
 
@@ -15,7 +16,7 @@ LOG = FIXTURES / "openrlhf_0.11.2_driver.log"
 
 @pytest.fixture
 def run_dir(tmp_path):
-    rd = RunDir(tmp_path / "grpo-8b-tensorwise-calibrated-s0-00000000").init({"x": 1})
+    rd = RunDir(tmp_path / "grpo-8b-tensorwise-calibrated-s0-00000000").init({"algorithm": {"n_samples_per_prompt": 8}})
     (rd.path / "openrlhf").mkdir()
     shutil.copy(LOG, rd.path / "openrlhf" / "driver.1.log")
     return rd
@@ -40,7 +41,8 @@ def test_recorded_log_to_shared_metric_names(run_dir):
     assert s1[M.PERF_STEP_S] == 263.8 and s1[M.PERF_ROLLOUT_S] == 140.2 and s1[M.PERF_TRAIN_S] == 88.1
     assert s1["openrlhf/timing/broadcast"] == 4.3  # unknown keys are kept under openrlhf/
     # step 2 was logged twice (preemption, resume): the later attempt wins
-    assert s2[M.ACTOR_PG_LOSS] == -0.005 and s2[M.DAPO_KEPT_GROUP_FRAC] == 0.62
+    assert s2[M.ACTOR_PG_LOSS] == -0.005
+    assert s2[M.DAPO_KEPT_GROUP_FRAC] == 0.64  # pass rate 512 = 128 groups x 8 samples / 200 prompts x 100
     assert s2[M.ROLLOUT_MISMATCH_KL] == 0.0011  # no plugin k3 in that line: vllm_kl fills it
 
 
@@ -67,3 +69,79 @@ def test_parse_edge_cases():
     assert steps == {3: {"policy_loss": 1}} and evals == {}
     with pytest.raises((ValueError, SyntaxError)):
         parse_dict("{'a': __import__('os')}")
+
+
+def _status_line(step: int, status: dict) -> str:
+    """A ``Global step`` line as ``PPOTrainer.fit`` prints it (the f-string checked against the source)
+    and as the paper-smoke job's driver log carries it (Ray's coloured actor prefix)."""
+    return f"\x1b[36m(PPOTrainer pid=27281)\x1b[0m INFO 12-03 13:59:28 ppo_trainer.py:551] ✨ Global step {step}: {status}"
+
+
+@pytest.mark.parametrize("prompts, labels, kept, drawn", [
+    pytest.param(8, FILTER_LABELS, 3, 6, id="three-dropped"),
+    pytest.param(8, {f"p{i}": "mixed" for i in range(8)}, 3, 3, id="none-dropped"),
+    pytest.param(5, FILTER_LABELS, 2, 5, id="prompts-run-out"),
+])
+def test_kept_group_frac_from_upstreams_own_pass_rate(monkeypatch, tmp_path, prompts, labels, kept, drawn):
+    """Upstream's ``generate_samples`` (real source, stand-in engines: ``orl_samples``) computes the
+    pass rate; printed in ``PPOTrainer.fit``'s format and ingested, it reads kept groups / prompts
+    drawn, in [0, 1] (1 when nothing is dropped: the raw rate is 400 at n = 4)."""
+    fit = (openrlhf_dir() / "trainer" / "ppo_trainer.py").read_text()
+    assert 'status["dynamic_filtering_pass_rate"] = filter_pass_rate' in fit
+    assert 'logger.info(f"✨ Global step {global_step}: {log_status}")' in fit
+    module = load_samples_generator(monkeypatch)
+    gen, _ = make_generator(module, [], [f"p{i}" for i in range(prompts)], dynamic=True, labels=labels)
+    samples, pass_rate, consumed, _ = gen.generate_samples()
+    n = gen.args.rollout.n_samples_per_prompt
+    assert (len(samples), consumed) == (kept * n, drawn) and pass_rate == pytest.approx(100 * n * kept / drawn)
+
+    rd = RunDir(tmp_path / "dapo-14b-bf16-vanilla-s0-00000000").init(
+        {"algorithm": {"name": "dapo", "n_samples_per_prompt": n}})
+    (rd.path / "openrlhf").mkdir()
+    (rd.path / "openrlhf" / "driver.1.log").write_text(
+        _status_line(1, {"policy_loss": 0.1, "dynamic_filtering_pass_rate": pass_rate}) + "\n")
+    ingest(rd.path)
+    (row,) = rd.read_metrics()
+    assert row[M.DAPO_KEPT_GROUP_FRAC] == pytest.approx(kept / drawn) and 0.0 < row[M.DAPO_KEPT_GROUP_FRAC] <= 1.0
+    assert "openrlhf/dynamic_filtering_pass_rate" not in row
+
+
+def test_kept_group_frac_bounds_and_bad_n():
+    assert kept_group_frac(0.0, 4) == 0.0 and kept_group_frac(400.0, 4) == 1.0 and kept_group_frac(200, 8) == 0.25
+    assert kept_group_frac(12 / 7 * 100, 4) == pytest.approx(3 / 7)  # as upstream computes it: 12 samples / 7 prompts
+    for rate in (401.0, 800.0, -1.0):  # outside [0, 100 n]: the n given is not the run's
+        with pytest.raises(ValueError, match="not the n"):
+            kept_group_frac(rate, 4)
+    for n in (0, -4, 2.5, True, "4", None):
+        with pytest.raises(ValueError, match="integer >= 1"):
+            kept_group_frac(100.0, n)
+    with pytest.raises(ValueError, match="n_samples_per_prompt"):
+        map_step({"dynamic_filtering_pass_rate": 200.0})
+    assert map_step({"dynamic_filtering_pass_rate": 200.0}, 4) == {M.DAPO_KEPT_GROUP_FRAC: 0.5}
+    assert map_step({"dynamic_filtering_pass_rate": None, "policy_loss": 1.0}) == {M.ACTOR_PG_LOSS: 1.0}
+    # the paper-smoke job's three DAPO steps (4 prompts a step, n = 4): 4 groups kept of 5, 6 and 4 drawn
+    steps, _ = parse_log([_status_line(s, {"rollout/acc": 0.5, "dynamic_filtering_pass_rate": r})
+                          for s, r in ((1, 320.0), (2, 266.66666666666663), (3, 400.0))])
+    assert [map_step(raw, 4)[M.DAPO_KEPT_GROUP_FRAC] for raw in steps.values()] == pytest.approx([4 / 5, 4 / 6, 1.0])
+
+
+@pytest.mark.parametrize("algorithm, error", [
+    ({"name": "dapo"}, "records no algorithm.n_samples_per_prompt"),
+    ({"name": "dapo", "n_samples_per_prompt": 0}, "integer >= 1"),
+    ({"name": "dapo", "n_samples_per_prompt": "eight"}, "integer >= 1"),
+])
+def test_ingest_needs_the_runs_group_size_for_a_pass_rate(tmp_path, algorithm, error):
+    """A config without a usable ``algorithm.n_samples_per_prompt`` refuses a log with a pass rate
+    (a guessed n would put the metric on another scale); the argument supplies it; a log without
+    one (GRPO) does not need it."""
+    rd = RunDir(tmp_path / "dapo-14b-bf16-vanilla-s0-00000000").init({"algorithm": algorithm})
+    (rd.path / "openrlhf").mkdir()
+    log = rd.path / "openrlhf" / "driver.1.log"
+    log.write_text(_status_line(1, {"policy_loss": 0.1, "dynamic_filtering_pass_rate": 300.0}) + "\n")
+    with pytest.raises(ValueError, match=error):
+        ingest(rd.path)
+    if "n_samples_per_prompt" not in algorithm:
+        ingest(rd.path, n_samples_per_prompt=4)
+        assert rd.read_metrics()[0][M.DAPO_KEPT_GROUP_FRAC] == 0.75
+        log.write_text(_status_line(1, {"policy_loss": 0.1}) + "\n")
+        assert ingest(rd.path)["steps"] == 1 and M.DAPO_KEPT_GROUP_FRAC not in rd.read_metrics()[0]

@@ -1,25 +1,21 @@
 """Seeded rollouts in dispatch order (``plugin.binding.rollout``) around OpenRLHF 0.11.2's real
 ``SamplesGenerator`` source.
 
-``samples_generator.py`` is executed from the installed wheel with its heavy imports stubbed
-(``ray``, ``vllm``, the engine module, ``Experience`` as a record); upstream's own
-``_collect_prompt_batch``, ``_process_response_into_experience`` and ``_generate_vllm`` run as
-written. The engines are stand-ins that answer deterministically from a request's seed and
-complete in an order the test chooses (what real vLLM engines under Ray do on their own time).
+Upstream's ``samples_generator.py`` runs as written around stand-in engines (``orl_samples``:
+they answer deterministically from a request's seed and complete in an order the test chooses).
 They prove the logic only; the real path -- Ray, vLLM 0.29's CPU engines, a resumed run repeating
 an uninterrupted one's metrics -- is ``tests/integration/test_int_paper_smoke.py``'s.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 import types
 
 import pytest
 import torch
-from orl_helpers import openrlhf_dir
+from orl_samples import FILTER_LABELS, Engine, load_samples_generator, sg_args, tokens
+from orl_samples import make_generator as _generator
 
 from fp8rl.backends.openrlhf.plugin import PluginSpec
 from fp8rl.backends.openrlhf.plugin.binding import rollout
@@ -27,90 +23,6 @@ from fp8rl.backends.openrlhf.plugin.binding import trainer as trainer_binding
 from fp8rl.backends.openrlhf.plugin.binding.common import UpstreamChangedError
 
 ns = types.SimpleNamespace
-
-
-class Ref:
-    """An object ref: resolved by the stub ``ray.get``."""
-
-    def __init__(self, value):
-        self.value = value
-
-
-class Engine:
-    """Answers ``generate_responses`` from the request's seed (``None``: a fresh random draw, as
-    vLLM's shared generator gives); records every request."""
-
-    def __init__(self, log):
-        self.log = log
-        self.get_num_unfinished_requests = ns(remote=lambda: Ref(0))
-        self.generate_responses = ns(remote=self._generate)
-
-    def _generate(self, *, prompt, label, sampling_params, max_length, hf_tokenizer, num_samples=1, images=None):
-        out = []
-        for _ in range(num_samples):
-            seed = sampling_params.seed
-            g = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, ())))
-            tokens = torch.randint(0, 50, (6,), generator=g).tolist()
-            score = float(tokens[0] % 2)  # mixed rewards
-            self.log.append({"prompt": prompt, "seed": seed, "num_samples": num_samples})
-            out.append({"prompt": prompt, "label": label, "observation_tokens": [1, 2, *tokens],
-                        "action_ranges": [(2, 8)], "reward": score, "scores": score, "rollout_log_probs": None,
-                        "truncated": False, "extra_logs": {}})
-        return Ref(out)
-
-
-def load_samples_generator(monkeypatch, completion=reversed):
-    """Upstream ``samples_generator`` with stubs; ``ray.wait`` returns the pending ref that
-    ``completion`` puts first (default: the last dispatched completes first)."""
-    path = openrlhf_dir() / "trainer" / "ppo_utils" / "samples_generator.py"
-
-    def wait(pending, num_returns=1, timeout=None):
-        first = next(iter(completion(list(pending))))
-        return [first], [r for r in pending if r is not first]
-
-    class Experience:
-        def __init__(self, **kw):
-            self.__dict__.update(kw)
-
-    class SamplingParams:
-        def __init__(self, **kw):
-            self.__dict__.update(kw)
-            self.seed = kw.get("seed")
-
-    stubs = {
-        "ray": types.SimpleNamespace(get=lambda r: [x.value for x in r] if isinstance(r, list) else r.value,
-                                     wait=wait),
-        "vllm": types.SimpleNamespace(SamplingParams=SamplingParams),
-        "tqdm": types.SimpleNamespace(tqdm=lambda *a, **k: types.SimpleNamespace(update=lambda *a: None,
-                                                                                  set_postfix=lambda *a: None)),
-        "openrlhf.trainer.ppo_utils.experience": types.SimpleNamespace(Experience=Experience),
-        "openrlhf.trainer.ray.vllm_engine": types.SimpleNamespace(batch_vllm_engine_call=lambda *a, **k: None),
-        "openrlhf.utils.logging_utils": types.SimpleNamespace(init_logger=lambda name: __import__("logging")
-                                                              .getLogger(name)),
-    }
-    for name, mod in stubs.items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    spec = importlib.util.spec_from_file_location("orl_samples_generator", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(rollout, "_get", stubs["ray"].get)
-    monkeypatch.setattr(rollout, "_sampling_params", SamplingParams)
-    return module
-
-
-def _args(dynamic=False):
-    return ns(rollout=ns(batch_size=3, n_samples_per_prompt=4, vllm_generate_batch_size=None),
-              algo=ns(dynamic_filtering_enable=dynamic, dynamic_filtering_range=[0.0, 1.0],
-                      advantage=ns(is_correction_level="off")),
-              vllm=ns(enable_sleep=False))
-
-
-def _generator(module, log, prompts, dynamic=False, engines=2):
-    loader = [(None, [p], [f"label {p}"], [None]) for p in prompts]  # upstream's batches of one prompt
-    strategy = ns(args=_args(dynamic))
-    gen = module.SamplesGenerator(strategy, None, None, tokenizer=None,
-                                  vllm_engines=[Engine(log) for _ in range(engines)])
-    return gen, iter(loader)
 
 
 def _key(experiences):
@@ -154,22 +66,46 @@ def test_seeded_groups_come_in_dispatch_order_whatever_order_the_engines_finish(
     assert runs["reverse"] == runs["forward"]
 
 
-def test_dynamic_filtering_replacements_are_deterministic(monkeypatch):
-    """Under dynamic filtering a filtered group's replacement is the next prompt, seeded by its
-    dispatch index; the kept groups and their order do not depend on completion order."""
+@pytest.mark.parametrize("prompts, drawn_expected, kept_expected, exhausted_expected", [
+    pytest.param([f"p{i}" for i in range(8)], ["p0", "p1", "p2", "p3", "p4", "p5"], ["p0", "p2", "p5"], False,
+                 id="refilled"),
+    pytest.param([f"p{i}" for i in range(5)], ["p0", "p1", "p2", "p3", "p4"], ["p0", "p2"], True,
+                 id="prompts-run-out"),
+])
+def test_dynamic_filtering_replacements_are_deterministic(monkeypatch, prompts, drawn_expected, kept_expected,
+                                                          exhausted_expected):
+    """Under dynamic filtering a dropped group's replacement is the next prompt, dispatched as the
+    ``k``-th prompt of the call and seeded ``request_seed(seed, "train", step, k, j)``; the kept
+    groups are the mixed ones, in dispatch order, each sample the one its seed gives, whichever
+    order the engines complete in. Upstream (unbound) keeps them in completion order."""
+    seed, step, n = 11, 4, 4
     kept = {}
     for name, completion in (("reverse", reversed), ("forward", iter)):
         module = load_samples_generator(monkeypatch, completion)
-        monkeypatch.setitem(trainer_binding._STEPS_DONE, "n", 0)
-        trainer_binding.bind_samples_generator(module, PluginSpec(seed=11))
-        log = []
-        gen, it = _generator(module, log, [f"p{i}" for i in range(8)], dynamic=True)
-        experiences, consumed, _ = gen._generate_vllm(it, 3, True)
+        upstream_gen, it = _generator(module, [], prompts, dynamic=True, labels=FILTER_LABELS)
+        upstream, upstream_consumed, _ = upstream_gen._generate_vllm(it, 3, True)
+        monkeypatch.setitem(trainer_binding._STEPS_DONE, "n", step)
+        trainer_binding.bind_samples_generator(module, PluginSpec(seed=seed))
+        log, drawn = [], []
+        gen, it = _generator(module, log, prompts, dynamic=True, labels=FILTER_LABELS, drawn=drawn)
+        experiences, consumed, exhausted = gen._generate_vllm(it, 3, True)
+
+        # filtering happened: 3 groups dropped (p1, p3, p4), each replaced while prompts remained
+        assert drawn == drawn_expected and consumed == upstream_consumed == len(drawn_expected) > 3
+        assert consumed - len(experiences) // n == 3 and exhausted is exhausted_expected
+        # every drawn prompt dispatched once, in draw order, sample j of the k-th seeded (k, j)
+        assert [(r["prompt"], r["seed"], r["num_samples"]) for r in log] == [
+            (p, rollout.request_seed(seed, "train", step, k, j), 1) for k, p in enumerate(drawn) for j in range(n)]
+        # the kept groups: the mixed ones in dispatch order, each sample its seed's response
+        assert [e.prompts[0] for e in experiences] == [p for p in kept_expected for _ in range(n)]
+        k_of = {p: k for k, p in enumerate(drawn)}
+        assert [e.sequences[0].tolist()[2:] for e in experiences] == [
+            tokens(rollout.request_seed(seed, "train", step, k_of[p], j)) for p in kept_expected for j in range(n)]
+        assert [e.scores[0].item() for e in experiences] == [0.0, 1.0, 0.0, 1.0] * len(kept_expected)
         kept[name] = _key(experiences)
-        assert consumed == len({r["prompt"] for r in log}) >= 3
-        groups = [experiences[i:i + 4] for i in range(0, len(experiences), 4)]
-        assert all(0.0 < sum(e.scores[0].item() for e in g) / 4 < 1.0 for g in groups)  # mixed groups only
-    assert kept["reverse"] == kept["forward"] and kept["forward"]
+        if name == "reverse":  # upstream keeps the groups in completion order: the last dispatched first
+            assert [e.prompts[0] for e in upstream[::n]] == [kept_expected[1], *kept_expected[2:], kept_expected[0]]
+    assert kept["reverse"] == kept["forward"]
 
 
 def test_eval_requests_have_their_own_seeds(monkeypatch):
@@ -204,7 +140,7 @@ def test_seeded_requests_ask_the_engines_for_what_upstream_asks(monkeypatch, lev
 
     kwargs = dict(temperature=0.7, top_p=0.9, max_new_tokens=24, min_new_tokens=2, n_samples_per_prompt=2)
     for who in asked:
-        strategy = ns(args=_args())
+        strategy = ns(args=sg_args())
         strategy.args.algo.advantage.is_correction_level = level
         gen = module.SamplesGenerator(strategy, None, None, tokenizer=None, vllm_engines=[Recording(asked[who])])
         if who == "upstream":
