@@ -65,6 +65,7 @@ CREATED_AT_RUN_TIME = {
     "owner.json": "the lock file inside a run directory",
     "config.yaml": "inside a run directory",
     "status.json": "inside a run directory",
+    "rollout_draws.jsonl": "a smoke-job dump inside a run directory (openrlhf/dumps/)",
     "metrics.jsonl": "inside a run directory",
     "eval.jsonl": "inside a run directory",
     "summary.json": "inside a run directory",

@@ -177,10 +177,12 @@ def test_logged_clip_diagnostics_equal_counts_recomputed_from_the_loss_inputs(ru
         for step in range(STEPS):
             recs = by_step.get(step, [])
             assert recs, (prefix, step)
-            # the interrupted cell may have repeated the step it was killed in: the last attempt's
-            last_pid = max(recs, key=lambda r: r["time"])["pid"]
+            # the interrupted cell may have repeated the step it was killed in: each rank's last
+            # attempt's (the two-rank cell logs the counts of both ranks together)
+            last_pid = {rank: max((r for r in recs if r["rank"] == rank), key=lambda r: r["time"])["pid"]
+                        for rank in {r["rank"] for r in recs}}
             n = dict.fromkeys(("neg", "neg_low", "neg_high", "pos", "pos_low", "pos_high"), 0)
-            for r in (r for r in recs if r["pid"] == last_pid):
+            for r in (r for r in recs if r["pid"] == last_pid[r["rank"]]):
                 ratio, adv, mask = r["ratio"], r["advantages"], r["mask"].bool()
                 for side, sel in (("neg", mask & (adv < 0)), ("pos", mask & (adv > 0))):
                     n[side] += int(sel.sum())
@@ -362,6 +364,8 @@ def test_the_driver_checked_every_policy_actor_before_training(runs):
 def test_the_interrupted_cell_resumed_from_its_checkpoint(runs):
     """The cell killed after its first checkpoint ran again (a second driver attempt), resumed
     from the checkpoint (no step before it rerun) and logged every step exactly once."""
+    if INTERRUPTED not in runs:
+        pytest.skip(f"{INTERRUPTED} not in this (partial) smoke run")
     run = runs[INTERRUPTED]
     logs = sorted((run / "openrlhf").glob("driver.*.log"))
     assert len(logs) >= 2, [p.name for p in logs]

@@ -61,7 +61,8 @@ def test_dapo_cells_ran_out_of_prompts_inside_a_step(runs):
     assert dead and sorted(order[-len(dead):]) == dead  # the data put them last in the loader's order
     for prefix, run in _dapo_runs(runs).items():
         train = [d for d in _draws(run) if d.get("purpose") == "train"]
-        end = next(i for i, d in enumerate(train) if d["exhausted"])
+        end = next((i for i, d in enumerate(train) if d["exhausted"]), None)
+        assert end is not None, (prefix, "no draw ran out of prompts", [len(d["prompts"]) for d in train])
         drawn = [p for d in train[:end + 1] for p in d["prompts"]]
         assert drawn == [rows[i]["input"] for i in order], prefix  # every prompt, in the seeded order
         last = train[end]
@@ -85,7 +86,7 @@ def test_the_partial_batch_at_the_episode_end_was_dropped_on_every_rank(runs):
     per = {}
     for p in sorted((run / "openrlhf" / "dumps").glob("rank*-*.pt")):
         rec = torch.load(p, weights_only=False)
-        key = (int(rec["step"]), int(rec["rank"]))
+        key = (int(rec["step"]) + 1, int(rec["rank"]))  # the dump's step: steps done before it
         per[key] = per.get(key, 0) + 1
     for step in range(1, STEPS + 1):
         counts = [per.get((step, r), 0) for r in (0, 1)]

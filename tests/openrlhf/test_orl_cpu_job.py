@@ -183,6 +183,13 @@ def test_smoke_ids_resolve_and_bad_ones_are_refused(tmp_path):
     assert int(rows[0]["answer"]) == int(a) + int(b)
     with pytest.raises(ValueError, match="fp8rl-smoke:<seed>:<count>"):
         dataset_rows("fp8rl-smoke:x")
+    # distinct problems, the listed rows unanswerable (DAPO's smoke set)
+    rows = dataset_rows("fp8rl-smoke:10:12:6")
+    assert len({r["problem"] for r in rows}) == 12 and [i for i, r in enumerate(rows) if r["answer"] == "none"] == [6]
+    assert all(int(r["answer"]) == sum(map(int, r["problem"][8:-1].split("+"))) for r in rows if r["answer"] != "none")
+    for bad in ("fp8rl-smoke:10:12:12", "fp8rl-smoke:10:26:1", "fp8rl-smoke:10:12:a", "fp8rl-smoke:1:2:3:4"):
+        with pytest.raises(ValueError, match="smoke dataset id"):
+            dataset_rows(bad)
     out = prepare(["smoke_train"], tmp_path, {"smoke_train": "fp8rl-smoke:3:5"})
     lines = [json.loads(ln) for ln in out["smoke_train"].read_text().splitlines()]
     assert len(lines) == 5 and "\\boxed{}" in lines[0]["input"] and lines[0]["datasource"] == "smoke_train"

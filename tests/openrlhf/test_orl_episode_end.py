@@ -5,6 +5,7 @@ The logic of the two binding changes of issue 20. The real systems (OpenRLHF 0.1
 through DeepSpeed and back) are ``tests/integration/test_int_episode_end.py``'s.
 """
 
+import json
 import types
 
 import pytest
@@ -15,6 +16,7 @@ from fp8rl.backends.openrlhf import plugin
 from fp8rl.backends.openrlhf.plugin import PluginSpec
 from fp8rl.backends.openrlhf.plugin.binding import actor as actor_binding
 from fp8rl.backends.openrlhf.plugin.binding import trainer as trainer_binding
+from fp8rl.backends.openrlhf.plugin.binding.rollout import DRAWS_FILE
 
 ns = types.SimpleNamespace
 
@@ -40,7 +42,7 @@ def test_a_short_batch_before_the_prompts_run_out_fails_loudly():
         trainer_binding.whole_steps_only(_args(), (list(range(12)), None, 3, False))
 
 
-def test_bound_generate_samples_drops_the_tail_and_keeps_the_step_limit(monkeypatch):
+def test_bound_generate_samples_drops_the_tail_and_keeps_the_step_limit(monkeypatch, tmp_path):
     monkeypatch.setattr(trainer_binding, "DROPPED_TAILS", [])
     monkeypatch.setitem(trainer_binding._STEPS_DONE, "n", 0)
     batches = iter([(list(range(16)), None, 4, False), (list(range(8)), None, 6, True)])
@@ -52,12 +54,16 @@ def test_bound_generate_samples_drops_the_tail_and_keeps_the_step_limit(monkeypa
             return next(batches)
 
     module = ns(SamplesGenerator=SamplesGenerator)
-    trainer_binding.bind_samples_generator(module, PluginSpec(max_steps=2))
+    trainer_binding.bind_samples_generator(module, PluginSpec(max_steps=2, dump_dir=str(tmp_path)))
     gen = SamplesGenerator()
     assert len(gen.generate_samples()[0]) == 16
     assert gen.generate_samples() == ([], None, 6, True)  # PPOTrainer.fit ends the episode, no step
     monkeypatch.setitem(trainer_binding._STEPS_DONE, "n", 2)
     assert gen.generate_samples() == ([], None, 0, True)  # the step limit, before generating
+    # each batch handed to training, in the dump the smoke job's tests read (the limit's is no batch)
+    recs = [json.loads(ln) for ln in (tmp_path / DRAWS_FILE).read_text().splitlines()]
+    assert [(r["samples"], r["full"], r["trained"], r["exhausted"]) for r in recs] == [(16, 16, 16, False),
+                                                                                        (8, 16, 0, True)]
 
 
 def _stream_trainers(monkeypatch):

@@ -10,6 +10,7 @@ an uninterrupted one's metrics -- is ``tests/integration/test_int_paper_smoke.py
 from __future__ import annotations
 
 import itertools
+import json
 import types
 
 import pytest
@@ -72,8 +73,8 @@ def test_seeded_groups_come_in_dispatch_order_whatever_order_the_engines_finish(
     pytest.param([f"p{i}" for i in range(5)], ["p0", "p1", "p2", "p3", "p4"], ["p0", "p2"], True,
                  id="prompts-run-out"),
 ])
-def test_dynamic_filtering_replacements_are_deterministic(monkeypatch, prompts, drawn_expected, kept_expected,
-                                                          exhausted_expected):
+def test_dynamic_filtering_replacements_are_deterministic(monkeypatch, tmp_path, prompts, drawn_expected,
+                                                          kept_expected, exhausted_expected):
     """Under dynamic filtering a dropped group's replacement is the next prompt, dispatched as the
     ``k``-th prompt of the call and seeded ``request_seed(seed, "train", step, k, j)``; the kept
     groups are the mixed ones, in dispatch order, each sample the one its seed gives, whichever
@@ -85,10 +86,16 @@ def test_dynamic_filtering_replacements_are_deterministic(monkeypatch, prompts, 
         upstream_gen, it = _generator(module, [], prompts, dynamic=True, labels=FILTER_LABELS)
         upstream, upstream_consumed, _ = upstream_gen._generate_vllm(it, 3, True)
         monkeypatch.setitem(trainer_binding._STEPS_DONE, "n", step)
-        trainer_binding.bind_samples_generator(module, PluginSpec(seed=seed))
+        dumps = tmp_path / name
+        trainer_binding.bind_samples_generator(module, PluginSpec(seed=seed, dump_dir=str(dumps)))
         log, drawn = [], []
         gen, it = _generator(module, log, prompts, dynamic=True, labels=FILTER_LABELS, drawn=drawn)
         experiences, consumed, exhausted = gen._generate_vllm(it, 3, True)
+        # the dump the smoke job's tests read: what was drawn, kept, asked for and not found
+        (rec,) = [json.loads(ln) for ln in (dumps / rollout.DRAWS_FILE).read_text().splitlines()]
+        assert rec["prompts"] == drawn and rec["kept"] == [p in kept_expected for p in drawn]
+        assert (rec["replacements"], rec["missed"], rec["exhausted"], rec["steps_done"], rec["purpose"]) == (
+            3, int(exhausted_expected), exhausted_expected, step, "train")  # p1, p3, p4 dropped; p4's finds none
 
         # filtering happened: 3 groups dropped (p1, p3, p4), each replaced while prompts remained
         assert drawn == drawn_expected and consumed == upstream_consumed == len(drawn_expected) > 3
