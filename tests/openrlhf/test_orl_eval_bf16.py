@@ -5,6 +5,7 @@ generators here; vLLM's CPU build in tests/integration/test_int_eval_bf16.py).""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 from orl_helpers import FIXTURES, main_table_configs
@@ -166,3 +167,32 @@ def test_without_the_option_the_evaluation_is_the_arms_own_engine_only(tmp_path,
     assert calls == [("final", "fp8_per_tensor")] * 2
     assert not any(k.startswith(M.EVAL_BF16_PREFIX) for r in rd.read_eval() for k in r)
     assert not any(k.startswith(M.EVAL_BF16_PREFIX) for k in rd.summary())
+
+
+def test_the_smoke_job_dump_holds_every_generation(tmp_path, pool):
+    """With ``openrlhf.dump_loss_inputs`` the pass writes each engine's generations per dataset,
+    with the sampling settings its generator reported and the scores computed from them."""
+    data = tmp_path / "data"
+    prepare(["aime24", "math500"], data, {}, sources={"aime24": str(FIXTURES / "aime24.jsonl"),
+                                                      "math500": str(FIXTURES / "math500.jsonl")})
+    cfg = _config(tmp_path, data, "tensorwise", False)
+    cfg["openrlhf"]["dump_loss_inputs"] = True
+    rd = RunDir(tmp_path / "sweep" / "grpo-8b-tensorwise-vanilla-s0-00000000").init(cfg)
+    rd.metrics_path.write_text('{"step": 3}\n')
+    rd.write_summary({"state": "DONE"})
+
+    def engines(model, quantization):
+        def generate(prompts, k, temperature, max_tokens):
+            generate.state["params"] = {"n": k, "temperature": temperature, "max_tokens": max_tokens}
+            return [["\\boxed{24}"] * k for _ in prompts]
+
+        generate.state = {}
+        return generate
+
+    evaluate_run(rd.path, pool=pool, engines=engines)
+    rows = [json.loads(ln) for ln in (rd.path / "openrlhf" / "dumps" / "final_eval.jsonl").read_text().splitlines()]
+    assert [(r["dataset"], r["model"], r["quantization"]) for r in rows] == [
+        ("aime24", "checkpoint/final", "fp8_per_tensor"), ("math500", "checkpoint/final", "fp8_per_tensor")]
+    assert all(r["params"] == {"n": 4, "temperature": 0.6, "max_tokens": 64} for r in rows)
+    assert [len(r["responses"]) for r in rows] == [len(r["prompts"]) for r in rows] == [len(r["labels"]) for r in rows]
+    assert rows[0]["scores"]["avg@k"] == rd.summary()["eval/aime24/avg@k"]

@@ -7,7 +7,8 @@ boxed-answer math reward (``fp8rl.backends.openrlhf.reward_func.score``, process
 deadline), and writes ``eval.jsonl`` rows marked ``"source": "final"`` (:data:`SOURCE`; kept by
 ingestion, replaced by the next pass) and the numbers into ``summary.json``, with what each pass
 scored (``final_eval.weights``: the step, the checkpoint and a digest of the parameters its engine
-held, :func:`evaluated_weights`).
+held, :func:`evaluated_weights`). With ``openrlhf.dump_loss_inputs`` (the smoke job) it also writes
+every generation with the sampling settings the engine got to ``openrlhf/dumps/final_eval.jsonl``.
 
 The engines (:func:`evaluation_plan`):
 
@@ -157,6 +158,7 @@ def evaluate_run(run_dir: str | Path, generate: Generate | None = None, *, pool=
     gens: dict[tuple, Generate] = {}
     if generate is not None:
         gens[plan[0].engine] = generate
+    dumped: list[dict] = []  # with openrlhf.dump_loss_inputs (the smoke job): every generation, for the tests
     metrics = rd.read_metrics() if rd.metrics_path.exists() else []
     last = max((int(r["step"]) for r in metrics), default=0)
     at = {"initial": 0, "final": last}
@@ -173,6 +175,10 @@ def evaluate_run(run_dir: str | Path, generate: Generate | None = None, *, pool=
                     gens[p.engine] = engines(*p.engine)
                 responses = gens[p.engine](prompts, k, float(cfg["eval_temperature"]), int(cfg["max_response_len"]))
                 scored[p.engine] = score_dataset(labels, prompts, responses, k, pool)
+                state = getattr(gens[p.engine], "state", None) or {}
+                dumped.append({"dataset": ds, "model": evaluated_weights(p, at[p.step], gens[p.engine], rd.path)["model"],
+                               "quantization": p.quantization, "params": state.get("params"), "prompts": prompts,
+                               "labels": labels, "responses": responses, "scores": scored[p.engine]})
             by_pass[(p.step, p.precision)] = scored[p.engine]
         own = by_pass[("final", M.EVAL_OWN)]
         res = dict(own)
@@ -202,6 +208,10 @@ def evaluate_run(run_dir: str | Path, generate: Generate | None = None, *, pool=
                              "bf16": any(p.precision == M.EVAL_BF16 for p in plan),
                              "weights": [evaluated_weights(p, at[p.step], gens.get(p.engine), rd.path) for p in plan]}
     rd.write_summary(summary)
+    if o.get("dump_loss_inputs"):
+        dumps = rd.path / "openrlhf" / "dumps"
+        dumps.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(dumps / "final_eval.jsonl", "".join(json.dumps(d) + "\n" for d in dumped))
     return results
 
 
@@ -271,6 +281,8 @@ def vllm_generator(model_path: str, *, tp: int = 1, seed: int = 0, chat_template
         chats = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                          add_generation_prompt=True) for p in prompts] if chat_template else prompts
         params = SamplingParams(n=k, temperature=temperature, max_tokens=max_tokens, seed=seed)
+        state["params"] = {"n": params.n, "temperature": params.temperature, "top_p": params.top_p,
+                           "max_tokens": params.max_tokens, "seed": params.seed}  # as the engine got them
         return [[o.text for o in out.outputs] for out in llm.generate(chats, params)]
 
     generate.state = state  # the engine once built (``state["llm"]``) and its weights' ``state["digest"]``

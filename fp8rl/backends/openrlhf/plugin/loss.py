@@ -128,7 +128,9 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
                 dump(spec.dump_dir, self, ratio=ratio, advantages=advantages, mask=action_mask, low=low,
                      high=high, loss=loss, token_loss=loss_mat, log_probs=log_probs, old_log_probs=old_log_probs,
                      rollout_log_probs=rollout_log_probs, is_weights=weights,
-                     correction=self.correction, correction_params=dict(self.correction_params))
+                     correction=self.correction, correction_params=dict(self.correction_params),
+                     agg_mode=self.agg_mode, dp_size=int(dp_size), dual_clip=self.dual_clip,
+                     batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size)
             return loss, m["actor/clipfrac"], m["actor/ppo_kl"], m.get("rollout/mismatch_k1"), \
                 m.get("rollout/is_clipfrac")
 
@@ -144,8 +146,10 @@ def dump(directory: str, loss_fn, **tensors) -> None:
     the CPU) and the bounds in force. The loss gives the ratio, advantages, mask, bounds, the
     reduced loss, the per-token loss it reduced (``token_loss``, IS weights applied), the log-probs,
     old and rollout log-probs (None when the engines sent none), the IS weights applied (None
-    without a correction) and the correction with its parameters. The tests of the smoke job
-    recompute the logged clip fractions and the IS weights from these files."""
+    without a correction), the correction with its parameters, and what reduced the loss (the
+    aggregation mode, the DP size, the dual-clip bound and upstream's global normalisers
+    ``batch_num_tokens`` / ``global_batch_size``). The tests of the smoke job recompute the logged
+    clip fractions, the IS weights and the loss from these files."""
     import os
     import time
 

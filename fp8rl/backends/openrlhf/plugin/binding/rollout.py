@@ -117,22 +117,31 @@ def _engine_order(engines, n_prompts: int, n_samples: int) -> list[int]:
     return order
 
 
-def dispatch(generator, prompts, labels, images, first_k: int, seeds, **generate_kwargs) -> list[list]:
-    """Send every sample of every prompt as its own seeded request; one list of refs per prompt.
+def samples_per_prompt(generator, **generate_kwargs) -> int:
+    """Upstream's samples per prompt: the call's ``n_samples_per_prompt``, else the rollout's."""
+    return int(generate_kwargs.get("n_samples_per_prompt", generator.args.rollout.n_samples_per_prompt))
 
-    ``seeds(k, j)`` gives the request seed of sample ``j`` of the prompt dispatched ``k``-th
-    (``first_k`` is the index of ``prompts[0]``). The ``SamplingParams`` fields are upstream's."""
-    args = generator.args
-    n = generate_kwargs.get("n_samples_per_prompt", args.rollout.n_samples_per_prompt)
-    common = dict(
+
+def sampling_fields(generator, **generate_kwargs) -> dict:
+    """The ``SamplingParams`` fields upstream's ``_dispatch_prompts_to_vllm`` sets (seed aside)."""
+    return dict(
         temperature=generate_kwargs.get("temperature", 1.0),
         top_p=generate_kwargs.get("top_p", 1.0),
         top_k=generate_kwargs.get("top_k", -1),
         max_tokens=generate_kwargs.get("max_new_tokens"),
         min_tokens=generate_kwargs.get("min_new_tokens", 1),
         skip_special_tokens=generate_kwargs.get("skip_special_tokens", False),
-        logprobs=1 if args.algo.advantage.is_correction_level != "off" else None,
+        logprobs=1 if generator.args.algo.advantage.is_correction_level != "off" else None,
     )
+
+
+def dispatch(generator, prompts, labels, images, first_k: int, seeds, **generate_kwargs) -> list[list]:
+    """Send every sample of every prompt as its own seeded request; one list of refs per prompt.
+
+    ``seeds(k, j)`` gives the request seed of sample ``j`` of the prompt dispatched ``k``-th
+    (``first_k`` is the index of ``prompts[0]``). The ``SamplingParams`` fields are upstream's."""
+    n = samples_per_prompt(generator, **generate_kwargs)
+    common = sampling_fields(generator, **generate_kwargs)
     images = images if images is not None else [None] * len(prompts)
     engines = generator.vllm_engines
     groups = []
@@ -159,9 +168,11 @@ def generate_vllm(generator, samples_module, spec: PluginSpec, purpose: str, ste
     prompts, labels, images, exhausted = collect(dataloader_iter, num_prompts)
     # what this call drew and decided (``rollout_draws.jsonl`` with ``spec.dump_dir``; the smoke
     # job's tests): the prompts in dispatch order, each group kept or filtered, the replacements
-    # asked for and how many found no prompt left
+    # asked for and how many found no prompt left, the samples per prompt and sampling settings
     draw = {"purpose": purpose, "steps_done": int(step), "asked": int(num_prompts), "prompts": list(prompts),
-            "kept": [], "replacements": 0, "missed": 0}
+            "kept": [], "replacements": 0, "missed": 0, "n": samples_per_prompt(generator, **generate_kwargs),
+            "params": {k: v for k, v in sampling_fields(generator, **generate_kwargs).items()
+                       if k in ("temperature", "top_p", "top_k", "max_tokens")}}
     if not prompts:
         _record(spec, {**draw, "exhausted": True})
         return [], 0, True

@@ -47,11 +47,52 @@ def bind_ppo_trainer(ppo_trainer, spec: PluginSpec) -> None:
         return states
 
     def train_step(self, rollout_samples, global_step):
+        if spec.dump_dir:
+            _dump_experiences_of(self.experience_maker, spec.dump_dir)
         status, step = orig["train_step"](self, rollout_samples, global_step)
         _STEPS_DONE["n"] = int(step)
         return status, step
 
     cls.init_checkpoint_states, cls.train_step = init_checkpoint_states, train_step
+
+
+def _dump_experiences_of(maker, directory: str) -> None:
+    """Wrap ``maker.make_experience_batch`` (this instance, once) to dump what it returns.
+
+    File ``<directory>/experiences-step<NNN>-<pid>.pt`` per step (``NNN``: steps done before it):
+    per experience (a rollout micro-batch) the token ids, action mask, the rewards after DAPO's
+    length penalty (what the advantages were computed from), the 0/1 scores, response lengths,
+    truncation flags, the per-token advantages, the samples' indices in the batch (their group is
+    ``index // n_samples_per_prompt``), prompts and labels. The smoke job's tests regrade the
+    samples, recompute the penalty and the group-normalised advantages from these files."""
+    if getattr(maker, "_fp8rl_dumping", False):
+        return
+    make = maker.make_experience_batch
+
+    def make_experience_batch(rollout_samples):
+        experiences = make(rollout_samples)
+        _dump_experiences(directory, _STEPS_DONE["n"], experiences)
+        return experiences
+
+    maker.make_experience_batch, maker._fp8rl_dumping = make_experience_batch, True
+
+
+def _dump_experiences(directory: str, steps_done: int, experiences) -> None:
+    import os
+    import time
+
+    import torch
+
+    def cpu(t):
+        return t.detach().to("cpu").clone() if isinstance(t, torch.Tensor) else t
+
+    recs = [{"sequences": cpu(e.sequences), "action_mask": cpu(e.action_mask), "rewards": cpu(e.rewards),
+             "scores": cpu(e.scores), "response_length": cpu(e.response_length), "truncated": cpu(e.truncated),
+             "advantages": cpu(e.advantages), "index": list(e.index or []), "prompts": list(e.prompts),
+             "labels": list(e.labels)} for e in experiences]
+    os.makedirs(directory, exist_ok=True)
+    torch.save({"steps_done": int(steps_done), "pid": os.getpid(), "time": time.time(), "experiences": recs},
+               os.path.join(directory, f"experiences-step{int(steps_done):03d}-{os.getpid()}.pt"))
 
 
 def full_step_samples(args) -> int:
