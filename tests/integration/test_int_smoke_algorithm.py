@@ -291,14 +291,26 @@ def _loss_advantages(run) -> dict[int, list[float]]:
 
 def test_the_loss_is_the_token_mean_ppo_loss_under_the_configured_bounds(runs):
     """Every dumped micro-batch: the per-token loss is -min(r A, clip(r, low, high) A) (times the
-    IS weights where a correction ran), the reduced loss its mean over the response tokens
-    (token-mean), and the bounds in force are the arm's 1 - eps_low, 1 + eps_high (the calibrated
-    cell's bounds are the controller's: inside the configured limits)."""
+    IS weights where a correction ran) under the arm's bounds 1 - eps_low, 1 + eps_high (the
+    calibrated cell's: the controller's, inside the configured limits), and the micro-batch's loss
+    is its share of one token mean over the optimizer step: its token-loss sum x DP size / N with
+    N the response tokens of all micro-batches of the step's window on every rank / their count per
+    rank (DeepSpeed divides each backward by that count and averages the ranks)."""
     for prefix, run in runs.items():
         cfg = _config(run)
         a, calibrated = cfg["algorithm"], cfg["clip"]["arm"] == "calibrated"
+        windows = int(cfg["num_mini_batches"])
         assert a["loss_agg_mode"] == "token-mean" and a["dual_clip"] is None, prefix
         for step, recs in _loss_dumps(run).items():
+            window_tokens: dict[int, float] = {}
+            place = {}
+            for rank in {r["rank"] for r in recs}:
+                mine = sorted((r for r in recs if r["rank"] == rank), key=lambda r: r["n"])
+                assert len(mine) % windows == 0, (prefix, step, rank, len(mine))
+                gas = len(mine) // windows
+                for i, r in enumerate(mine):
+                    place[id(r)] = (i // gas, gas)
+                    window_tokens[i // gas] = window_tokens.get(i // gas, 0.0) + float(r["mask"].sum())
             for r in recs:
                 low, high = float(r["low"]), float(r["high"])
                 if calibrated:
@@ -310,9 +322,11 @@ def test_the_loss_is_the_token_mean_ppo_loss_under_the_configured_bounds(runs):
                 if r["is_weights"] is not None:
                     pg = pg * r["is_weights"].double()
                 assert torch.allclose(r["token_loss"].double()[mask], pg[mask], atol=1e-5), (prefix, step)
-                assert r.get("batch_num_tokens") is None and r["dp_size"] >= 1, (prefix, step)
-                mean = (r["token_loss"].double() * mask).sum() / mask.sum()
-                assert float(r["loss"]) == pytest.approx(float(mean), rel=1e-5, abs=1e-7), (prefix, step)
+                w, gas = place[id(r)]
+                tokens = window_tokens[w] / gas
+                assert float(r["batch_num_tokens"]) == pytest.approx(tokens), (prefix, step, w)
+                want = (r["token_loss"].double() * mask).sum() / tokens * r["dp_size"]
+                assert float(r["loss"]) == pytest.approx(float(want), rel=1e-5, abs=1e-7), (prefix, step)
 
 
 # ------------------------------------------------------------------------------------------
