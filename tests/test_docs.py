@@ -66,6 +66,8 @@ CREATED_AT_RUN_TIME = {
     "config.yaml": "inside a run directory",
     "status.json": "inside a run directory",
     "rollout_draws.jsonl": "a smoke-job dump inside a run directory (openrlhf/dumps/)",
+    "final_eval.jsonl": "a smoke-job dump inside a run directory (openrlhf/dumps/)",
+    "experiences-step<N>-<pid>.pt": "a smoke-job dump inside a run directory (openrlhf/dumps/)",
     "metrics.jsonl": "inside a run directory",
     "eval.jsonl": "inside a run directory",
     "summary.json": "inside a run directory",

@@ -115,6 +115,10 @@ ROLLOUT_GARBLED_FRAC = "rollout/garbled_frac"
 
 # --- DAPO -------------------------------------------------------------------------------
 DAPO_KEPT_GROUP_FRAC = "dapo/kept_group_frac"
+#: Paper scale: prompt groups dynamic filtering dropped while drawing the step's batch, and the
+#: replacement prompts it asked the loader for (those that found none included).
+DAPO_FILTERED_GROUPS = "dapo/filtered_groups"
+DAPO_REPLACEMENTS = "dapo/replacements"
 
 # --- timing -----------------------------------------------------------------------------
 PERF_STEP_S = "perf/step_s"
@@ -181,6 +185,8 @@ TRAIN_METRICS: tuple[str, ...] = (
     ROLLOUT_TRUNCATED_FRAC,
     ROLLOUT_GARBLED_FRAC,
     DAPO_KEPT_GROUP_FRAC,
+    DAPO_FILTERED_GROUPS,
+    DAPO_REPLACEMENTS,
     PERF_STEP_S,
     PERF_ROLLOUT_S,
     PERF_TRAIN_S,
@@ -196,6 +202,8 @@ SPARSE_METRICS: tuple[str, ...] = (
     *AGREEMENT_METRICS,
     *HELDOUT_METRICS,
     DAPO_KEPT_GROUP_FRAC,
+    DAPO_FILTERED_GROUPS,
+    DAPO_REPLACEMENTS,
     PERF_SHADOW_S,
 )
 

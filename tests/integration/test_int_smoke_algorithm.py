@@ -55,11 +55,12 @@ def test_dapo_cells_ran_out_of_prompts_inside_a_step(runs):
     """Issue 20's event, happening: the first episode's prompts all drawn in the seeded order, the
     last ones (unanswerable, always filtered) asking for replacements when no prompt was left, and
     the run going on into the next episode to its last step."""
+    dapo = _dapo_runs(runs)
     rows = _dapo_rows()
     order = _seeded_order(len(rows), 0)
     dead = [i for i, r in enumerate(rows) if r["label"] == "none"]
     assert dead and sorted(order[-len(dead):]) == dead  # the data put them last in the loader's order
-    for prefix, run in _dapo_runs(runs).items():
+    for prefix, run in dapo.items():
         train = [d for d in _draws(run) if d.get("purpose") == "train"]
         end = next((i for i, d in enumerate(train) if d["exhausted"]), None)
         assert end is not None, (prefix, "no draw ran out of prompts", [len(d["prompts"]) for d in train])
@@ -210,6 +211,11 @@ def test_dynamic_sampling_trained_only_groups_with_mixed_rewards(runs):
                 assert len({s["score"] for s in g}) == 2, (prefix, step, [s["score"] for s in g])
         train = [d for d in _draws(run) if d.get("purpose") == "train"]
         assert sum(d["replacements"] for d in train) > 0 and not all(k for d in train for k in d["kept"]), prefix
+        # and logged per step: the groups dropped and replacements asked for while drawing its batch
+        for step, row in metrics(run).items():
+            mine = [d for d in train if d["steps_done"] == step - 1]
+            assert row["dapo/filtered_groups"] == sum(d["kept"].count(False) for d in mine), (prefix, step)
+            assert row["dapo/replacements"] == sum(d["replacements"] for d in mine), (prefix, step)
 
 
 def test_the_rewards_the_trainer_saw_equal_an_independent_grading_with_the_penalty(runs):

@@ -201,7 +201,15 @@ def generate_vllm(generator, samples_module, spec: PluginSpec, purpose: str, ste
                                         **generate_kwargs))
                 dispatched += len(new_prompts)
     _record(spec, {**draw, "exhausted": bool(exhausted)})
+    if purpose == "train" and dynamic_filtering:
+        STEP_FILTERING["filtered"] += draw["kept"].count(False)
+        STEP_FILTERING["replacements"] += draw["replacements"]
     return accepted, consumed, exhausted
+
+
+#: Dynamic filtering's counts since the last training step (``trainer.bind_ppo_trainer`` logs and
+#: resets them: ``dapo/filtered_groups``, ``dapo/replacements``).
+STEP_FILTERING = {"filtered": 0, "replacements": 0}
 
 
 #: The dump file of :func:`generate_vllm`'s draws and ``trainer.whole_steps_only``'s batches.

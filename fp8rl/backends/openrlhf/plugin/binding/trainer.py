@@ -24,8 +24,13 @@ from __future__ import annotations
 import logging
 
 from fp8rl.backends.openrlhf.plugin.binding.common import _check_params, _originals
-from fp8rl.backends.openrlhf.plugin.binding.rollout import _record, bind_seeded_rollout
+from fp8rl.backends.openrlhf.plugin.binding.rollout import (
+    STEP_FILTERING,
+    _record,
+    bind_seeded_rollout,
+)
 from fp8rl.backends.openrlhf.plugin.spec import PluginSpec, check_version
+from fp8rl.runs import metrics as M
 
 log = logging.getLogger(__name__)
 _STEPS_DONE = {"n": 0}
@@ -34,7 +39,9 @@ DROPPED_TAILS: list[dict] = []
 
 
 def bind_ppo_trainer(ppo_trainer, spec: PluginSpec) -> None:
-    """``BasePPOTrainer`` (by reference from the by-value ``PPOTrainer``): count the steps done."""
+    """``BasePPOTrainer`` (by reference from the by-value ``PPOTrainer``): count the steps done; log
+    dynamic filtering's counts per step (``dapo/filtered_groups``, ``dapo/replacements``: the
+    seeded rollout counts them, so with ``PluginSpec.seed`` only, as every fp8rl cell has)."""
     check_version()
     cls = ppo_trainer.BasePPOTrainer
     orig = _originals(cls, ("init_checkpoint_states", "train_step"))
@@ -51,6 +58,10 @@ def bind_ppo_trainer(ppo_trainer, spec: PluginSpec) -> None:
             _dump_experiences_of(self.experience_maker, spec.dump_dir)
         status, step = orig["train_step"](self, rollout_samples, global_step)
         _STEPS_DONE["n"] = int(step)
+        if self.args.algo.dynamic_filtering_enable:  # what filtering did to draw this step's batch
+            status[M.DAPO_FILTERED_GROUPS] = STEP_FILTERING["filtered"]
+            status[M.DAPO_REPLACEMENTS] = STEP_FILTERING["replacements"]
+        STEP_FILTERING.update(filtered=0, replacements=0)
         return status, step
 
     cls.init_checkpoint_states, cls.train_step = init_checkpoint_states, train_step
