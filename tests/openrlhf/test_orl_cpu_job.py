@@ -193,6 +193,13 @@ def test_smoke_ids_resolve_and_bad_ones_are_refused(tmp_path):
     out = prepare(["smoke_train"], tmp_path, {"smoke_train": "fp8rl-smoke:3:5"})
     lines = [json.loads(ln) for ln in out["smoke_train"].read_text().splitlines()]
     assert len(lines) == 5 and "\\boxed{}" in lines[0]["input"] and lines[0]["datasource"] == "smoke_train"
+    # a smoke set follows its id: the same id leaves the file alone, another rewrites it
+    before = out["smoke_train"].stat().st_mtime_ns
+    prepare(["smoke_train"], tmp_path, {"smoke_train": "fp8rl-smoke:3:5"})
+    assert out["smoke_train"].stat().st_mtime_ns == before
+    prepare(["smoke_train"], tmp_path, {"smoke_train": "fp8rl-smoke:4:5"})
+    assert [json.loads(ln)["label"] for ln in out["smoke_train"].read_text().splitlines()] == [
+        r["answer"] for r in dataset_rows("fp8rl-smoke:4:5")]
 
 
 def test_engine_digests_see_dtypes_and_every_change():

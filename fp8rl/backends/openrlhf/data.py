@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -181,13 +182,16 @@ def output_file(data_dir: str | Path, name: str) -> Path:
 
 def prepare(names: Iterable[str], data_dir: str | Path, hf_ids: dict[str, str], *,
             sources: dict[str, str] | None = None, limit: int | None = None, force: bool = False) -> dict[str, Path]:
-    """Write ``<data_dir>/<name>.jsonl`` for each name; returns name -> path (existing files kept)."""
+    """Write ``<data_dir>/<name>.jsonl`` for each name; returns name -> path (existing files kept,
+    but a smoke set, ``fp8rl-smoke:...``, is generated from its id each time and rewritten when its
+    rows differ: a changed id in the sweep never trains on the rows of the old one)."""
     out: dict[str, Path] = {}
     sources = sources or {}
     for name in names:
         path = output_file(data_dir, name)
         out[name] = path
-        if path.exists() and not force:
+        smoke = str(hf_ids.get(name, "")).startswith("fp8rl-smoke:") and name not in sources
+        if path.exists() and not force and not smoke:
             continue
         if name in sources:
             rows: Iterable[dict] = read_local(Path(sources[name]))
@@ -201,10 +205,11 @@ def prepare(names: Iterable[str], data_dir: str | Path, hf_ids: dict[str, str], 
             raise ValueError(f"no Hugging Face id for dataset {name!r}: add it to openrlhf.datasets "
                              "(sweeps/data/paper.yaml) or pass --source NAME=PATH")
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".jsonl.tmp")
-        with tmp.open("w", encoding="utf-8") as f:
-            for r in convert_rows(name, rows, limit=limit):
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in convert_rows(name, rows, limit=limit))
+        if smoke and path.exists() and path.read_text(encoding="utf-8") == text:
+            continue  # a smoke set is generated from its id every time: rewritten only when the id changed
+        tmp = path.with_suffix(f".jsonl.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     return out
 
