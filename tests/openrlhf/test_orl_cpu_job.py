@@ -9,6 +9,7 @@ CPU build against the same reference.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -154,8 +155,9 @@ def test_cpu_runtime_env_sets_the_cpu_accelerator_standins_and_dump_logs(tmp_pat
     env = runtime_env(PluginSpec(device="cpu", dump_dir=str(tmp_path)).to_json())["env_vars"]
     assert env["DS_ACCELERATOR"] == "cpu" and STANDINS in env["PYTHONPATH"]
     assert env["FP8RL_SYNC_LOG"].endswith("engine_syncs.jsonl") and env["FP8RL_SAMPLE_LOG"].endswith("samples.jsonl")
+    assert env["FP8RL_DRIVER_PID"] == str(os.getpid())  # the process that builds the env: the driver
     gpu = runtime_env(PluginSpec().to_json())["env_vars"]
-    assert not {"DS_ACCELERATOR", "FP8RL_SYNC_LOG", "FP8RL_SAMPLE_LOG"} & set(gpu)
+    assert not {"DS_ACCELERATOR", "FP8RL_SYNC_LOG", "FP8RL_SAMPLE_LOG", "FP8RL_DRIVER_PID"} & set(gpu)
 
 
 def test_cpu_engines_get_the_worker_extension_also_in_bf16():

@@ -45,10 +45,11 @@ def runtime_env(spec_json: str) -> dict:
     spec = PluginSpec.from_json(spec_json)
     if spec.dump_dir:  # the engines' sync log (binding.vllm_worker) beside the loss dumps
         from fp8rl.backends.openrlhf.plugin.binding.vllm_worker import SYNC_LOG_ENV
-        from fp8rl.backends.openrlhf.reward_func import SAMPLE_LOG_ENV
+        from fp8rl.backends.openrlhf.reward_func import DRIVER_PID_ENV, SAMPLE_LOG_ENV
 
         env[SYNC_LOG_ENV] = os.path.join(spec.dump_dir, "engine_syncs.jsonl")
         env[SAMPLE_LOG_ENV] = os.path.join(spec.dump_dir, "samples.jsonl")
+        env[DRIVER_PID_ENV] = str(os.getpid())  # which attempt graded a sample (a killed one's are aborted)
     if spec.device == "cpu":
         from fp8rl.backends.openrlhf.plugin.cpu_support import worker_env
 

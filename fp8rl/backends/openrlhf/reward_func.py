@@ -99,6 +99,9 @@ def reward_func(queries, prompts, labels, pool: GradingPool | None = None, schem
 #: Environment variable naming a JSONL file that receives every graded sample (the CPU smoke
 #: job's diagnostic dumps set it: ``<run>/openrlhf/dumps/samples.jsonl``; unset in production).
 SAMPLE_LOG_ENV = "FP8RL_SAMPLE_LOG"
+#: The driver's pid, set beside it: each logged sample names the attempt that graded it (an
+#: attempt killed mid-rollout grades its aborted requests, which carry no tokens, as it dies).
+DRIVER_PID_ENV = "FP8RL_DRIVER_PID"
 
 
 def _log_samples(queries, prompts, labels, results) -> None:
@@ -113,6 +116,7 @@ def _log_samples(queries, prompts, labels, results) -> None:
         for q, p, lab, r in zip(queries, prompts, labels, results, strict=True):
             f.write(json.dumps({"time": time.time(), "prompt": p, "response": response_of(q, p), "label": lab,
                                 "reward": r["reward"], "score": r["score"],
+                                "driver_pid": os.environ.get(DRIVER_PID_ENV),
                                 # the raw text past the prompt (before any </think> cut) and
                                 # whether the query started with the prompt at all
                                 "tail": q[len(p):] if q.startswith(p) else None}) + "\n")
