@@ -55,3 +55,18 @@ def metrics(run: Path) -> dict[int, dict]:
 
 def syncs(run: Path) -> list[dict]:
     return jsonl(run / "openrlhf" / "dumps" / "engine_syncs.jsonl")
+
+
+def loss_dumps(run: Path) -> dict[int, list[dict]]:
+    """Step (1-based) -> the loss inputs its micro-batches dumped (``rank<R>-<pid>-<N>.pt``), each
+    rank's last attempt only: an interrupted cell may have run the step it was killed in twice."""
+    import torch
+
+    recs = [torch.load(p, weights_only=False) for p in sorted((run / "openrlhf" / "dumps").glob("rank*-*.pt"))]
+    out: dict[int, list[dict]] = {}
+    for step in sorted({r["step"] for r in recs}):
+        mine = [r for r in recs if r["step"] == step]
+        last = {rank: max((r for r in mine if r["rank"] == rank), key=lambda r: r["time"])["pid"]
+                for rank in {r["rank"] for r in mine}}
+        out[step + 1] = [r for r in mine if r["pid"] == last[r["rank"]]]
+    return out

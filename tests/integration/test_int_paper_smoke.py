@@ -39,6 +39,7 @@ from smoke_job import (
     STEPS,
     SWEEP,
     jsonl,
+    loss_dumps,
     metrics,
 )
 from smoke_job import syncs as _syncs
@@ -181,20 +182,13 @@ def test_logged_clip_diagnostics_equal_counts_recomputed_from_the_loss_inputs(ru
     """``actor/clipfrac_*`` of every logged step equals the counts over that step's micro-batches,
     recomputed here from the loss inputs the plugin dumped (ratio, advantages, mask, bounds)."""
     for prefix, run in runs.items():
-        dumps = _dumps(run)
+        by_step = loss_dumps(run)  # each rank's last attempt (the two-rank cell logs both ranks' counts)
         rows = metrics(run)
-        by_step: dict[int, list[dict]] = {}
-        for d in dumps:
-            by_step.setdefault(d["step"], []).append(d)
         for step in range(STEPS):
-            recs = by_step.get(step, [])
+            recs = by_step.get(step + 1, [])
             assert recs, (prefix, step)
-            # the interrupted cell may have repeated the step it was killed in: each rank's last
-            # attempt's (the two-rank cell logs the counts of both ranks together)
-            last_pid = {rank: max((r for r in recs if r["rank"] == rank), key=lambda r: r["time"])["pid"]
-                        for rank in {r["rank"] for r in recs}}
             n = dict.fromkeys(("neg", "neg_low", "neg_high", "pos", "pos_low", "pos_high"), 0)
-            for r in (r for r in recs if r["pid"] == last_pid[r["rank"]]):
+            for r in recs:
                 ratio, adv, mask = r["ratio"], r["advantages"], r["mask"].bool()
                 for side, sel in (("neg", mask & (adv < 0)), ("pos", mask & (adv > 0))):
                     n[side] += int(sel.sum())
@@ -256,11 +250,10 @@ def test_tis_ran_on_the_engines_log_probs_in_every_micro_batch(runs):
             torch.testing.assert_close(d["token_loss"].double(), ppo * want, rtol=1e-5, atol=1e-6,
                                        msg=lambda e, where=where: f"{where}: {e}")
         rows = metrics(run)
+        by_step = loss_dumps(run)  # the attempt that logged each step
         for step in range(STEPS):
-            recs = [d for d in dumps if d["step"] == step]
-            last_pid = max(recs, key=lambda d: d["time"])["pid"]  # the attempt that logged the step
             num = den = 0.0
-            for d in (d for d in recs if d["pid"] == last_pid):
+            for d in by_step[step + 1]:
                 m = d["mask"].bool()
                 lr = (d["old_log_probs"].double() - d["rollout_log_probs"].double()).clamp(-20, 20)[m]
                 num += float((torch.expm1(lr) - lr).sum())

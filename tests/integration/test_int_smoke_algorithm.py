@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from smoke_job import INTERRUPTED, REFERENCE, STEPS, SWEEP, jsonl, metrics, syncs
+from smoke_job import INTERRUPTED, REFERENCE, STEPS, SWEEP, jsonl, loss_dumps, metrics, syncs
 
 pytestmark = pytest.mark.integration
 
@@ -270,21 +270,9 @@ def test_advantages_are_the_group_normalised_rewards_and_reached_the_loss(runs):
                                                             atol=1e-5), (prefix, step)
 
 
-def _loss_dumps(run) -> dict[int, list[dict]]:
-    """Step -> the loss inputs of its micro-batches (every rank's last attempt)."""
-    recs = [torch.load(p, weights_only=False) for p in sorted((run / "openrlhf" / "dumps").glob("rank*-*.pt"))]
-    out: dict[int, list[dict]] = {}
-    for step in {r["step"] for r in recs}:
-        mine = [r for r in recs if r["step"] == step]
-        last = {rank: max((r for r in mine if r["rank"] == rank), key=lambda r: r["time"])["pid"]
-                for rank in {r["rank"] for r in mine}}
-        out[step + 1] = [r for r in mine if r["pid"] == last[r["rank"]]]
-    return out
-
-
 def _loss_advantages(run) -> dict[int, list[float]]:
     out = {}
-    for step, recs in _loss_dumps(run).items():
+    for step, recs in loss_dumps(run).items():
         vals = []
         for r in recs:
             mask = r["mask"].bool()
@@ -307,7 +295,7 @@ def test_the_loss_is_the_token_mean_ppo_loss_under_the_configured_bounds(runs):
         a, calibrated = cfg["algorithm"], cfg["clip"]["arm"] == "calibrated"
         windows = int(cfg["num_mini_batches"])
         assert a["loss_agg_mode"] == "token-mean" and a["dual_clip"] is None, prefix
-        for step, recs in _loss_dumps(run).items():
+        for step, recs in loss_dumps(run).items():
             window_tokens: dict[int, float] = {}
             place = {}
             for rank in {r["rank"] for r in recs}:

@@ -7,6 +7,9 @@
 ``generate_samples`` run as written. The engines are stand-ins (real vLLM engines need Ray and a
 model) that answer deterministically from a request's seed, score samples by the prompt's label
 and complete in an order the test chooses (what real engines under Ray do on their own time).
+The same claims on real engines: the smoke job's draws, dispatch order and filtering under real
+Ray and vLLM (``tests/integration/test_int_smoke_algorithm.py``), its seeded resume
+(``test_int_paper_smoke.py::test_the_resumed_cell_equals_an_uninterrupted_run``).
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ rows during training.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import comb
@@ -176,7 +177,7 @@ def evaluate_run(run_dir: str | Path, generate: Generate | None = None, *, pool=
                 responses = gens[p.engine](prompts, k, float(cfg["eval_temperature"]), int(cfg["max_response_len"]))
                 scored[p.engine] = score_dataset(labels, prompts, responses, k, pool)
                 state = getattr(gens[p.engine], "state", None) or {}
-                dumped.append({"dataset": ds, "model": evaluated_weights(p, at[p.step], gens[p.engine], rd.path)["model"],
+                dumped.append({"dataset": ds, "model": _model_name(p.model, rd.path),
                                "quantization": p.quantization, "params": state.get("params"), "prompts": prompts,
                                "labels": labels, "responses": responses, "scores": scored[p.engine]})
             by_pass[(p.step, p.precision)] = scored[p.engine]
@@ -223,14 +224,17 @@ def evaluated_weights(p: EvalPass, step: int, generate: Generate | None, run_dir
     of the parameters the engine held when it generated (``generate.state["digest"]``; None for a
     generator that does not report them, as the unit tests' fakes), comparable with the digest the
     rollout engines logged after their last weight sync (``openrlhf/dumps/engine_syncs.jsonl``)."""
-    model = Path(p.model)
-    try:
-        model_name = str(model.resolve().relative_to(Path(run_dir).resolve()))
-    except ValueError:
-        model_name = str(p.model)
     state = getattr(generate, "state", None) or {}
-    return {"pass": p.step, "precision": p.precision, "step": step, "model": model_name,
+    return {"pass": p.step, "precision": p.precision, "step": step, "model": _model_name(p.model, run_dir),
             "quantization": p.quantization, "digest": state.get("digest")}
+
+
+def _model_name(model: str, run_dir: Path) -> str:
+    """``model`` relative to the run directory where it lies inside it, else as given."""
+    try:
+        return str(Path(model).resolve().relative_to(Path(run_dir).resolve()))
+    except ValueError:
+        return str(model)
 
 
 def _engine_digest(worker) -> str:
@@ -258,8 +262,6 @@ def vllm_generator(model_path: str, *, tp: int = 1, seed: int = 0, chat_template
         if "llm" not in state:
             extra = {}
             if cpu:
-                import os
-
                 from fp8rl.backends.openrlhf.plugin.cpu_support import worker_env
 
                 for key, value in worker_env().items():
@@ -271,8 +273,6 @@ def vllm_generator(model_path: str, *, tp: int = 1, seed: int = 0, chat_template
                 extra["quantization"] = quantization
             # the digest below sends a function of ours to the workers, which vLLM's multiprocess
             # engine (GPUs) accepts with this set
-            import os
-
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
             state["llm"] = LLM(model=model_path, tensor_parallel_size=tp, dtype="bfloat16", seed=seed, **extra)
             state["digest"] = state["llm"].collective_rpc(_engine_digest)[0]  # the weights it generates with
