@@ -136,8 +136,9 @@ SAMPLED_TARGET = ("sampled_0.125", 1.05)
 BLOCK = 4  # steps per mode per round: one periodic calibration (period 4) per block
 
 
-def bench_modes(rounds: int, threads: int, cache: str) -> dict[str, dict[str, float]]:
-    """Median over ``rounds`` of per-step time, ratio to ``none`` and shadow share, per mode."""
+def bench_modes(rounds: int, threads: int, cache: str, modes: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """Median over ``rounds`` of per-step time, ratio to ``none`` and shadow share, per mode
+    (``modes``: a subset of ``MODES``; ``none``, the baseline, always runs)."""
     from fp8rl.backends.mini.__main__ import parse_config
     from fp8rl.backends.mini.run import sft_cache_dir
     from fp8rl.backends.mini.runtime import torch_settings
@@ -145,32 +146,38 @@ def bench_modes(rounds: int, threads: int, cache: str) -> dict[str, dict[str, fl
     from fp8rl.runs import metrics as M
 
     common = [*FP8_ARM, f"mini.cache_dir={cache}", f"mini.num_threads={threads}", "eval_every=0"]
-    cfgs = {m: parse_config([*common, *o])[0] for m, o in MODES.items()}
+    chosen = {m: o for m, o in MODES.items() if m == "none" or modes is None or m in modes}
+    cfgs = {m: parse_config([*common, *o])[0] for m, o in chosen.items()}
     first = next(iter(cfgs.values()))
-    per_round: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+    per_round: dict[str, list[dict[str, float]]] = {m: [] for m in chosen}
     with torch_settings(first.mini.deterministic, first.mini.num_threads, first.mini.device):
         t0 = time.perf_counter()
         trainers = {m: MiniTrainer(c, None, sft_cache=sft_cache_dir(c)) for m, c in cfgs.items()}
         print(f"# {len(trainers)} mini trainers built (SFT warm start included) in {time.perf_counter() - t0:.1f} s")
-        names = list(MODES)
+        names = list(chosen)
         for r in range(rounds + 1):  # round 0: warm-up, not timed
             steps = range(r * BLOCK + 1, (r + 1) * BLOCK + 1)
             order = names[r % len(names):] + names[:r % len(names)]
             for m in order:
+                c0 = time.thread_time()
                 rows = [trainers[m].train_step(k) for k in steps]
+                cpu_s = time.thread_time() - c0
                 if r == 0:
                     continue
                 step_s = sum(row[M.PERF_STEP_S] for row in rows)
                 shadow_s = sum(row.get(M.PERF_SHADOW_S) or 0.0 for row in rows)
                 per_round[m].append({
-                    "step_s": step_s / BLOCK, "shadow_share": shadow_s / step_s,
+                    "step_s": step_s / BLOCK, "cpu_s": cpu_s / BLOCK, "shadow_share": shadow_s / step_s,
                     "share": statistics.mean(row.get("clip/sample_share", float("nan")) for row in rows),
                     "measured": sum(1 for row in rows if M.PERF_SHADOW_S in row),
                     "response_len": statistics.mean(row[M.ROLLOUT_RESPONSE_LEN] for row in rows),
                 })
     out = {}
+    base = per_round["none"]
     for m, rs in per_round.items():
+        cpu = [x["cpu_s"] / b["cpu_s"] for x, b in zip(rs, base, strict=True)]
         out[m] = {
+            "cpu_ratio": statistics.median(cpu), "cpu_ratio_min": min(cpu), "cpu_ratio_max": max(cpu),
             "step_s": statistics.median(x["step_s"] for x in rs),
             "ratio": statistics.median(x["step_s"] / b["step_s"] for x, b in zip(rs, per_round["none"], strict=True)),
             "ratio_min": min(x["step_s"] / b["step_s"] for x, b in zip(rs, per_round["none"], strict=True)),
@@ -186,16 +193,19 @@ def bench_modes(rounds: int, threads: int, cache: str) -> dict[str, dict[str, fl
 def print_modes(res: dict[str, dict[str, float]], rounds: int) -> None:
     print(f"# mini step per calibration mode: {rounds} rounds of {BLOCK} steps per mode, medians over rounds")
     print(f"| mode | measured steps / {BLOCK} | measured share of sequences | step (s) | step / none (min-max) | "
-          "shadow share of step | mean response len |")
-    print("|---|---|---|---|---|---|---|")
+          "CPU time / none (min-max) | shadow share of step | mean response len |")
+    print("|---|---|---|---|---|---|---|---|")
     for m, r in res.items():
         share = "all" if m in ("periodic", "pooled", "same_batch") else ("-" if m == "none" else f"{r['share']:.3f}")
         print(f"| {m} | {r['measured']:.0f} | {share} | {r['step_s']:.3f} | {r['ratio']:.3f} "
-              f"({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) | {100 * r['shadow_share']:.1f}% | {r['response_len']:.1f} |")
+              f"({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) | {r['cpu_ratio']:.3f} "
+              f"({r['cpu_ratio_min']:.3f}-{r['cpu_ratio_max']:.3f}) | {100 * r['shadow_share']:.1f}% | "
+              f"{r['response_len']:.1f} |")
     name, target = SAMPLED_TARGET
     if name in res:
         verdict = "meets" if res[name]["ratio"] <= target else "misses"
-        print(f"# target {name} step / none <= {target}: {verdict} ({res[name]['ratio']:.3f})")
+        print(f"# target {name} step / none <= {target}: {verdict} ({res[name]['ratio']:.3f}; "
+              f"CPU time {res[name]['cpu_ratio']:.3f})")
 
 
 def print_controller(sizes: list[int], repeats: int) -> None:
@@ -224,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
         "--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)"
     )
     ap.add_argument("--cache", default="runs/.cache/sft", help="modes part: the mini SFT warm-start cache")
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
+                    help="modes part: the modes to run (default all; none, the baseline, always runs)")
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.rounds < 1:
         ap.error("--repeats and --rounds must be >= 1")
@@ -236,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.part in ("controller", "all"):
         print_controller(args.sizes, args.repeats)
     if args.part in ("modes", "all"):
-        print_modes(bench_modes(args.rounds, args.threads or 0, args.cache), args.rounds)
+        print_modes(bench_modes(args.rounds, args.threads or 0, args.cache, args.modes), args.rounds)
 
 
 if __name__ == "__main__":
