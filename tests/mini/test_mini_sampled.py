@@ -77,7 +77,9 @@ def test_sampled_shadows_only_its_subset_and_rules_it_with_the_bounds_in_force(t
         subset = sorted(torch.nonzero(plan.measured).flatten().tolist())
         subsets.append(subset)
         off = [r for is_off, idx in logs[step] if is_off for r in idx]
-        assert sorted(off) == sorted(subset + subset)  # BF16 old and current log-probs: the subset only
+        first = mbs[2 * step][0]  # the first mini-batch runs on the old weights: no current forward
+        want = subset + [r for r in subset if r not in first]
+        assert sorted(off) == sorted(want)  # BF16 old and current log-probs: the subset only
         on = [r for is_off, idx in logs[step] if not is_off for r in idx]
         assert len(on) == 2 * plan.n  # FP8 old log-probs and the training forwards: every row
         for idx, res in mbs[2 * step: 2 * step + 2]:
@@ -191,3 +193,30 @@ def test_grad_cos_of_a_bf16_vanilla_update_is_one(tiny):
     _trained_grads(trainer, rb, idx, adv, old)
     cos, _ = reference_grad_cos(trainer, rb, idx, adv, shadow_old, ref_w)
     assert cos == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("arm", ["tensorwise", "rowwise"])
+def test_first_minibatch_shadow_ratio_is_the_forward_it_skips(tiny, arm):
+    """Before the step's first optimizer step the BF16 current log-probs are the BF16 old ones:
+    the shortcut (no forward, ratio 1) equals the forward on the same weights, bit for bit, for
+    any subset of rows (the BF16 forward's rows do not depend on each other); after an update
+    the forward differs (so the shortcut must not be taken there)."""
+    import torch.nn.functional as F
+
+    from fp8rl.backends.mini.shadow import shadow_old_log_probs, shadow_ratio
+
+    cfg = tiny(arm, "calibrated", steps=1, num_mini_batches=2, clip_opts=SAMPLED)
+    trainer = MiniTrainer(cfg, None, sft_cache=cfg.mini.cache_dir)
+    rb = trainer.rollout(1, 0, torch.Generator().manual_seed(0)).rollout
+    n = len(rb.response_ids)
+    old = shadow_old_log_probs(trainer, rb, torch.ones(n, dtype=torch.bool))
+    for rows in ([0], [1, 3], list(range(0, n, 2))):
+        idx = torch.tensor(rows)
+        skipped = shadow_ratio(trainer, rb, idx, old[idx], old_weights=True)
+        ran = shadow_ratio(trainer, rb, idx, old[idx], old_weights=False)
+        assert torch.equal(skipped, ran) and bool((ran == 1).all())
+    with torch.no_grad():  # one update's worth of change: the forward now differs
+        for p in trainer.policy.parameters():
+            p.add_(F.normalize(torch.ones_like(p).flatten(), dim=0).view_as(p) * 1e-2)
+    idx = torch.arange(n)
+    assert not bool((shadow_ratio(trainer, rb, idx, old, old_weights=False) == 1).all())

@@ -239,7 +239,8 @@ def test_old_log_probs_in_their_own_micro_batches(tiny, arm):
 
 def _count_shadow_forwards(monkeypatch) -> list:
     """Patch ``fp8_disabled`` (the shadow's context) to record each use: one entry per BF16
-    shadow forward (old log-probs: one per step; current policy: one per mini-batch)."""
+    shadow forward (old log-probs: one per step; current policy: one per mini-batch after the
+    step's first optimizer step, the first mini-batch's being the old log-probs)."""
     import fp8rl.quant.convert as conv
 
     calls: list = []
@@ -282,7 +283,7 @@ def test_calibration_pools_every_minibatch_and_rules_the_next_step(tiny, monkeyp
     rows = [trainer.train_step(s) for s in range(1, 5)]
     calib = [0, 2] if mode == "periodic" else [0, 1, 2, 3]
     assert [s for s, _ in seen] == calib  # controller steps = logged steps - 1
-    assert len(shadows) == 5 * len(calib)  # old log-probs + each of the 4 mini-batches
+    assert len(shadows) == 4 * len(calib)  # old log-probs + mini-batches 2-4 (the 1st is on the old weights)
     first = mb_rows[:4]
     assert all(r["shadow_ratio"] is not None for _, r in first)
     pooled = seen[0][1]
@@ -323,7 +324,7 @@ def test_same_batch_bounds_come_from_each_minibatch_before_its_loss(tiny, monkey
     monkeypatch.setattr(trainer, "minibatch_update", mb)
     shadows = _count_shadow_forwards(monkeypatch)
     rows = [trainer.train_step(s) for s in range(1, 3)]
-    assert len(mb_rows) == 8 and len(shadows) == 2 * (1 + 4)
+    assert len(mb_rows) == 8 and len(shadows) == 2 * (1 + 3)  # old + mini-batches 2-4
     n_cal = 0
     for res in mb_rows:
         assert res["shadow_ratio"] is not None and not torch.equal(res["shadow_ratio"], res["ratio"])

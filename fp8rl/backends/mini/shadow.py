@@ -12,7 +12,12 @@ shadow and which feed the estimate; this module computes what the plan asks for:
 2. :func:`shadow_ratio`: in each mini-batch, before its update (weights theta_j), the BF16
    current log-probs of its shadowed rows (one no-grad forward of those rows with FP8 off) over
    their BF16 old log-probs: the shadow ratio of the same tokens the loss's FP8 ratio is
-   computed on.
+   computed on. Before the step's first optimizer step the weights are still theta_0, so the
+   current log-probs are the old ones and no forward runs (ratio 1; the BF16 forward's rows do
+   not depend on each other, so the forward would give the very same numbers: checked by the
+   golden-number tests). This saves a quarter of the current-policy shadow forwards with 4
+   mini-batches. Paper scale does not take this shortcut yet (its first optimizer step's
+   micro-batches run their shadow forward; ``docs/cluster.md``).
 
 A trainer without FP8 layers (``bf16``, ``rollout_only``) computes BF16 already: its own ratios
 are the shadow and no extra forward runs.
@@ -55,13 +60,21 @@ def shadow_old_log_probs(trainer, rb, rows: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def shadow_ratio(trainer, rb, idx: torch.Tensor, shadow_old: torch.Tensor) -> torch.Tensor:
-    """BF16 shadow ratio ``[n, T]`` of rows ``idx`` on the current weights (FP8 off)."""
+def shadow_ratio(trainer, rb, idx: torch.Tensor, shadow_old: torch.Tensor, *, old_weights: bool = False) -> torch.Tensor:
+    """BF16 shadow ratio ``[n, T]`` of rows ``idx`` on the current weights (FP8 off).
+
+    ``old_weights``: no optimizer step has run since ``shadow_old`` was computed (the step's
+    first mini-batch), so the BF16 current log-probs *are* ``shadow_old`` (the same weights and
+    a BF16 forward whose rows do not depend on each other: no per-tensor scale) and no forward
+    runs; the ratio is ``exp(0) = 1`` on every finite token, as the forward would give."""
     from fp8rl.quant.convert import fp8_disabled
     from fp8rl.rl.policy_loss import LOG_RATIO_CLAMP
 
-    with fp8_disabled(trainer.policy):
-        logp = token_logprobs(trainer.forward_logits(rb, idx), rb.response_ids[idx], trainer.cfg.temperature)
+    if old_weights:
+        logp = shadow_old
+    else:
+        with fp8_disabled(trainer.policy):
+            logp = token_logprobs(trainer.forward_logits(rb, idx), rb.response_ids[idx], trainer.cfg.temperature)
     return torch.exp((logp - shadow_old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
 

@@ -95,11 +95,13 @@ class UpdateMixin:
             ref_weights, _ = is_weights(shadow_old, rb.rollout_log_probs, rb.response_mask,
                                         cfg.clip.is_correction, **cfg.clip.correction_params())
         acc = UpdateStats()
+        stepped = False  # an optimizer step has run: the weights are no longer those of ``old``
         for idx in parts:
             res = self.minibatch_update(rb, idx, old[idx], adv[idx], weights[idx], plan.window(idx), has_fp8,
                                         None if shadow_old is None else shadow_old[idx],
-                                        None if ref_weights is None else ref_weights[idx])
+                                        None if ref_weights is None else ref_weights[idx], old_weights=not stepped)
             shadow_s += res.pop("shadow_s")
+            stepped = stepped or not res["skipped"]
             acc.add(res)
         out.update(acc.result())
         t0 = time.perf_counter()
@@ -113,7 +115,7 @@ class UpdateMixin:
 
     def minibatch_update(self, rb: RolloutBatch, idx: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
                          weights: torch.Tensor, win, has_fp8: bool, shadow_old: torch.Tensor | None,
-                         ref_weights: torch.Tensor | None) -> dict:
+                         ref_weights: torch.Tensor | None, *, old_weights: bool = False) -> dict:
         """One AdamW step on mini-batch ``idx`` (one window of the step's plan); returns its
         counts and metrics.
 
@@ -124,7 +126,9 @@ class UpdateMixin:
         first"); loss; backward; on diagnostic steps the gradient against BF16's
         (``shadow.reference_grad_cos``); step. ``old``/``adv``/``weights`` ``[n, T]``,
         ``shadow_old`` the BF16 old log-probs ``[n, T]`` (None: no row is shadowed),
-        ``ref_weights`` the BF16 trainer's IS weights (diagnostics only)."""
+        ``ref_weights`` the BF16 trainer's IS weights (diagnostics only); ``old_weights``: no
+        optimizer step has run in this step yet (the BF16 current log-probs are the old ones,
+        ``shadow.shadow_ratio``)."""
         from fp8rl.backends.mini.shadow import reference_grad_cos, shadow_ratio
         from fp8rl.rl.aggregation import aggregate
         from fp8rl.rl.diagnostics import masked_mean
@@ -144,10 +148,10 @@ class UpdateMixin:
             if not has_fp8:  # no FP8 layers: the trainer's own ratio is the BF16 one
                 shadow = ratio
             elif bool(shadowed.all()):
-                shadow = shadow_ratio(self, rb, idx, shadow_old)
+                shadow = shadow_ratio(self, rb, idx, shadow_old, old_weights=old_weights)
             else:
                 shadow = torch.ones_like(ratio)
-                shadow[shadowed] = shadow_ratio(self, rb, idx[shadowed], shadow_old[shadowed])
+                shadow[shadowed] = shadow_ratio(self, rb, idx[shadowed], shadow_old[shadowed], old_weights=old_weights)
             shadow_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         meas = win.measured

@@ -9,6 +9,7 @@ order statistics come from ``torch.kthvalue`` (O(n)) and masked min/max; a batch
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -29,16 +30,19 @@ __all__ = [
 INF = float("inf")
 
 
+@functools.lru_cache(maxsize=256)  # pure in (x, dtype); called per calibration with the same few values
 def in_dtype(x: float, dtype: torch.dtype) -> float:
     """``x`` rounded to ``dtype`` (what torch does when comparing a tensor with a Python float)."""
     return float(torch.tensor(x, dtype=dtype))
 
 
+@functools.lru_cache(maxsize=256)  # pure in (x, dtype); called per calibration with the same few values
 def next_up(x: float, dtype: torch.dtype) -> float:
     """Smallest ``dtype`` number above ``x`` (``x`` representable in ``dtype``)."""
     return float(torch.nextafter(torch.tensor(x, dtype=dtype), torch.tensor(INF, dtype=dtype)))
 
 
+@functools.lru_cache(maxsize=256)  # pure in (x, dtype); called per calibration with the same few values
 def next_down(x: float, dtype: torch.dtype) -> float:
     """Largest ``dtype`` number below ``x`` (``x`` representable in ``dtype``)."""
     return float(torch.nextafter(torch.tensor(x, dtype=dtype), torch.tensor(-INF, dtype=dtype)))
