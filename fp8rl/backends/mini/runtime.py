@@ -34,6 +34,43 @@ def quiet_import_noise() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+#: glibc ``mallopt`` parameters (``malloc.h``) and the values :func:`keep_freed_memory` sets.
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_ALLOCATOR = {_M_MMAP_THRESHOLD: 32 << 20, _M_TRIM_THRESHOLD: 256 << 20, _M_TOP_PAD: 16 << 20}
+_allocator_kept = False
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's ``malloc`` keep freed memory for reuse instead of returning it to the kernel.
+
+    torch's CPU allocator asks ``malloc`` for every tensor. glibc serves a block above its mmap
+    threshold (128 KiB at start, raised as such blocks are freed) with a fresh ``mmap`` and
+    unmaps it on free, and it trims the top of its heap when more than twice that is free: so a
+    step's large temporaries (a 32-row batch's attention scores are 1.3 MB) come back as new
+    pages, faulted in and zeroed by the kernel on every allocation. With blocks up to 32 MiB
+    served from the heap, 256 MiB of free heap kept before a trim and 16 MiB of padding per heap
+    growth, they are reused (a mini run holds a few hundred MB at most). Numbers do not change
+    (the same operations on other addresses: ``tests/mini/test_mini_golden.py``); the step gets
+    faster (``docs/benchmarks.md``).
+
+    Process-wide and not undone (glibc has no getter), applied once; a no-op off glibc. Returns
+    whether the settings are in force.
+    """
+    global _allocator_kept
+    if _allocator_kept:
+        return True
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is None:
+        return False
+    _allocator_kept = all(mallopt(param, value) == 1 for param, value in _ALLOCATOR.items())
+    return _allocator_kept
+
+
 @contextlib.contextmanager
 def torch_settings(deterministic: bool, num_threads: int, device: str = "cpu") -> Iterator[None]:
     """Deterministic algorithms and a thread count for the duration of a run, then restored.
@@ -47,12 +84,15 @@ def torch_settings(deterministic: bool, num_threads: int, device: str = "cpu") -
     algorithms stay deterministic. ``tests/mini/test_mini_golden.py`` checks that logged numbers
     are unchanged.
 
+    It also calls :func:`keep_freed_memory` (process-wide, not restored).
+
     On CUDA, deterministic cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` set before the process
     starts; we check it and raise naming the fix rather than set it behind the user's back.
     """
     import os
 
     quiet_import_noise()
+    keep_freed_memory()
 
     if deterministic and torch.device(device).type == "cuda" and not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
         raise RuntimeError(
