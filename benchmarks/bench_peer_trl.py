@@ -34,7 +34,11 @@ Identical settings, taken from one ``MiniRunConfig``:
 - **determinism**: ours in its default deterministic mode (``mini.deterministic``); TRL as its
   users run it, in torch's default mode (deterministic mode makes TRL's chunked log-prob kernel
   fill a large scratch buffer on every call, ~4x its step time at this size; not TRL's fault);
-- the **reward**: our exact-match grader in both.
+- the **reward**: our exact-match grader in both;
+- the **allocator**: a mini run has glibc keep freed memory for reuse
+  (``runtime.keep_freed_memory``, applied by ``torch_settings``); the setting is process-wide,
+  so TRL, in the same process, runs with it too (it can only help TRL: the comparison is, if
+  anything, conservative for us).
 
 Timing: ours = ``MiniTrainer.train_step`` (rollout = generation + grading; train = old
 log-probs, updates, engine sync, diagnostics); TRL = from the first optimizer step of a
