@@ -90,14 +90,14 @@ def _run_length(coll: Collection) -> int:
 
 
 #: The order figures appear in (names of ``analysis.figures`` and ``analysis.bars``).
-FIGURE_ORDER: tuple[str, ...] = ("entropy", "eval_accuracy", "clipfrac_neg_low", "clipfrac_summary",
+FIGURE_ORDER: tuple[str, ...] = ("entropy", "entropy_vs_bf16", "eval_accuracy", "clipfrac_neg_low", "clipfrac_summary",
                                  "reward_accuracy", "response_length", "mismatch_kl", "clip_bounds",
                                  "ratio_quantiles")
 ALL_FIGURES: tuple[str, ...] = (*FIGURE_ORDER,
                                 *(n for n in FIGURE_NAMES + SUMMARY_NAMES if n not in FIGURE_ORDER))
 #: ``--figures published``: the figures the published reports (docs/results, ``make results``)
 #: keep in git; every other figure is one ``python -m analysis.report`` away.
-PUBLISHED_FIGURES: tuple[str, ...] = ("entropy", "eval_accuracy", "clipfrac_summary")
+PUBLISHED_FIGURES: tuple[str, ...] = ("entropy", "entropy_vs_bf16", "eval_accuracy", "clipfrac_summary")
 
 
 @dataclasses.dataclass
@@ -220,9 +220,9 @@ def write_report(
         index += " · " + " · ".join(f"[{n}](tables/{n}.md)" for n in bf16)
     sections = [
         Section("Summary", summary),
-        Section("Which runs", provenance_lines(coll, pooled)),
         Section("Figures", _figure_lines(figs, pdf)),
         *(Section(t, lines) for t, lines in calibration_match_sections(done, tab_dir)),
+        Section("Which runs", provenance_lines(coll, pooled)),
         Section("Missing, failed and incomplete cells", problem_lines),
         Section("Tables", [f"Each table is also in `tables/` as Markdown, LaTeX (booktabs) and CSV: {index}."]),
     ]
