@@ -95,8 +95,9 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
     """The paper's mechanism per arm: how many negative-advantage tokens fall below the lower
     clip bound (gradient zeroed), relative to BF16, and what drives it.
 
-    Per (algorithm, model, arm), over every run that logged metrics (finished or not, as the
-    diagnostics table): ``actor/clipfrac_neg_low`` averaged over a run's steps, then mean ± std
+    Per (algorithm, model, arm), over every run of ``coll`` that logged metrics (the report passes
+    the finished runs only, ``analysis.pooling.finished``, so an unfinished run never moves
+    x BF16): ``actor/clipfrac_neg_low`` averaged over a run's steps, then mean ± std
     (ddof=1) over runs; ``x_bf16`` = that mean over the block's BF16 reference arm's mean
     (``bf16`` + ``vanilla`` if the block has it, else its first ``bf16`` arm; NaN without
     one) with its 95% interval over seeds (``x_bf16_lo`` / ``x_bf16_hi``: Fieller's, paired by

@@ -64,7 +64,7 @@ class FigureSpec:
 FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec("entropy", (M.ACTOR_ENTROPY,), ("entropy (nats/token)",),
                "Policy entropy over training", mark_surge=True),
-    FigureSpec("entropy_vs_bf16", (M.ACTOR_ENTROPY,), ("entropy − BF16, same seed (nats/token)",),
+    FigureSpec("entropy_vs_bf16", (M.ACTOR_ENTROPY,), ("entropy − BF16 (nats)",),
                "Policy entropy minus the BF16 reference run of the same seed", paired=True),
     FigureSpec("clipfrac_neg_low", (M.ACTOR_CLIPFRAC_NEG_LOW,),
                ("A<0 below L (%)",),
