@@ -119,13 +119,20 @@ def _figure_lines(figs: dict, pdf: bool) -> list[str]:
     md, k = [], 0
     for name, (spec, paths, metrics) in figs.items():
         if paths is None:
-            md += [f"- *{spec.title}*: no run logged {', '.join(metrics)}; figure skipped.", ""]
+            why = (f"no run logged {', '.join(metrics)}" if not _pairs_with_bf16(spec)
+                   else "no finished run has a BF16 reference run of the same seed in its block to pair with")
+            md += [f"- *{spec.title}*: {why}; figure skipped.", ""]
             continue
         k += 1
         links = f"[data](figures/{name}.csv)" + (f" · [PDF](figures/{name}.pdf)" if pdf else "")
         md += [f"### {spec.title}", "", f"![{spec.title}](figures/{name}.png)", "",
                f"*Figure {k}.* {paths.caption} {links}", ""]
     return md
+
+
+def _pairs_with_bf16(spec) -> bool:
+    """A figure of differences to the BF16 arm (same seed): skipped where no block has one."""
+    return bool(getattr(spec, "paired", False)) or getattr(spec, "source", "") == "paired_gain"
 
 
 def write_report(
