@@ -159,12 +159,16 @@ reproduce-calibration: install-run
 # yourself, --pdf); tests/analysis/test_published_results.py checks it.
 RESULTS ?= docs/results/mini
 SWEEPS  ?= main_table calibration_match calibration_match_80 calibration_modes_periodic calibration_modes_pooled entropy_granularity calibration_ablation regime_ablation calibration_floor calibration_ema body_learning
+# Sweeps whose runs span several commits (README.md, "Which code each sweep ran": the training code
+# did not change between them) and so are reported with --pool (report.md lists the commits).
+POOLED  ?= calibration_match calibration_match_80
 .PHONY: results
 results: install-run
 	@for s in $(SWEEPS); do \
 	  $(BIN)/python -m experiments.publish runs/$$s $(RESULTS)/runs/$$s --replace || exit 1; \
 	  rm -rf $(RESULTS)/$$s/figures $(RESULTS)/$$s/tables $(RESULTS)/$$s/report.md; \
-	  $(BIN)/python -m analysis.report $(RESULTS)/runs/$$s --out $(RESULTS)/$$s --no-cache --no-progress --figures published || exit 1; \
+	  pool=; case " $(POOLED) " in *" $$s "*) pool=--pool;; esac; \
+	  $(BIN)/python -m analysis.report $(RESULTS)/runs/$$s --out $(RESULTS)/$$s --no-cache --no-progress --figures published $$pool || exit 1; \
 	done
 	@# The README's figure.
 	cp $(RESULTS)/calibration_match/figures/clipfrac_summary.png docs/figures/calibration_match.png

@@ -1,19 +1,23 @@
-"""Summary figures: one bar per arm, one panel per (algorithm, model) block.
+"""Summary figures: one mark per arm, one panel per (algorithm, model) block.
 
-Where a line figure would be crowded (a main-table panel has fifteen arms; the calibration
-ablation eighteen variants of one arm), a summary shows the number the text quotes: per run the
-mean of a metric over its logged steps (``analysis.clip_tables.run_mechanism``), then per arm the
-mean over seeds with a ±1 std error bar where there are two or more seeds. Bars are horizontal
-and ordered as in the tables (``analysis.arms``), coloured by arm (``arm_style``); the block's
-BF16 arm (BF16 vanilla, else the first BF16 arm) is drawn as a dashed vertical line.
+Where a line figure would be crowded (the calibration ablation has eighteen variants of one arm),
+a summary shows the number the text quotes, ordered as in the tables (``analysis.arms``) and
+coloured by clip method (``analysis.style``: the same colours as every line figure).
+
+- ``clipfrac_summary``: per run the mean of ``actor/clipfrac_neg_low`` over its logged steps
+  (``analysis.clip_tables.run_mechanism``), then per arm the mean over seeds as a bar, with the
+  95% Student-t interval of that mean cut at 0 % (a fraction cannot be negative); the block's
+  BF16 reference arm (BF16 vanilla, else the first BF16 arm) as a dashed black line.
+- ``eval_accuracy``: the accuracy differences that matter are a point or two, so they are drawn as
+  differences, not bars from 0: per arm and seed, the arm's gain in avg@k from step 0 to the last
+  evaluation (mean over the evaluation sets; ``analysis.paired.run_gains``, finished runs) minus
+  the BF16 reference arm's gain for the same seed (same warm start, same prompts), in points; a
+  dot at the mean over seeds and the 95% Student-t interval of the mean (none below two paired
+  seeds); zero (the BF16 reference) dashed black. It is the report's paired accuracy table drawn.
 
 Written like every figure (``analysis.figures``): PNG (200 dpi), PDF and the CSV of exactly the
-plotted numbers (``kind=bar``: algorithm, model, arm, fp8, clip, mean, std, n_seeds).
-Summaries (:data:`SUMMARIES`): ``clipfrac_summary``, the percentage of A<0 tokens below the
-lower clip bound over training (error bars ±1 std over seeds); ``eval_accuracy``, each finished
-run's final evaluation (avg@k, mean over the evaluation sets, ``analysis.collect.final_evals``),
-per arm the mean over seeds with a 95% confidence interval (Student t, n - 1 degrees of freedom;
-no bar below two seeds). The CSV's ``lo``/``hi`` columns are the ends of the drawn interval.
+plotted numbers (``kind=bar`` or ``kind=diff``: algorithm, model, arm, fp8, clip, mean, std,
+n_seeds, lo, hi: the drawn interval).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.arms import arm_label, arm_order_key, arm_style
+from analysis.arms import arm_label, arm_order_key, select
 from analysis.captions import describe_runs
 from analysis.clip_tables import run_mechanism
 from analysis.collect import Collection, final_evals
@@ -43,6 +47,9 @@ from analysis.curves import (
     save_figure,
     spec_by_name,
 )
+from analysis.paired import mean_interval, run_gains
+from analysis.style import REFERENCE_COLOUR, method_colour, support
+from analysis.tabulate import bf16_reference, blocks
 from fp8rl.runs import metrics as M
 
 
@@ -56,20 +63,23 @@ class SummarySpec:
     title: str
     scale: float = 1.0
     #: ``"mechanism"``: the per-run mean over training (``run_mechanism``); ``"eval"``: the
-    #: run's final evaluation averaged over the sets (finished runs).
+    #: run's final evaluation averaged over the sets (finished runs); ``"paired_gain"``: the gain
+    #: from step 0 minus the BF16 arm's gain for the same seed (``paired_differences``).
     source: str = "mechanism"
     #: error bars: ``"std"`` (±1 std over seeds) or ``"ci95"`` (95% t interval of the mean).
     interval: str = "std"
 
 
-EVAL_FINAL = "eval/final/avg@k"  # pseudo-metric of the accuracy summary
+EVAL_FINAL = "eval/final/avg@k"  # pseudo-metric: a run's final avg@k averaged over the sets
+PAIRED_GAIN = "eval/gain_minus_bf16/avg@k"  # pseudo-metric of the accuracy summary
 
 SUMMARIES: tuple[SummarySpec, ...] = (
-    SummarySpec("eval_accuracy", EVAL_FINAL, "final eval avg@k, mean over sets (%)",
-                "Evaluation accuracy at the end of training, per arm", scale=100.0, source="eval",
+    SummarySpec("eval_accuracy", PAIRED_GAIN, "avg@k gain − BF16 gain, same seed (points)",
+                "Evaluation accuracy versus BF16, paired by seed", scale=100.0, source="paired_gain",
                 interval="ci95"),
     SummarySpec("clipfrac_summary", M.ACTOR_CLIPFRAC_NEG_LOW, "A<0 tokens below L, mean over training (%)",
-                "Negative-advantage tokens below the lower clip bound, per arm", scale=100.0),
+                "Negative-advantage tokens below the lower clip bound, per arm", scale=100.0,
+                interval="ci95"),
 )
 #: Two-sided 95% Student t quantiles by degrees of freedom (1-30; 1.96 beyond).
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
@@ -82,7 +92,8 @@ def t975(df: int) -> float:
 
 
 INTERVAL_TEXT = {"std": "error bars: ±1 std over seeds",
-                 "ci95": "error bars: 95% confidence interval of the mean over seeds (Student t)"}
+                 "ci95": "error bars: 95% confidence interval of the mean over seeds (Student t), "
+                         "cut to the metric's range"}
 SUMMARY_NAMES = tuple(s.name for s in SUMMARIES)
 
 
@@ -109,6 +120,33 @@ def arm_means(coll: Collection, metric: str) -> pd.DataFrame:
     return df.sort_values(["algorithm", "model", "_k"], kind="stable")[cols].reset_index(drop=True)
 
 
+def paired_differences(coll: Collection) -> pd.DataFrame:
+    """Per non-reference arm of every block with a BF16 arm: the gain from step 0 (``run_gains``)
+    minus the BF16 reference arm's gain for the same seed; ``mean, std, n_seeds`` over the paired
+    seeds and ``lo, hi``, the 95% Student-t interval of the mean (fractions, not points)."""
+    cols = ["algorithm", "model", "fp8", "clip", "arm", "mean", "std", "n_seeds", "lo", "hi"]
+    gains = run_gains(coll)
+    rows = []
+    for algo, model, arms in blocks(coll):
+        ref = bf16_reference(arms)
+        if ref is None or gains.empty:
+            continue
+        r = select(gains, algo, model, *ref).set_index("seed")["gain"]
+        for arm in arms:
+            a = select(gains, algo, model, *arm)
+            if arm == ref or a.empty:
+                continue
+            d = (a.set_index("seed")["gain"] - r).dropna().to_numpy(dtype=float)
+            if not len(d):
+                continue
+            lo, hi = mean_interval(d)
+            rows.append({"algorithm": algo, "model": model, "fp8": arm[0], "clip": arm[1],
+                         "arm": arm_label(*arm), "mean": float(d.mean()),
+                         "std": float(d.std(ddof=1)) if len(d) >= 2 else np.nan, "n_seeds": len(d),
+                         "lo": lo, "hi": hi})
+    return pd.DataFrame(rows, columns=cols)
+
+
 def run_final_eval(coll: Collection) -> pd.DataFrame:
     """Per finished run: ``algorithm, model, fp8, clip`` and :data:`EVAL_FINAL`, its final avg@k
     averaged over the evaluation sets (runs missing a set of their sweep are left out)."""
@@ -122,17 +160,20 @@ def run_final_eval(coll: Collection) -> pd.DataFrame:
     return df[["run", "algorithm", "model", "fp8", "clip", EVAL_FINAL]]
 
 
-def _interval(mean: np.ndarray, std: np.ndarray, n: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
-    """Lower and upper ends of the error bar around ``mean`` (NaN where there is none)."""
+def _interval(mean: np.ndarray, std: np.ndarray, n: np.ndarray, kind: str,
+              bounds: tuple[float, float] = (-np.inf, np.inf)) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper ends of the error bar around ``mean`` (NaN where there is none), cut to
+    ``bounds``."""
     half = std if kind == "std" else np.array([t975(int(k) - 1) for k in n]) * std / np.sqrt(n)
-    return mean - half, mean + half
+    return np.clip(mean - half, *bounds), np.clip(mean + half, *bounds)
 
 
 def plot_summary(coll: Collection, spec: SummarySpec | str, out_dir: str | os.PathLike, *,
                  pdf: bool = False, panel_width: float = 2.4) -> FigurePaths | None:
     """Draw one summary figure into ``out_dir``; None when no run logged its metric."""
     spec = summary_spec(spec) if isinstance(spec, str) else spec
-    data = arm_means(coll, spec.metric)
+    diff = spec.source == "paired_gain"
+    data = paired_differences(coll) if diff else arm_means(coll, spec.metric)
     if data.empty:
         return None
     panels = [p for p in panels_of(coll) if not data[(data["algorithm"] == p[0]) & (data["model"] == p[1])].empty]
@@ -154,15 +195,30 @@ def plot_summary(coll: Collection, spec: SummarySpec | str, out_dir: str | os.Pa
             y = np.arange(len(a))[::-1]
             mean = a["mean"].to_numpy(dtype=float) * spec.scale
             std = a["std"].to_numpy(dtype=float) * spec.scale
-            lo, hi = _interval(mean, std, a["n_seeds"].to_numpy(dtype=float), spec.interval)
-            colors = [arm_style(f, c).color for f, c in zip(a["fp8"], a["clip"], strict=True)]
+            if diff:
+                lo, hi = a["lo"].to_numpy(dtype=float) * spec.scale, a["hi"].to_numpy(dtype=float) * spec.scale
+            else:
+                lo, hi = _interval(mean, std, a["n_seeds"].to_numpy(dtype=float), spec.interval,
+                                   tuple(b * spec.scale for b in support(spec.metric)))
             xerr = np.vstack([np.where(np.isfinite(lo), mean - lo, 0.0), np.where(np.isfinite(hi), hi - mean, 0.0)])
-            ax.barh(y, mean, color=colors, height=0.7,
-                    xerr=xerr if np.isfinite(std).any() else None,
-                    error_kw={"elinewidth": 0.8, "capsize": 1.5})
-            ref = a[a["fp8"] == "bf16"].sort_values("clip", key=lambda c: c != "vanilla", kind="stable")
-            if len(ref):  # BF16 vanilla, else the first BF16 arm (as the tables' reference)
-                ax.axvline(float(ref["mean"].iloc[0]) * spec.scale, color="0.3", linestyle="--", linewidth=0.8)
+            for yi, m_, e0, e1, clip, fp8 in zip(y, mean, xerr[0], xerr[1], a["clip"], a["fp8"], strict=True):
+                col = method_colour(clip)
+                if diff:
+                    ax.errorbar([m_], [yi], xerr=[[e0], [e1]], fmt="o", color=col, markersize=3.5, elinewidth=1.0,
+                                capsize=2, gid=f"{fp8}|{clip}")
+                else:
+                    ax.barh([yi], [m_], color=col, height=0.7, gid=f"{fp8}|{clip}")
+                    if e0 > 0 or e1 > 0:
+                        ax.errorbar([m_], [yi], xerr=[[e0], [e1]], fmt="none", ecolor="0.2", elinewidth=0.8,
+                                    capsize=1.5)
+            if diff:
+                ax.axvline(0.0, color=REFERENCE_COLOUR, linestyle="--", linewidth=0.8, gid="reference")
+            else:
+                ref = bf16_reference(sorted(zip(a["fp8"], a["clip"], strict=True), key=lambda p: arm_order_key(*p)))
+                if ref is not None:
+                    m_ref = a[(a["fp8"] == ref[0]) & (a["clip"] == ref[1])]["mean"]
+                    ax.axvline(float(m_ref.iloc[0]) * spec.scale, color=REFERENCE_COLOUR, linestyle="--",
+                               linewidth=0.8, gid="reference")
             if i == 0 or not same_arms:  # shared y: the first panel's labels serve its row
                 ax.set_yticks(y, a["arm"].tolist())
             ax.tick_params(axis="y", length=0)
@@ -171,18 +227,27 @@ def plot_summary(coll: Collection, spec: SummarySpec | str, out_dir: str | os.Pa
             if i // ncols == nrows - 1 or i + ncols >= len(panels):
                 ax.set_xlabel(spec.xlabel)
             for r, lo_, hi_ in zip(a.itertuples(index=False), lo, hi, strict=True):
-                csv_rows.append(("bar", spec.metric, algo, model, r.arm, r.fp8, r.clip,
+                csv_rows.append(("diff" if diff else "bar", spec.metric, algo, model, r.arm, r.fp8, r.clip,
                                  format_number(float(r.mean) * spec.scale), format_number(float(r.std) * spec.scale),
                                  int(r.n_seeds), format_number(float(lo_)), format_number(float(hi_))))
         for j in range(len(panels), nrows * ncols):
             axes[j // ncols][j % ncols].set_visible(False)
-        fig.suptitle(spec.title + ("; dashed: BF16" if (data["fp8"] == "bf16").any() else ""), fontsize=9)
-        what = ("each finished run's final evaluation, avg@k averaged over the evaluation sets"
-                if spec.source == "eval" else "each run's mean over its logged steps")
-        caption = (f"{spec.title}: bars are the mean over seeds of {what}; {INTERVAL_TEXT[spec.interval]}"
-                   f" (none for single-seed arms)"
-                   + ("; dashed line: the BF16 arm" if (data["fp8"] == "bf16").any() else "")
-                   + f". {describe_runs(coll)}")
+        has_ref = diff or (data["fp8"] == "bf16").any()
+        fig.suptitle(spec.title + ("; dashed: BF16" if has_ref else ""), fontsize=9)
+        if diff:
+            caption = (f"{spec.title}: per arm and seed, the gain in avg@k from step 0 to the last evaluation "
+                       "(mean over the evaluation sets, same problems and sampling seed at every evaluation; "
+                       "finished runs) minus the BF16 reference arm's gain for the same seed, in points; dots: "
+                       "the mean over the paired seeds; error bars: its 95% confidence interval (Student t; "
+                       "none below two pairs); dashed line: zero, the BF16 reference. The report's paired "
+                       f"accuracy table, drawn. {describe_runs(coll)}")
+        else:
+            what = ("each finished run's final evaluation, avg@k averaged over the evaluation sets"
+                    if spec.source == "eval" else "each run's mean over its logged steps")
+            caption = (f"{spec.title}: bars are the mean over seeds of {what}, coloured by clip method; "
+                       f"{INTERVAL_TEXT[spec.interval]} (none for single-seed arms)"
+                       + ("; dashed line: the BF16 reference arm" if has_ref else "")
+                       + f". {describe_runs(coll)}")
         paths = save_figure(fig, out_dir, spec.name, caption, pdf=pdf)
         plt.close(fig)
     header = ["kind", "metric", "algorithm", "model", "arm", "fp8", "clip", "mean", "std", "n_seeds", "lo", "hi"]

@@ -44,7 +44,7 @@ from analysis.clip_tables import run_mechanism
 from analysis.collect import Collection
 from analysis.counts import ci_columns, count_ratios
 from analysis.ratio_ci import RatioCI, ratio_ci
-from analysis.tabulate import Table, bf16_reference, blocks, latex_escape, render_blocks
+from analysis.tabulate import Table, bf16_reference, blocks, render_blocks
 from fp8rl.runs import metrics as M
 
 HALF_WIDTH_MAX = 0.15
@@ -197,7 +197,7 @@ def halfwidth_table(coll: Collection, *, name: str = "calibration_match") -> Tab
 
     def cells(r, latex: bool) -> list[str]:
         def esc(s):
-            return latex_escape(s) if latex else s
+            return s
         con = (f"{_num(r['con_estimate'], '.2f')} ({r['contrast_clip']})" if r["contrast_clip"] else "none")
         return [esc(r["granularity"]), esc(r["arm"]), esc(r["mode"]), str(r["cal_n_x"]),
                 _num(r["cal_estimate"], ".2f"), esc(r["cal_ci"]), esc(r["cal_s_text"]), esc(r["cal_count_text"]),
@@ -306,7 +306,7 @@ def agreement_table(coll: Collection, *, name: str = "clip_agreement") -> Table:
 
     def cells(r, latex: bool) -> list[str]:
         def esc(s):
-            return latex_escape(s) if latex else s
+            return s
         out = [esc(r["granularity"]), esc(r["method"]), esc(r["mode"]), str(r["runs"])]
         for side in SIDES:
             out.append(_num(r[f"{side}_bf16_tokens"], ".0f"))

@@ -43,7 +43,7 @@ from analysis.clip_tables import run_mechanism
 from analysis.collect import Collection
 from analysis.counts import NOT_LOGGED, ci_columns, count_ratios, reference_text, run_counts
 from analysis.heldout import heldout_rows, heldout_table
-from analysis.tabulate import Table, bf16_reference, blocks, latex_escape, render_blocks
+from analysis.tabulate import Table, bf16_reference, blocks, render_blocks
 from fp8rl.runs import metrics as M
 
 #: Modes whose bounds rule tokens they were not computed from.
@@ -137,7 +137,7 @@ def construction_table(coll: Collection, *, name: str = "by_construction") -> Ta
 
     def cells(r, latex: bool) -> list[str]:
         def esc(s):
-            return latex_escape(str(s)) if latex else str(s)
+            return str(s)
         return [esc(r["granularity"]), esc(r["method"]), esc(r["mode"]), esc(r["lower_estimator"] or NO_MODE),
                 str(r["runs"]), esc(r["by_construction"]), esc(r["measured_text"]), esc(r["heldout_text"]),
                 esc(r["s_text"]), esc(r["fraction_text"]), esc(r["count_text"])]

@@ -28,7 +28,6 @@ from analysis.tabulate import (
     blocks,
     finite,
     fmean,
-    latex_escape,
     render_blocks,
     sample_std,
 )
@@ -96,8 +95,9 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
     """The paper's mechanism per arm: how many negative-advantage tokens fall below the lower
     clip bound (gradient zeroed), relative to BF16, and what drives it.
 
-    Per (algorithm, model, arm), over every run that logged metrics (finished or not, as the
-    diagnostics table): ``actor/clipfrac_neg_low`` averaged over a run's steps, then mean ± std
+    Per (algorithm, model, arm), over every run of ``coll`` that logged metrics (the report passes
+    the finished runs only, ``analysis.pooling.finished``, so an unfinished run never moves
+    x BF16): ``actor/clipfrac_neg_low`` averaged over a run's steps, then mean ± std
     (ddof=1) over runs; ``x_bf16`` = that mean over the block's BF16 reference arm's mean
     (``bf16`` + ``vanilla`` if the block has it, else its first ``bf16`` arm; NaN without
     one) with its 95% interval over seeds (``x_bf16_lo`` / ``x_bf16_hi``: Fieller's, paired by
@@ -149,11 +149,11 @@ def mechanism_table(coll: Collection, *, name: str = "mechanism") -> Table:
     def cells(r, latex: bool) -> list[str]:
         def f(x, fmt):
             return "n/a" if not np.isfinite(x) else format(x, fmt)
-        pm = " $\\pm$ " if latex else " ± "
+        pm = " ± "
         c = f(100 * r["clipfrac_neg_low_mean"], ".3f")
         if np.isfinite(r["clipfrac_neg_low_std"]):
             c += pm + f(100 * r["clipfrac_neg_low_std"], ".3f")
-        return [latex_escape(r["arm"]) if latex else r["arm"], str(r["runs"]), c, f(r["x_bf16"], ".2f"),
+        return [r["arm"], str(r["runs"]), c, f(r["x_bf16"], ".2f"),
                 r["x_bf16_ci"], r["count_x_bf16_text"], r["n_neg_x_bf16_text"],
                 f(r["ratio_neg_q01"], ".3f"), f(r["mismatch_kl"], ".2e"),
                 f"{f(r['clip_low_final'], '.3f')} / {f(r['clip_high_final'], '.3f')}"]
@@ -240,7 +240,7 @@ def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
         def pair(lo, hi):
             return f"{f(r[lo], '.4f')} / {f(r[hi], '.4f')}" if r["calibration"] and np.isfinite(r[lo]) else ""
         step = f"{r['step']}{'' if r['calibration'] else ' (not a calibration step)'}"
-        return [latex_escape(r["arm"]) if latex else r["arm"], step, str(r["runs"]),
+        return [r["arm"], step, str(r["runs"]),
                 f(100 * r[M.CLIP_ALPHA], ".3f"), f(r[CLIP_N_NEG], ".0f") if r["calibration"] else "",
                 f(r[CLIP_LOW_DATA], ".2f") if r["calibration"] else "",
                 pair(CLIP_LOW_RAW, CLIP_HIGH_RAW), pair(CLIP_LOW_NEXT, CLIP_HIGH_NEXT),

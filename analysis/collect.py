@@ -6,7 +6,9 @@
 
 - ``runs``: one row per grid cell / run directory: ``sweep, run, name, hash, algorithm, model,
   fp8, clip, seed, scale, arm, state, status_step, reason, cell, in_manifest, n_rows,
-  first_step, last_step, truncated_tail, bad_lines, duplicate_steps, summary, run_dir``;
+  first_step, last_step, truncated_tail, bad_lines, duplicate_steps, code, cpu, steps_configured,
+  summary, run_dir`` (``code``, ``cpu``: where the numbers come from, ``analysis.rundir_read.run_origin``;
+  ``analysis.pooling`` groups runs by them);
 - ``steps``: one row per (run, logged step): ``run, step``, the axes and ``arm``, and one
   float column per metric seen in any run (NaN where a run did not log it: missing optional
   metrics, non-finite values written as ``null``, runs of different lengths);
@@ -15,7 +17,7 @@
   ``eval/`` keys; "bf16": a BF16 engine on the same weights, ``eval_bf16/``) and the axes;
 - ``problems``: every cell that is not a finished run, with why: ``missing`` (in the manifest,
   no run directory or an empty one), ``failed`` (status FAILED), ``incomplete`` (RUNNING,
-  PREEMPTED, or no status.json), ``damaged`` (its ``status.json`` cannot be read: not JSON, not
+  PREEMPTED, no status.json, or DONE before the ``steps`` its config.yaml asks for), ``damaged`` (its ``status.json`` cannot be read: not JSON, not
   UTF-8, not a mapping; the reason names the file and the error), ``unlisted`` (a run directory
   the manifest does not name);
 - ``notes``: data-quality remarks (a truncated last line dropped, corrupt lines skipped,
@@ -113,6 +115,8 @@ def _classify(loaded: dict, in_manifest: bool) -> tuple[str, str | None]:
         cell, why = CELL_INCOMPLETE, "no status.json"
     elif st.get("__corrupt__"):
         cell, why = CELL_DAMAGED, f"{STATUS_FILE} unreadable ({st['__corrupt__']})"
+    elif st.get("state") == DONE and _short_of(loaded, st) is not None:
+        cell, why = CELL_INCOMPLETE, _short_of(loaded, st)
     elif st.get("state") == DONE:
         cell, why = CELL_OK, None
     elif st.get("state") == FAILED:
@@ -125,6 +129,18 @@ def _classify(loaded: dict, in_manifest: bool) -> tuple[str, str | None]:
     if not in_manifest:
         return CELL_UNLISTED, f"run directory not in manifest ({cell}{': ' + why if why else ''})"
     return cell, why
+
+
+def _short_of(loaded: dict, st: dict) -> str | None:
+    """Why a DONE run is incomplete: it stopped before the ``steps`` its config.yaml asks for
+    (its status step, else its last logged step); None when it reached them or nothing says."""
+    want = loaded.get("steps_configured")
+    got = st.get("step")
+    if got is None and len(loaded.get("steps", ())):
+        got = int(loaded["steps"][-1])
+    if want is None or got is None or int(got) >= int(want):
+        return None
+    return f"DONE at step {int(got)} of the {int(want)} its config.yaml asks for"
 
 
 def _progress(iterable, total: int, progress: bool | None, desc: str):
@@ -295,6 +311,7 @@ def _assemble(cells: list[dict], loaded: list[dict], notes: list[str], sweep_dir
             "last_step": int(steps[-1]) if len(steps) else None,
             "truncated_tail": bool(ld.get("truncated_tail", False)),
             "bad_lines": int(ld.get("bad_lines", 0)), "duplicate_steps": dup,
+            "code": ld.get("code"), "cpu": ld.get("cpu"), "steps_configured": ld.get("steps_configured"),
             "summary": summary, "run_dir": str(c["path"]),
         })
         if len(steps):
@@ -302,7 +319,7 @@ def _assemble(cells: list[dict], loaded: list[dict], notes: list[str], sweep_dir
         if ld.get("eval"):
             eval_parts.append((i, ld["eval"]))
     runs = pd.DataFrame(run_rows, columns=RUN_COLUMNS)
-    for col in ("seed", "status_step", "first_step", "last_step"):
+    for col in ("seed", "status_step", "first_step", "last_step", "steps_configured"):
         runs[col] = pd.to_numeric(runs[col], errors="coerce").astype("Int64")
     steps_df = build_steps(runs, step_parts)
     evals_df = build_evals(runs, eval_parts)

@@ -1,8 +1,9 @@
 """What every figure shares: per-arm curves over seeds, the text style, saving with a caption.
 
 :func:`arm_curves` turns a :class:`analysis.collect.Collection` into per (algorithm, model, arm,
-step) statistics over seeds of the EMA-smoothed per-run curves: mean, std (ddof=1), min, max
-and the number of seeds. :func:`save_figure` writes a figure as PNG (200 dpi, the caption in
+step) statistics over seeds of the EMA-smoothed per-run curves: mean, std (ddof=1), the band
+(the 95% t interval of the mean, cut to the metric's support: ``analysis.style``) and the
+number of seeds; with ``paired=True`` of each run's curve minus its BF16 partner's (same seed). :func:`save_figure` writes a figure as PNG (200 dpi, the caption in
 the PNG's ``Description`` text chunk) and, on request, PDF (TrueType fonts, the caption as the
 PDF's ``Subject``). :func:`plain_yaxis` gives a linear axis tick labels without matplotlib's
 offset or multiplier text (a ratio quantile near 1 reads ``1.000010``, not ``+1`` and ``1e-5``).
@@ -97,19 +98,13 @@ def auto_span(n_steps: int) -> float:
     return float(max(1, round(n_steps / 50)))
 
 
-def arm_curves(coll: Collection, metric: str, *, smooth: float | None = None) -> pd.DataFrame:
-    """Per (algorithm, model, arm, step): mean and std over seeds of smoothed per-run curves.
-
-    Returns ``algorithm, model, fp8, clip, arm, metric, step, mean, std, lo, hi, n_seeds``
-    (``lo``/``hi``: min and max over seeds; std NaN below two seeds); ``smooth``
-    is the EMA span (None = :func:`auto_span` per run; sparse metrics are never smoothed).
-    """
-    cols = ["algorithm", "model", "fp8", "clip", "arm", "metric", "step", "mean", "std", "lo", "hi",
-            "n_seeds"]
+def _smoothed_runs(coll: Collection, metric: str, smooth: float | None) -> pd.DataFrame:
+    """``run, step, v``: each run's curve of ``metric``, EMA-smoothed (sparse metrics and the
+    evaluation pseudo-metric are not)."""
     df = _series_table(coll, metric)
     if df.empty:
-        return pd.DataFrame(columns=cols)
-    runs = coll.runs.set_index("run")[["algorithm", "model", "fp8", "clip", "arm", "n_rows"]]
+        return pd.DataFrame(columns=["run", "step", "v"])
+    runs = coll.runs.set_index("run")
     parts = []
     for run, g in df.groupby("run", sort=False):
         g = g.sort_values("step")
@@ -118,14 +113,63 @@ def arm_curves(coll: Collection, metric: str, *, smooth: float | None = None) ->
         span = 1.0 if sparse or metric == EVAL_AVG_METRIC else (smooth or auto_span(len(g)))
         v = ema(g["value"].to_numpy(), span) if span > 1 else g["value"].to_numpy(dtype=float)
         parts.append(pd.DataFrame({"run": run, "step": g["step"].to_numpy(), "v": v}))
-    s = pd.concat(parts, ignore_index=True).join(runs, on="run")
+    return pd.concat(parts, ignore_index=True)
+
+
+def paired_to_bf16(coll: Collection, per_run: pd.DataFrame) -> pd.DataFrame:
+    """``per_run`` (``run, step, v``) minus, at the same step, the run of the block's BF16
+    reference arm (``analysis.tabulate.bf16_reference``) with the same (sweep, seed); runs without
+    such a partner, and the reference arm itself, are left out."""
+    from analysis.tabulate import bf16_reference, blocks
+
+    r = coll.runs[["run", "sweep", "algorithm", "model", "fp8", "clip", "seed"]].astype({"run": str})
+    ref_runs = []
+    for algo, model, arms in blocks(coll):
+        ref = bf16_reference(arms)
+        if ref is not None:
+            m = ((r["algorithm"].astype(str) == algo) & (r["model"].astype(str) == model)
+                 & (r["fp8"].astype(str) == ref[0]) & (r["clip"].astype(str) == ref[1]))
+            ref_runs += r.loc[m, "run"].tolist()
+    keyed = per_run.merge(r, on="run", how="left")
+    is_ref = keyed["run"].isin(ref_runs)
+    refs = keyed[is_ref].drop_duplicates(["sweep", "algorithm", "model", "seed", "step"], keep=False)
+    refs = refs[["sweep", "algorithm", "model", "seed", "step", "v"]].rename(columns={"v": "v_ref"})
+    out = keyed[~is_ref].merge(refs, on=["sweep", "algorithm", "model", "seed", "step"], how="inner")
+    return pd.DataFrame({"run": out["run"], "step": out["step"], "v": out["v"] - out["v_ref"]})
+
+
+def arm_curves(coll: Collection, metric: str, *, smooth: float | None = None, paired: bool = False,
+               bounds: tuple[float, float] | None = None) -> pd.DataFrame:
+    """Per (algorithm, model, arm, step): mean and std over seeds of smoothed per-run curves.
+
+    Returns ``algorithm, model, fp8, clip, arm, metric, step, mean, std, lo, hi, n_seeds``
+    (``lo``/``hi``: the band, the 95% t interval of the mean over seeds cut to ``bounds``,
+    default the metric's support, ``analysis.style``; NaN below two seeds, as std); ``smooth``
+    is the EMA span (None = :func:`auto_span` per run; sparse metrics are never smoothed).
+    ``paired``: each run's curve minus its BF16 partner's (same sweep and seed, same step) before
+    averaging (:func:`paired_to_bf16`); the bounds are then unbounded.
+    """
+    from analysis.style import mean_band, support
+
+    cols = ["algorithm", "model", "fp8", "clip", "arm", "metric", "step", "mean", "std", "lo", "hi",
+            "n_seeds"]
+    per_run = _smoothed_runs(coll, metric, smooth)
+    if paired and len(per_run):
+        per_run = paired_to_bf16(coll, per_run)
+    if per_run.empty:
+        return pd.DataFrame(columns=cols)
+    runs = coll.runs.set_index("run")[["algorithm", "model", "fp8", "clip", "arm"]]
+    s = per_run.join(runs, on="run")
     agg = (
         s.groupby(["algorithm", "model", "fp8", "clip", "arm", "step"], observed=True)["v"]
-        .agg(mean="mean", std="std", lo="min", hi="max", n_seeds="count")
+        .agg(mean="mean", std="std", n_seeds="count")
         .reset_index()
     )
     agg["metric"] = metric
     agg.loc[agg["n_seeds"] < 2, "std"] = np.nan
+    if bounds is None:
+        bounds = (-math.inf, math.inf) if paired else support(metric)
+    agg["lo"], agg["hi"] = mean_band(agg["mean"], agg["std"], agg["n_seeds"], bounds)
     return agg[cols]
 
 

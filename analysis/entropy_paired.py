@@ -50,7 +50,7 @@ from analysis.heldout import mean_ci, mean_text, tis_clip
 from analysis.paired import t_stat
 from analysis.ratio_ci import ratio_ci
 from analysis.tables import TRAJECTORY_WINDOW, window_mean
-from analysis.tabulate import Table, bf16_reference, blocks, latex_escape, render_blocks, sample_std
+from analysis.tabulate import Table, bf16_reference, blocks, render_blocks, sample_std
 from fp8rl.runs import metrics as M
 
 #: The differences are shown in this unit (nats); the CSV keeps nats.
@@ -215,8 +215,8 @@ def entropy_paired_table(coll: Collection, *, name: str = "entropy_paired") -> T
 
     def cells(r, latex: bool) -> list[str]:
         def esc(s):
-            return latex_escape(s) if latex else s
-        sep = " $\\pm$ " if latex else " ± "
+            return s
+        sep = " ± "
         end = num(r["end_entropy_mean"], ".4f") + (sep + num(r["end_entropy_std"], ".4f")
                                                   if np.isfinite(r["end_entropy_std"]) else "")
         is_bf16_ref = r["fp8"] == "bf16" and r["clip"] == r["bf16_clip"]

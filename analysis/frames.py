@@ -26,7 +26,7 @@ CELL_OK, CELL_MISSING, CELL_FAILED, CELL_INCOMPLETE, CELL_UNLISTED, CELL_DAMAGED
 RUN_COLUMNS = [
     "sweep", "run", "name", "hash", *AXES, "arm", "state", "status_step", "reason", "cell",
     "in_manifest", "n_rows", "first_step", "last_step", "truncated_tail", "bad_lines",
-    "duplicate_steps", "summary", "run_dir",
+    "duplicate_steps", "code", "cpu", "steps_configured", "summary", "run_dir",
 ]
 EVAL_COLUMNS = ["run", "step", "dataset", "stat", "k", "n", "value", "precision"]
 

@@ -1,18 +1,28 @@
-"""The paper-style curve figure: one panel per FP8 setting, one colour per clip method.
+"""The line figures: one panel per FP8 setting, one colour per clip method.
 
-Used for the entropy figure (``analysis.figures`` spec ``entropy``, ``by_granularity=True``).
-Panels: one per FP8 setting (BF16, rollout only, tensorwise, rowwise, blockwise, MXFP8, in
-the arms' order); with several (algorithm, model) blocks, one row of panels per block, and a
-single block with more than three settings wraps into rows of three. The y axis is shared by
-all panels of a block, so the BF16 panel is the reference for the FP8 ones.
+Every line figure of the report (``analysis.figures``) is drawn here, like the paper's entropy
+figure. Panels: one per FP8 setting (BF16, rollout only, tensorwise, rowwise, blockwise,
+MXFP8, in the arms' order); with several (algorithm, model) blocks or several metrics, one row
+of panels per (block, metric), and a single row of more than three settings wraps into rows of
+three. Every panel of one metric shares its y axis (the BF16 panel is the reference for the FP8
+ones, and two rows are never on different scales).
 
-In a panel, one colour per clip method (vanilla orange, TIS blue, calibrated green: the
-Okabe-Ito palette, readable by colour-blind readers; a sweep whose clip values carry variants,
-e.g. the calibration ablation, colours them in order from a qualitative palette): the **line**
-is the mean over seeds of the per-run EMA-smoothed curves, the **band** the min-max range over
-seeds (drawn where an arm has two or more seeds). Surge onsets (``analysis.surge``) are marked
-with a triangle on the arm's mean curve. The CSV beside the figure holds the plotted numbers
-(``kind=line``: step, mean, std, lo, hi, n_seeds; ``kind=surge``: each run's onset).
+In a panel, one colour per clip method (``analysis.style``: vanilla orange, TIS blue, calibrated
+green; the same in every figure of every report): the **line** is the mean over seeds of the
+per-run EMA-smoothed curves, the **band** the 95% Student-t interval of that mean, cut to the
+metric's range (a fraction's band never goes below 0 %; drawn where an arm has two or more
+seeds). Over every FP8 panel the block's BF16 reference arm (BF16 vanilla, else the first BF16
+arm) is drawn as a thin black line. Variants of one method (the calibration ablation) keep its
+colour and differ by line style and marker; a sweep with more than :data:`MAX_LINES` clip values
+puts the first option of the variant in the panel title. Surge onsets (``analysis.surge``) are
+marked with a triangle on the arm's mean curve.
+
+``paired`` specs (``entropy_vs_bf16``) draw each run's curve minus the BF16 reference run of the
+same seed (same warm start, same prompts), so differences of 1e-3 nats that the seeds' spread
+hides are visible; the black line is then zero. A metric identical to an earlier one of the same
+figure in every run (the mini backend's ``rollout/acc`` is its ``rollout/reward_mean``) is drawn
+once and the caption says so. The CSV beside the figure holds the plotted numbers (``kind=line``:
+step, mean, std, lo, hi (the band), n_seeds; ``kind=surge``: each run's onset).
 """
 
 from __future__ import annotations
@@ -49,27 +59,14 @@ from analysis.curves import (
     plain_yaxis,
     save_figure,
 )
+from analysis.pooling import unfinished
+from analysis.style import BAND_TEXT, REFERENCE_COLOUR, method_colour, variant_style
 from analysis.surge import SurgeRule, surge_table
+from analysis.tabulate import bf16_reference, blocks
 from fp8rl.runs import metrics as M
 
-#: Clip-method colours (Okabe-Ito): vanilla orange, TIS blue, calibrated green.
-CLIP_COLOURS: dict[str, str] = {"vanilla": "#E69F00", "tis": "#0072B2", "calibrated": "#009E73"}
-_VARIANT_PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442",
-                    "#000000", "#999999", "#882255", "#44AA99", "#117733", "#332288", "#DDCC77",
-                    "#AA4499", "#88CCEE", "#661100", "#6699CC")
-BAND = "min-max over seeds"
-
-
+BAND = "band: 95% t interval of the mean"
 MAX_LINES = 6  # clip values per panel before variants are split over panels
-
-
-def clip_colours(clips) -> dict[str, str]:
-    """Colour per clip value (or legend label): the fixed :data:`CLIP_COLOURS` when every value
-    is a known base method, else the values in display order through a qualitative palette."""
-    clips = sorted({str(c) for c in clips}, key=lambda c: arm_order_key("bf16", c))
-    if all(c in CLIP_COLOURS for c in clips):
-        return {c: CLIP_COLOURS[c] for c in clips}
-    return {c: _VARIANT_PALETTE[i % len(_VARIANT_PALETTE)] for i, c in enumerate(clips)}
 
 
 def clip_label(clip: str) -> str:
@@ -85,7 +82,7 @@ def facets(arms) -> list[tuple[str, str, list[tuple[str, str]]]]:
     :data:`MAX_LINES` clip values (variants, e.g. the calibration ablation's eighteen), the
     first option of the variant picks the panel (``clip.period=2``) and the line is labelled by
     the rest (``calibrated [clip.init_bounds=[0.6,1.8] clip.upper_rule=fixed]``), so the same
-    label has the same colour in every panel.
+    label has the same style in every panel.
     """
     clips = {c for _, c in arms}
     split = len(clips) > MAX_LINES
@@ -101,6 +98,38 @@ def facets(arms) -> list[tuple[str, str, list[tuple[str, str]]]]:
     return [(fp8, title, lines) for (fp8, title), lines in out.items()]
 
 
+def _line_styles(settings) -> dict[str, tuple[str, str | None]]:
+    """(line style, marker) per legend label: the variants of each method in display order."""
+    by_method: dict[str, list[tuple[tuple, str]]] = {}
+    for _, _, lines in settings:
+        for clip, label in lines:
+            entry = (arm_order_key("bf16", clip), label)
+            lst = by_method.setdefault(split_clip(clip)[0], [])
+            if label not in [lab for _, lab in lst]:
+                lst.append(entry)
+    out = {}
+    for lst in by_method.values():
+        for i, (_, label) in enumerate(sorted(lst)):
+            out[label] = variant_style(i)
+    return out
+
+
+def duplicate_metrics(coll: Collection, metrics) -> dict[str, str]:
+    """{metric: earlier metric it equals in every run} among ``metrics`` (same steps, same values)."""
+    st = coll.steps
+    out: dict[str, str] = {}
+    for j, b in enumerate(metrics):
+        for a in metrics[:j]:
+            if a in out or a not in st.columns or b not in st.columns:
+                continue
+            x, y = st[a].to_numpy(dtype=float), st[b].to_numpy(dtype=float)
+            both = np.isfinite(x) | np.isfinite(y)
+            if both.any() and np.array_equal(np.isfinite(x), np.isfinite(y)) and np.allclose(x[both], y[both]):
+                out[b] = a
+                break
+    return out
+
+
 def plot_by_granularity(
     coll: Collection,
     spec,
@@ -112,41 +141,60 @@ def plot_by_granularity(
     panel_width: float = 2.3,
     panel_height: float = 1.8,
 ) -> FigurePaths | None:
-    """Draw ``spec`` (one metric) by FP8 setting into ``out_dir``; None when no run logged it."""
-    metric, ylabel = spec.metrics[0], spec.ylabels[0]
-    cur = arm_curves(coll, metric, smooth=smooth)
-    if cur.empty:
+    """Draw ``spec`` by FP8 setting into ``out_dir``; None when no run logged its metrics."""
+    paired = getattr(spec, "paired", False)
+    dups = duplicate_metrics(coll, list(spec.metrics))
+    rows_m = [(m, lab) for m, lab in zip(spec.metrics, spec.ylabels, strict=True) if m not in dups]
+    span = smooth if spec.smooth else 1.0
+    curves = {m: arm_curves(coll, m, smooth=span, paired=paired) for m, _ in rows_m}
+    if all(c.empty for c in curves.values()):
         return None
-    blocks = panels_of(coll)
+    blks = panels_of(coll)
     arms = sort_arms(zip(coll.runs["fp8"].astype(str), coll.runs["clip"].astype(str), strict=True))
     settings = facets(arms)
-    colours = clip_colours(lab for _, _, lines in settings for _, lab in lines)
-    many = len(blocks) > 1
-    if many:  # one row per block, one column per setting
-        grid = [[(b, s) for s in settings] for b in blocks]
-    else:  # one block: settings wrap into rows of MAX_COLS
-        ncol = min(len(settings), MAX_COLS)
-        flat = [(blocks[0], s) for s in settings]
-        grid = [flat[i:i + ncol] for i in range(0, len(flat), ncol)]
+    styles = _line_styles(settings)
+    refs = {(a, m): bf16_reference(arms_) for a, m, arms_ in blocks(coll)}
+    rows = [(b, m, lab) for b in blks for m, lab in rows_m]
+    if len(rows) == 1 and len(settings) > MAX_COLS:  # one block, one metric: wrap into rows of three
+        grid = [[(rows[0], s) for s in settings[i:i + MAX_COLS]] for i in range(0, len(settings), MAX_COLS)]
+    else:
+        grid = [[(r, s) for s in settings] for r in rows]
     nrows, ncols = len(grid), max(len(r) for r in grid)
     surges = pd.DataFrame(columns=["run", "surge_step"])
-    if spec.mark_surge and metric == M.ACTOR_ENTROPY and M.ACTOR_ENTROPY in coll.steps.columns:
+    if spec.mark_surge and M.ACTOR_ENTROPY in spec.metrics and M.ACTOR_ENTROPY in coll.steps.columns and not paired:
         surges = surge_table(coll.steps, surge_rule).dropna()
         surges = surges.merge(coll.runs[["run", "algorithm", "model", "fp8", "clip"]], on="run", how="left")
     os.makedirs(out_dir, exist_ok=True)
     csv_rows, handles, any_band = [], {}, False
+    many = len(blks) > 1
     with plt.rc_context(RC):
         fig, axes = plt.subplots(nrows, ncols, figsize=(panel_width * ncols, panel_height * nrows + 0.7),
-                                 squeeze=False, sharex=True, sharey="row" if many else "all",
-                                 layout="constrained")
+                                 squeeze=False, sharex=True, layout="constrained")
+        first_of: dict[str, object] = {}
         for r, row in enumerate(grid):
             for c in range(ncols):
                 ax = axes[r][c]
                 if c >= len(row):
                     ax.set_visible(False)
                     continue
-                (algo, model), (fp8, title, lines) = row[c]
+                ((algo, model), metric, ylabel), (fp8, title, lines) = row[c]
+                if metric in first_of:
+                    ax.sharey(first_of[metric])
+                else:
+                    first_of[metric] = ax
                 ax.set_title(f"{algo.upper()} · {model} · {title}" if many else title)
+                cur = curves[metric]
+                ref = refs.get((algo, model))
+                if paired:
+                    ax.axhline(0.0, color=REFERENCE_COLOUR, linewidth=0.8, linestyle="--", gid="reference")
+                    handles.setdefault(f"{arm_label(*ref)} (same seed)" if ref else "BF16",
+                                       plt.Line2D([], [], color=REFERENCE_COLOUR, linewidth=0.8, linestyle="--"))
+                elif ref is not None and fp8 != ref[0]:
+                    a = select(cur, algo, model, *ref).sort_values("step")
+                    if len(a):
+                        (ln,) = ax.plot(a["step"], a["mean"] * spec.scale, color=REFERENCE_COLOUR, linewidth=0.8,
+                                        zorder=1.5, gid="reference")
+                        handles.setdefault(f"BF16 reference ({arm_label(*ref)})", ln)
                 for clip, label in lines:
                     a = select(cur, algo, model, fp8, clip).sort_values("step")
                     if a.empty:
@@ -154,28 +202,32 @@ def plot_by_granularity(
                     x, y = a["step"].to_numpy(), a["mean"].to_numpy() * spec.scale
                     lo, hi = a["lo"].to_numpy() * spec.scale, a["hi"].to_numpy() * spec.scale
                     n = a["n_seeds"].to_numpy()
-                    col = colours[label]
-                    (line,) = ax.plot(x, y, color=col, linewidth=1.4, label=label,
-                                      marker="o" if len(a) < 30 else None, markersize=2)
+                    col = method_colour(clip)
+                    ls, marker = styles[label]
+                    sparse = len(a) < 30
+                    (line,) = ax.plot(x, y, color=col, linewidth=1.4, linestyle=ls, label=label,
+                                      marker=marker or ("o" if sparse else None), markersize=2, gid=f"{fp8}|{clip}")
                     handles.setdefault(label, line)
-                    if (n >= 2).any():
-                        ax.fill_between(x, np.where(n >= 2, lo, y), np.where(n >= 2, hi, y), color=col,
-                                        alpha=0.2, linewidth=0)
+                    has = np.isfinite(lo) & np.isfinite(hi)
+                    if has.any():
+                        ax.fill_between(x, np.where(has, lo, y), np.where(has, hi, y), color=col, alpha=0.2,
+                                        linewidth=0, gid=f"{fp8}|{clip}|band")
                         any_band = True
                     for xi, yi, si, li, hi_, ni in zip(x, y, a["std"].to_numpy() * spec.scale, lo, hi, n,
                                                        strict=True):
                         csv_rows.append(("line", metric, algo, model, arm_label(fp8, clip), fp8, clip, int(xi),
                                          format_number(float(yi)), format_number(float(si)),
                                          format_number(float(li)), format_number(float(hi_)), int(ni), ""))
-                    for s_ in select(surges, algo, model, fp8, clip).itertuples(index=False) if len(surges) else ():
-                        xs = int(s_.surge_step)
-                        ys = float(np.interp(xs, x, y))
-                        ax.plot([xs], [ys], marker="v", color=col, markersize=6, markeredgecolor="white",
-                                markeredgewidth=0.5, linestyle="none", zorder=5)
-                        csv_rows.append(("surge", metric, algo, model, arm_label(fp8, clip), fp8, clip, xs,
-                                         format_number(ys), "", "", "", "", str(s_.run)))
+                    if metric == M.ACTOR_ENTROPY and len(surges):
+                        for s_ in select(surges, algo, model, fp8, clip).itertuples(index=False):
+                            xs = int(s_.surge_step)
+                            ys = float(np.interp(xs, x, y))
+                            ax.plot([xs], [ys], marker="v", color=col, markersize=6, markeredgecolor="white",
+                                    markeredgewidth=0.5, linestyle="none", zorder=5, gid=f"{fp8}|{clip}|surge")
+                            csv_rows.append(("surge", metric, algo, model, arm_label(fp8, clip), fp8, clip, xs,
+                                             format_number(ys), "", "", "", "", str(s_.run)))
                 if spec.logy:
-                    ax.set_yscale("log")
+                    ax.set_yscale("log", nonpositive="clip")
                 else:
                     plain_yaxis(ax)
                 if c == 0:
@@ -192,9 +244,9 @@ def plot_by_granularity(
                                    if max(map(len, handles)) < 40 else 2)), frameon=False)
         fig.suptitle(spec.title, fontsize=9)
         n_rows = pd.to_numeric(coll.runs["n_rows"], errors="coerce").max()
-        span = smooth if smooth is not None else auto_span(int(n_rows) if n_rows == n_rows else 1)
-        caption = granularity_caption(coll, spec, span=span, band=any_band, surges=len(surges) > 0,
-                                      rule=surge_rule)
+        span_txt = span if span is not None else auto_span(int(n_rows) if n_rows == n_rows else 1)
+        caption = granularity_caption(coll, spec, span=span_txt, band=any_band, surges=len(surges) > 0,
+                                      rule=surge_rule, dups=dups)
         paths = save_figure(fig, out_dir, spec.name, caption, pdf=pdf)
         plt.close(fig)
     header = ["kind", "metric", "algorithm", "model", "arm", "fp8", "clip", "step", "mean", "std", "lo", "hi",
@@ -206,15 +258,25 @@ def plot_by_granularity(
 
 
 def granularity_caption(coll: Collection, spec, *, span: float, band: bool, surges: bool,
-                        rule: SurgeRule) -> str:
-    what = spec.ylabels[0]
-    parts = [f"{spec.title}: {what}, one panel per FP8 setting, one colour per clip method.",
-             "Lines: mean over seeds of each run's curve"
-             + (f" (EMA, span {format_number(float(span))} logged steps)" if span > 1 else " (unsmoothed)")
-             + (f"; bands: {BAND} (arms with two or more seeds)." if band
-                         else "; one seed per arm, so no band.")]
+                        rule: SurgeRule, dups: dict | None = None) -> str:
+    what = "; ".join(spec.ylabels)
+    paired = getattr(spec, "paired", False)
+    parts = [f"{spec.title}: {what}, one panel per FP8 setting, one colour per clip method"
+             + (", one row per metric" if len(spec.metrics) - len(dups or {}) > 1 else "") + "."]
+    lines = ("Lines: mean over seeds of each run's curve minus the BF16 reference run of the same seed"
+             if paired else "Lines: mean over seeds of each run's curve")
+    parts.append(lines + (f" (EMA, span {format_number(float(span))} logged steps)" if span > 1 else " (unsmoothed)")
+                 + (f"; bands: {BAND_TEXT} (arms with two or more seeds)." if band
+                    else "; one seed per arm, so no band."))
+    parts.append("Dashed black: zero, the BF16 reference." if paired
+                 else "Thin black line: the block's BF16 reference arm.")
+    for b, a in (dups or {}).items():
+        parts.append(f"{b} equals {a} at every step of every run, so it is drawn once.")
     if surges:
         parts.append(f"Triangles: entropy surge onsets ({rule.describe()}).")
+    u = unfinished(coll)
+    if len(u):
+        parts.append(f"The curves include {len(u)} unfinished run(s) up to their last step: "
+                     + ", ".join(f"{r.run} ({r.cell})" for r in u.itertuples(index=False)) + ".")
     parts.append(describe_runs(coll))
     return " ".join(parts)
-

@@ -45,7 +45,7 @@ from analysis.clip_config import SAME_BATCH, run_settings
 from analysis.collect import Collection
 from analysis.counts import ci_columns
 from analysis.ratio_ci import LEVEL, ratio_ci, t_quantile
-from analysis.tabulate import Table, blocks, latex_escape, render_blocks
+from analysis.tabulate import Table, blocks, render_blocks
 from fp8rl.runs import metrics as M
 
 #: Per kind: (A<0 tokens, FP8-clipped, BF16-clipped) count metrics.
@@ -226,7 +226,7 @@ def heldout_table(coll: Collection, *, name: str = "heldout_calibration") -> Tab
 
     def cells(r, latex: bool) -> list[str]:
         def esc(s):
-            return latex_escape(s) if latex else s
+            return s
         if r["tis_clip"] == r["clip"]:
             diff = "reference"
         elif not r["tis_clip"]:

@@ -37,7 +37,7 @@ from analysis.arms import arm_label
 from analysis.collect import CELL_OK, Collection
 from analysis.evals import select_evals
 from analysis.ratio_ci import t_quantile
-from analysis.tabulate import Table, bf16_reference, blocks, latex_escape, render_blocks
+from analysis.tabulate import Table, bf16_reference, blocks, render_blocks
 from fp8rl.runs import metrics as M
 
 
@@ -138,14 +138,14 @@ def paired_accuracy_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str
     def pm(m, s, latex):
         if not np.isfinite(m):
             return "n/a"
-        sep = " $\\pm$ " if latex else " ± "
+        sep = " ± "
         return f"{100 * m:+.1f}" + (f"{sep}{100 * s:.1f}" if np.isfinite(s) else "")
 
     def num(x, fmt):
         return format(x, fmt) if np.isfinite(x) else ""
 
     def cells(r, latex: bool) -> list[str]:
-        return [latex_escape(r["arm"]) if latex else r["arm"], str(r["runs"]),
+        return [r["arm"], str(r["runs"]),
                 num(100 * r["first_mean"], ".1f"), num(100 * r["last_mean"], ".1f"),
                 pm(r["gain_mean"], r["gain_std"], latex), num(r["gain_t"], ".1f"),
                 "" if r["vs_bf16_pairs"] == 0 else pm(r["vs_bf16_mean"], r["vs_bf16_std"], latex),

@@ -32,7 +32,10 @@ report killed while it writes leaves no half-written file in ``--out``, and a re
 
 A progress bar (tqdm, on stderr) is shown while collecting sweeps of 50 runs or more
 (``--progress`` / ``--no-progress`` force it). The exit code is 0 even when cells are
-missing (that is what the report is for); it is 2 when no run directory could be read at all.
+missing (that is what the report is for); it is 2 when no run directory could be read at all,
+and 3 when the runs come from two or more (sweep, commit, CPU numerics) groups and neither
+``--pool`` (pool them knowingly: report.md lists the groups) nor ``--separate`` (one report per
+group, ``OUT/<group>/``) was given (``analysis.pooling``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,15 @@ from analysis.entropy_paired import entropy_paired_table
 from analysis.evals import has_evals
 from analysis.figures import FIGURE_NAMES, figure_spec, plot_figure
 from analysis.paired import paired_accuracy_table, training_effect_lines
+from analysis.pooling import (
+    finished,
+    group_subsets,
+    groups,
+    provenance_lines,
+    refusal,
+    unfinished,
+    unfinished_note,
+)
 from analysis.staging import write_staged
 from analysis.summary import findings
 from analysis.surge import SurgeRule
@@ -78,14 +90,14 @@ def _run_length(coll: Collection) -> int:
 
 
 #: The order figures appear in (names of ``analysis.figures`` and ``analysis.bars``).
-FIGURE_ORDER: tuple[str, ...] = ("entropy", "eval_accuracy", "clipfrac_neg_low", "clipfrac_summary",
+FIGURE_ORDER: tuple[str, ...] = ("entropy", "entropy_vs_bf16", "eval_accuracy", "clipfrac_neg_low", "clipfrac_summary",
                                  "reward_accuracy", "response_length", "mismatch_kl", "clip_bounds",
                                  "ratio_quantiles")
 ALL_FIGURES: tuple[str, ...] = (*FIGURE_ORDER,
                                 *(n for n in FIGURE_NAMES + SUMMARY_NAMES if n not in FIGURE_ORDER))
 #: ``--figures published``: the figures the published reports (docs/results, ``make results``)
 #: keep in git; every other figure is one ``python -m analysis.report`` away.
-PUBLISHED_FIGURES: tuple[str, ...] = ("entropy", "eval_accuracy", "clipfrac_summary")
+PUBLISHED_FIGURES: tuple[str, ...] = ("entropy", "entropy_vs_bf16", "eval_accuracy", "clipfrac_summary")
 
 
 @dataclasses.dataclass
@@ -107,13 +119,20 @@ def _figure_lines(figs: dict, pdf: bool) -> list[str]:
     md, k = [], 0
     for name, (spec, paths, metrics) in figs.items():
         if paths is None:
-            md += [f"- *{spec.title}*: no run logged {', '.join(metrics)}; figure skipped.", ""]
+            why = (f"no run logged {', '.join(metrics)}" if not _pairs_with_bf16(spec)
+                   else "no finished run has a BF16 reference run of the same seed in its block to pair with")
+            md += [f"- *{spec.title}*: {why}; figure skipped.", ""]
             continue
         k += 1
         links = f"[data](figures/{name}.csv)" + (f" · [PDF](figures/{name}.pdf)" if pdf else "")
         md += [f"### {spec.title}", "", f"![{spec.title}](figures/{name}.png)", "",
                f"*Figure {k}.* {paths.caption} {links}", ""]
     return md
+
+
+def _pairs_with_bf16(spec) -> bool:
+    """A figure of differences to the BF16 arm (same seed): skipped where no block has one."""
+    return bool(getattr(spec, "paired", False)) or getattr(spec, "source", "") == "paired_gain"
 
 
 def write_report(
@@ -125,13 +144,19 @@ def write_report(
     progress: bool = False,
     figures: Sequence[str] | None = None,
     pdf: bool = False,
+    pooled: bool = False,
 ) -> Path:
     """Write figures, tables and ``report.md`` for ``coll`` into ``out_dir``; returns report.md.
 
     ``rule``: the surge rule (default: ``SurgeRule.for_length`` of the longest run's last step).
 
     ``figures``: names from :data:`ALL_FIGURES` to draw (default: all). ``pdf``: also write
-    each figure as PDF (default: PNG and CSV only).
+    each figure as PDF (default: PNG and CSV only). ``pooled``: the runs span several groups
+    (``analysis.pooling``) and the user asked to pool them (``--pool``); report.md says so.
+
+    Headline ratios (the mechanism table's x BF16, the half-width criterion, the summary) use the
+    finished runs only (``analysis.pooling.finished``); the diagnostics table and the line
+    figures keep the unfinished ones and name them.
 
     report.md is a list of :class:`Section`: the findings summary, the figures (each with its
     caption), the missing/failed cells, the tables (each also in ``tables/``), the method.
@@ -166,8 +191,9 @@ def write_report(
                      if has_greedy else None)
     bf16 = bf16_evaluation_tables(coll)
     entropy = entropy_paired_table(coll)
+    done = finished(coll)
     diag = diagnostics_table(coll, rule)
-    mech = mechanism_table(coll)
+    mech = mechanism_table(done)
     traj = trajectory_table(coll)
     cal = calibration_table(coll)
     for t in (acc, paired, acc_greedy, paired_greedy, *bf16.values(), entropy, diag, mech, traj, cal):
@@ -202,7 +228,8 @@ def write_report(
     sections = [
         Section("Summary", summary),
         Section("Figures", _figure_lines(figs, pdf)),
-        *(Section(t, lines) for t, lines in calibration_match_sections(coll, tab_dir)),
+        *(Section(t, lines) for t, lines in calibration_match_sections(done, tab_dir)),
+        Section("Which runs", provenance_lines(coll, pooled)),
         Section("Missing, failed and incomplete cells", problem_lines),
         Section("Tables", [f"Each table is also in `tables/` as Markdown, LaTeX (booktabs) and CSV: {index}."]),
     ]
@@ -211,6 +238,7 @@ def write_report(
         if greedy is not None:
             lines += ["Greedy decoding:", "", greedy.markdown]
         lines += _bf16_lines(table.name, bf16)
+        lines += _unfinished_lines(coll, table.name)
         sections.append(Section(title, lines))
     sections.append(Section("Method", [
         f"- {rule.describe()}.",
@@ -220,6 +248,18 @@ def write_report(
     path = out / "report.md"
     path.write_text(render(f"Report: {sweeps}", sections), encoding="utf-8")
     return path
+
+
+def _unfinished_lines(coll: Collection, table: str) -> list[str]:
+    """Under a table, which unfinished runs it counts (diagnostics) or leaves out (the ratios)."""
+    if unfinished(coll).empty:
+        return []
+    if table == "diagnostics":
+        return ["", unfinished_note(coll, "These rows (runs: finished/cells)")]
+    if table == "mechanism":
+        names = ", ".join(unfinished(coll)["run"].astype(str))
+        return ["", f"Unfinished runs are left out of this table and of every x BF16 ratio: {names}."]
+    return []
 
 
 def bf16_evaluation_tables(coll: Collection) -> dict:
@@ -279,6 +319,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--surge-warmup", type=int, default=None,
                    help=f"steps ignored at the start (default {SurgeRule.warmup}, fewer for runs "
                         "under 80 steps)")
+    pool = p.add_mutually_exclusive_group()
+    pool.add_argument("--pool", action="store_true",
+                      help="pool runs of different sweeps, commits or CPU numerics (report.md lists the groups)")
+    pool.add_argument("--separate", action="store_true",
+                      help="one report per (sweep, commit, CPU numerics) group, in OUT/<group>/")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_true", default=None)
     g.add_argument("--no-progress", dest="progress", action="store_false")
@@ -297,12 +342,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures = list(PUBLISHED_FIGURES)
     rule = SurgeRule.for_length(_run_length(coll), k=args.surge_k, m=args.surge_m,
                                 warmup=args.surge_warmup)
-    path = write_staged(out, lambda staging: write_report(coll, staging, rule=rule, smooth=args.smooth,
-                                                          progress=show, figures=figures,
-                                                          pdf=args.pdf))
-    n_bad = len(coll.problems)
-    print(f"{path}: {len(coll.runs)} cells, {n_bad} missing/failed/incomplete "
-          f"({time.perf_counter() - t0:.1f} s)")
+    several = len(groups(coll)) > 1
+    if several and not (args.pool or args.separate):
+        print(refusal(groups(coll)), file=sys.stderr)
+        return 3
+    parts = group_subsets(coll) if several and args.separate else [("", coll)]
+    for slug, part in parts:
+        dest = out / slug if slug else out
+        path = write_staged(dest, lambda staging, part=part: write_report(
+            part, staging, rule=rule, smooth=args.smooth, progress=show, figures=figures, pdf=args.pdf,
+            pooled=several and args.pool))
+        print(f"{path}: {len(part.runs)} cells, {len(part.problems)} missing/failed/incomplete "
+              f"({time.perf_counter() - t0:.1f} s)")
     return 0
 
 

@@ -21,6 +21,9 @@ from analysis.evals import eval_entries
 from analysis.jsonl import parse_jsonl, parse_jsonl_bytes, rows_to_columns
 from fp8rl.runs.rundir import CONFIG_FILE, EVAL_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE
 
+PROVENANCE_FILE = "provenance.json"
+NOT_RECORDED = "not recorded"
+
 
 def _read_json(path: Path):
     """The JSON object in ``path``, None when absent, ``{"__corrupt__": why}`` when it cannot be read."""
@@ -150,6 +153,53 @@ def load_run(path: str, engine: str = "auto", cache_dir: str | None = None) -> d
             gc.enable()
 
 
+def _config(path: Path) -> dict:
+    """``config.yaml`` as a mapping ({} when absent or unreadable)."""
+    import yaml
+
+    try:
+        d = yaml.load(path.read_bytes(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def run_origin(p: Path) -> dict:
+    """What a run's ``provenance.json`` and ``config.yaml`` say about where its numbers come from:
+
+    - ``code``: the commit (``git.sha``, 7 digits, ``+dirty`` for a modified tree);
+    - ``cpu``: the CPU numerics, ``"<model> (<flags>), <n> thread(s)"`` (``cpu.flags`` of
+      provenance: the vector extensions that pick oneDNN/MKL kernels; ``mini.num_threads`` of the
+      config: the summation order); a GPU run (``device`` not ``cpu``) is named by its device;
+    - ``steps_configured``: the config's ``steps`` (None when absent).
+
+    Absent or unreadable files give :data:`NOT_RECORDED` (never an error): a run made before
+    provenance recorded the CPU is its own group, not silently any machine's.
+    """
+    prov = _read_json(p / PROVENANCE_FILE) or {}
+    if prov.get("__corrupt__"):
+        prov = {}
+    cfg = _config(p / CONFIG_FILE)
+    git = prov.get("git") if isinstance(prov.get("git"), dict) else {}
+    sha = git.get("sha")
+    code = (str(sha)[:7] + ("+dirty" if git.get("dirty") else "")) if sha else NOT_RECORDED
+    device = str(prov.get("device") or "")
+    cpu_d = prov.get("cpu") if isinstance(prov.get("cpu"), dict) else {}
+    mini = cfg.get("mini") if isinstance(cfg.get("mini"), dict) else {}
+    threads = mini.get("num_threads")
+    if device and not device.startswith("cpu"):
+        cpu = device
+    elif cpu_d.get("flags") is not None:
+        cpu = f"{cpu_d.get('model') or 'CPU'} ({' '.join(map(str, cpu_d['flags'])) or 'no AVX'})"
+    else:
+        cpu = NOT_RECORDED
+    if cpu != NOT_RECORDED and threads is not None and not (device and not device.startswith("cpu")):
+        cpu += f", {threads} thread{'s' if threads != 1 else ''}"
+    steps = cfg.get("steps")
+    return {"code": code, "cpu": cpu,
+            "steps_configured": int(steps) if isinstance(steps, int) and not isinstance(steps, bool) else None}
+
+
 def _load_run_impl(path: str, engine: str, cache_dir: str | None) -> dict:
     p = Path(path)
     out: dict = {"exists": p.is_dir()}
@@ -158,6 +208,7 @@ def _load_run_impl(path: str, engine: str, cache_dir: str | None) -> dict:
     out["status"] = _read_json(p / STATUS_FILE)
     out["summary"] = _read_json(p / SUMMARY_FILE)
     out["has_config"] = (p / CONFIG_FILE).exists()
+    out.update(run_origin(p))
     out["has_metrics"] = (p / METRICS_FILE).exists()
     steps, cols, truncated, bad = _read_metrics(p, engine, cache_dir)
     out.update(steps=steps, cols=cols, truncated_tail=truncated, bad_lines=bad)

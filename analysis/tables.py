@@ -154,8 +154,8 @@ def _acc_latex(df: pd.DataFrame, decimals: int, stat: str, percent: bool) -> str
         out.append("\\begin{tabular}{l" + "r" * len(cols) + "}")
         out.append("\\toprule")
         unit = ", \\%" if percent else ""
-        out.append(f"\\multicolumn{{{len(cols) + 1}}}{{l}}{{{latex_escape(algo.upper())} · "
-                   f"{latex_escape(model)} ({latex_escape(stat)}{unit})}} \\\\")
+        title = latex_escape(f"{algo.upper()} · {model} ({stat}")
+        out.append(f"\\multicolumn{{{len(cols) + 1}}}{{l}}{{{title}{unit})}} \\\\")
         out.append("\\midrule")
         out.append("Arm & " + " & ".join(latex_escape(_col_label(c)) for c in cols) + " \\\\")
         out.append("\\midrule")
@@ -238,7 +238,7 @@ def diagnostics_table(coll: Collection, rule: SurgeRule = SurgeRule(), *, decima
         def f(x, d=decimals):
             return "n/a" if not np.isfinite(x) else f"{x:.{d}f}"
         onset = ("" if not r["surged"] else f" (step {r['surge_step_median']:.0f})")
-        return [latex_escape(r["arm"]) if latex else r["arm"],
+        return [r["arm"],
                 f"{r['runs']} ({r['finished']}/{r['cells']})", f(r["final_entropy"]),
                 f(r["peak_entropy"]), f"{r['surged']}/{r['runs']}{onset}",
                 f(r["mean_clipfrac_neg_low"], 4), f(r["final_garbled_frac"])]
@@ -316,12 +316,12 @@ def trajectory_table(coll: Collection, *, stat: str = M.EVAL_AVG, name: str = "t
         m, s = r[f"{k}_mean"] * scale, r[f"{k}_std"] * scale
         if not np.isfinite(m):
             return "n/a"
-        pm = " $\\pm$ " if latex else " ± "
+        pm = " ± "
         return format(m, fmt) + (pm + format(s, fmt) if np.isfinite(s) else "")
 
     def cells(r, latex: bool) -> list[str]:
-        arrow = " $\\to$ " if latex else " → "
-        return [latex_escape(r["arm"]) if latex else r["arm"], str(r["runs"]),
+        arrow = " → "
+        return [r["arm"], str(r["runs"]),
                 ms(r, "entropy_first", 1, ".3f", latex) + arrow + ms(r, "entropy_last", 1, ".3f", latex),
                 ms(r, "entropy_max", 1, ".3f", latex),
                 ms(r, "garbled_first", 100, ".2f", latex) + arrow + ms(r, "garbled_last", 100, ".2f", latex),

@@ -16,12 +16,25 @@ import pandas as pd
 from analysis.arms import arm_order_key, panel_order_key
 from analysis.collect import Collection
 
+#: What every character of a table string becomes in LaTeX: the ten special characters, the
+#: ones OT1/T1 fonts print as other glyphs (``<`` as ``¡``, ``>`` as ``¿``, ``|`` as a dash) and
+#: the non-ASCII symbols the tables use (as math or text commands of base LaTeX).
+LATEX_CHARS: dict[str, str] = {
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+    "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
+    "±": r"$\pm$", "−": r"$-$", "×": r"$\times$", "·": r"$\cdot$", "→": r"$\to$", "√": r"$\surd$",
+    "≤": r"$\leq$", "≥": r"$\geq$", "≈": r"$\approx$", "∞": r"$\infty$", "α": r"$\alpha$",
+    "µ": r"$\mu$", "μ": r"$\mu$", "†": r"\dag{}", "‡": r"\ddag{}", "…": r"\ldots{}", "—": "---",
+    "–": "--", "▼": r"$\bigtriangledown$", "’": "'", "“": "``", "”": "''", "\u00a0": "~",
+}
+
 
 def latex_escape(s: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
-                 ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}")):
-        s = s.replace(a, b)
-    return s
+    """``s`` as LaTeX text that compiles with pdflatex and prints as written: every character of
+    :data:`LATEX_CHARS` replaced, any other non-ASCII character written as ``?`` (a table string
+    never needs one; a new symbol belongs in :data:`LATEX_CHARS`)."""
+    return "".join(LATEX_CHARS.get(ch, ch if ch.isascii() else "?") for ch in str(s))
 
 
 def finite(values) -> np.ndarray:
@@ -84,8 +97,10 @@ def blocks(coll: Collection) -> list[tuple[str, str, list[tuple[str, str]]]]:
 def render_blocks(df: pd.DataFrame, header: Sequence[str], cells, caption) -> tuple[list[str], list[str]]:
     """Markdown and LaTeX lines of one table per (algorithm, model) block of ``df``.
 
-    ``cells(row, latex) -> list[str]`` renders a row; ``caption(algo, model, block_df) -> str``
-    is the Markdown line above each block (the LaTeX table gets ``ALGO · model`` as its title).
+    ``cells(row, latex) -> list[str]`` renders a row as plain text (called with ``latex=False``
+    for both outputs: every LaTeX cell is that text through :func:`latex_escape`, so no string
+    reaches the .tex unescaped); ``caption(algo, model, block_df) -> str`` is the Markdown line
+    above each block (the LaTeX table gets ``ALGO · model`` as its title).
     """
     md: list[str] = []
     tex: list[str] = []
@@ -96,12 +111,13 @@ def render_blocks(df: pd.DataFrame, header: Sequence[str], cells, caption) -> tu
         md.append("| " + " | ".join(header) + " |")
         md.append("|---|" + "---:|" * (len(header) - 1))
         tex += ["\\begin{tabular}{l" + "r" * (len(header) - 1) + "}", "\\toprule",
-                f"\\multicolumn{{{len(header)}}}{{l}}{{{latex_escape(algo.upper())} · "
-                f"{latex_escape(model)}}} \\\\", "\\midrule",
+                f"\\multicolumn{{{len(header)}}}{{l}}{{{latex_escape(f'{algo.upper()} · {model}')}}} \\\\",
+                "\\midrule",
                 " & ".join(latex_escape(h) for h in header) + " \\\\", "\\midrule"]
         for _, r in g.iterrows():
-            md.append("| " + " | ".join(cells(r, False)) + " |")
-            tex.append(" & ".join(cells(r, True)) + " \\\\")
+            text = cells(r, False)
+            md.append("| " + " | ".join(text) + " |")
+            tex.append(" & ".join(latex_escape(c) for c in text) + " \\\\")
         md.append("")
         tex += ["\\bottomrule", "\\end{tabular}", ""]
     return md, tex

@@ -57,7 +57,7 @@ def test_figures_skip_absent_metrics_and_all_names(tmp_path):
     assert "FP8 foo8 + newclip" in set(pd.read_csv(out["csv"])["arm"])
     with pytest.raises(KeyError, match="valid names"):
         figure_spec("nope")
-    assert {"entropy", "clipfrac_neg_low", "reward_accuracy", "response_length", "mismatch_kl",
+    assert {"entropy", "entropy_vs_bf16", "clipfrac_neg_low", "reward_accuracy", "response_length", "mismatch_kl",
             "clip_bounds", "ratio_quantiles"} == set(FIGURE_NAMES)
 
 

@@ -1,6 +1,6 @@
 """The report's figures are paper-ready: the entropy figure has one panel per FP8 setting with a
-mean line and a min-max band per clip method, evaluation accuracy is bars with confidence
-intervals, no axis carries an offset, every figure has a caption, and report.md opens with the
+mean line and a 95% t band per clip method, evaluation accuracy is paired differences to BF16 with
+confidence intervals, no axis carries an offset, every figure has a caption, and report.md opens with the
 findings summary and shows the figures before the tables."""
 
 import dataclasses
@@ -16,6 +16,8 @@ import analysis.bars as bars
 import analysis.curves as curves
 import analysis.figures as figures
 import analysis.granularity as granularity
+from analysis.paired import run_gains
+from analysis.ratio_ci import t_quantile
 from analysis.report import main as report_main
 
 
@@ -52,37 +54,45 @@ def test_entropy_one_panel_per_granularity_mean_and_band(known_coll, tmp_path, m
         for ln, band in zip(labelled, bands, strict=True):  # band and line share the colour
             assert np.allclose(band.get_facecolor()[0][:3], plt.matplotlib.colors.to_rgb(ln.get_color()))
         assert ax.get_xlabel() == "training step" or ax is not axes[-1]
+        if ax.get_title() != "BF16":  # the BF16 reference over every FP8 panel, in black
+            assert [ln.get_color() for ln in ax.get_lines() if ln.get_gid() == "reference"] == ["#000000"]
     assert axes[0].get_ylabel() == "entropy (nats/token)"
     legend = fig.legends[0]
     assert {t.get_text() for t in legend.get_texts()} >= {"vanilla", "calibrated", "TIS", granularity.BAND}
-    # the band is the min-max over seeds (CSV), and the caption says so and says what was run
+    # the band is the 95% t interval of the mean over seeds (CSV), and the caption says so
     csv = pd.read_csv(paths["csv"])
     line = csv[(csv["kind"] == "line") & (csv["n_seeds"] >= 2)]
-    assert (line["lo"] <= line["mean"] + 1e-12).all() and (line["hi"] >= line["mean"] - 1e-12).all()
-    assert (line["hi"] > line["lo"]).any()
+    half = np.array([t_quantile(0.975, n - 1) for n in line["n_seeds"]]) * line["std"] / np.sqrt(line["n_seeds"])
+    np.testing.assert_allclose(line["hi"] - line["mean"], half, rtol=1e-3, atol=2e-5)  # CSV: 6 digits
+    # cut at 0: entropy is not negative (two-seed arms of the known sweep have wide intervals)
+    np.testing.assert_allclose(line["lo"], np.maximum(line["mean"] - half, 0.0), rtol=1e-3, atol=2e-5)
+    assert (line["lo"] == 0).any() and (line["lo"] >= 0).all()
     cap = paths.caption
-    for words in ("one panel per FP8 setting", "min-max over seeds", "Sweep known", "2-3 seeds per arm",
-                  "trained to step 49-79 (runs differ)", "11 runs (8 finished)", "surge"):
+    for words in ("one panel per FP8 setting", "95% t interval of the mean over seeds, clipped to the metric's range",
+                  "Sweep known", "2-3 seeds per arm", "trained to step 49-79 (runs differ)", "11 runs (8 finished)",
+                  "surge", "The curves include 2 unfinished run(s)"):
         assert words in cap, words
     assert Image.open(paths["png"]).text["Description"] == cap
 
 
-def test_accuracy_is_bars_with_confidence_intervals(known_coll, tmp_path, monkeypatch):
+def test_accuracy_is_paired_differences_with_confidence_intervals(known_coll, tmp_path, monkeypatch):
     kept = _capture(monkeypatch, bars)
     paths = bars.plot_summary(known_coll, "eval_accuracy", tmp_path)
     (fig,) = kept
     (ax,) = _visible(fig)
-    assert any(isinstance(c, BarContainer) for c in ax.containers)
+    assert not any(isinstance(c, BarContainer) for c in ax.containers)  # differences, not bars from 0
     assert any(isinstance(c, ErrorbarContainer) for c in ax.containers)
     assert {t.get_text() for t in ax.get_yticklabels()} == {
-        "BF16", "FP8 tensorwise (vanilla)", "FP8 tensorwise + calibrated", "FP8 blockwise + TIS"}
+        "FP8 tensorwise (vanilla)", "FP8 tensorwise + calibrated", "FP8 blockwise + TIS"}
     csv = pd.read_csv(paths["csv"]).set_index("arm")
-    # BF16 finished seeds 0 and 1: final (aime24 + math500) / 2 = 0.50 and 0.54 -> 52 %
-    r = csv.loc["BF16"]
-    assert r["n_seeds"] == 2 and np.isclose(r["mean"], 52.0)
-    half = 12.706 * r["std"] / np.sqrt(2)  # 95% t interval, 1 degree of freedom
+    # reference: run_gains per seed, minus the BF16 arm's gain of the same seed, t interval
+    g = run_gains(known_coll).set_index(["fp8", "clip", "seed"])["gain"]
+    d = (g.loc["tensorwise", "vanilla"] - g.loc["bf16", "vanilla"]).dropna().to_numpy()
+    r = csv.loc["FP8 tensorwise (vanilla)"]
+    assert r["n_seeds"] == len(d) == 2 and np.isclose(r["mean"], 100 * d.mean(), atol=1e-4)
+    half = 12.706 * 100 * d.std(ddof=1) / np.sqrt(2)  # 95% t interval, 1 degree of freedom
     assert np.isclose(r["hi"] - r["mean"], half, rtol=1e-4) and np.isclose(r["mean"] - r["lo"], half, rtol=1e-4)
-    assert "95% confidence interval" in paths.caption and "Sweep known" in paths.caption
+    assert "95% confidence interval" in paths.caption and "same seed" in paths.caption
 
 
 def test_ratio_quantiles_axis_has_no_offset(known_coll, tmp_path, monkeypatch):
@@ -90,7 +100,7 @@ def test_ratio_quantiles_axis_has_no_offset(known_coll, tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     steps["actor/ratio_neg_q50"] = 1.0 + 3e-5 * rng.random(len(steps))  # the mini runs' q50
     coll = dataclasses.replace(known_coll, steps=steps)
-    kept = _capture(monkeypatch, figures)
+    kept = _capture(monkeypatch, granularity)
     figures.plot_figure(coll, "ratio_quantiles", tmp_path)
     (fig,) = kept
     fig.canvas.draw()
