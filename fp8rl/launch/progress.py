@@ -13,6 +13,10 @@ of resumed runs, do not count towards the rate).
 - **Elsewhere** (a pipe, a log file, CI; or ``TERM=dumb``): no bar and no control characters,
   a plain line when a cell starts or ends and at most every ``every_s`` seconds in between.
 
+The launcher's messages and its stop summary also go to ``<sweep dir>/launch.log``, and a
+console whose reader died (``| tee`` killed by the same Ctrl-C) falls back to the terminal
+(:class:`ConsoleStream`), so neither the summary nor the stop itself is lost.
+
 :func:`console` gives the launcher a stream on the terminal that stays there while a cell run
 in the launching process sends file descriptors 1 and 2 to its ``run.log``
 (``fp8rl.runs.runlog``).
@@ -56,12 +60,75 @@ def is_terminal(stream) -> bool:
     return tty and os.environ.get("TERM", "") != "dumb"
 
 
+class ConsoleStream:
+    """The launcher's console: a text stream that outlives its reader.
+
+    Under ``make reproduce 2>&1 | tee log`` a Ctrl-C kills ``tee`` too, and the next write to
+    standard error fails (``EPIPE``). Raised in the launcher (in its signal handler, say), that
+    would end it mid-stop and leave its cells RUNNING (then DIED). Here a failed write switches
+    the stream once to the controlling terminal (``/dev/tty``), where the person who pressed
+    Ctrl-C still sees the summary, or, without one, drops the output. Every line of
+    :func:`echo` also goes to :func:`log` (the sweep's ``launch.log``) when one is open."""
+
+    def __init__(self, stream, close: bool) -> None:
+        self._stream, self._close, self._switched = stream, close, False
+
+    def _fallback(self) -> None:
+        old, close = self._stream, self._close
+        self._stream, self._close = None, False
+        if close:
+            with contextlib.suppress(OSError):
+                old.close()
+        if not self._switched:
+            self._switched = True
+            with contextlib.suppress(OSError):
+                self._stream = open("/dev/tty", "w", buffering=1, encoding="utf-8", errors="replace")
+                self._close = True
+
+    def write(self, text: str) -> int:
+        for _ in range(2):
+            if self._stream is None:
+                return len(text)
+            try:
+                self._stream.write(text)
+                self._stream.flush()
+                return len(text)
+            except (OSError, ValueError):  # EPIPE / EIO: the reader is gone
+                self._fallback()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._fallback()
+
+    def isatty(self) -> bool:
+        return self._stream is not None and is_terminal(self._stream)
+
+    def fileno(self) -> int:
+        if self._stream is None:
+            raise OSError("the console is closed")
+        return self._stream.fileno()
+
+    def close(self) -> None:
+        if self._close and self._stream is not None:
+            with contextlib.suppress(OSError):
+                self._stream.close()
+        self._stream = None
+
+
+_LOG = None
+
+
 @contextlib.contextmanager
-def console() -> Iterator:
-    """A text stream on this process's standard error as it is now (a duplicate of its file
-    descriptor), for the launcher's own output; :func:`echo` writes there during the block."""
-    global _CONSOLE
-    old = _CONSOLE
+def console(log_path: str | os.PathLike | None = None) -> Iterator:
+    """A :class:`ConsoleStream` on this process's standard error as it is now (a duplicate of its
+    file descriptor), for the launcher's own output; :func:`echo` writes there during the block,
+    and appends each line to ``log_path`` too (the sweep's ``launch.log``) when given."""
+    global _CONSOLE, _LOG
+    old, old_log = _CONSOLE, _LOG
     try:
         fd = sys.stderr.fileno()
     except (AttributeError, ValueError, OSError):  # a test's capture object: it is not redirected
@@ -69,26 +136,44 @@ def console() -> Iterator:
     else:
         stream = open(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace")
         close = True
-    _CONSOLE = stream
+    _CONSOLE = ConsoleStream(stream, close)
+    if log_path is not None:
+        with contextlib.suppress(OSError):
+            _LOG = open(log_path, "a", buffering=1, encoding="utf-8")
     try:
-        yield stream
+        yield _CONSOLE
     finally:
-        _CONSOLE = old
-        if close:
+        _CONSOLE.close()
+        if _LOG is not None and _LOG is not old_log:
             with contextlib.suppress(OSError):
-                stream.close()
+                _LOG.close()
+        _CONSOLE, _LOG = old, old_log
+
+
+def log(msg: str) -> None:
+    """Append ``msg`` (one or more lines) to the open ``launch.log``, stamped; nothing without one."""
+    if _LOG is None:
+        return
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with contextlib.suppress(OSError, ValueError):
+        _LOG.write("".join(f"{stamp} {line}\n" for line in msg.rstrip("\n").splitlines()))
+        _LOG.flush()
 
 
 def echo(msg: str) -> None:
     """Print a launcher message: above the progress bar when one is shown, else a plain line on
-    the console (:func:`console`) or standard error."""
+    the console (:func:`console`) or standard error; and into the sweep's ``launch.log``."""
+    log(msg)
     cur = _CURRENT
     if cur is not None:
         cur.write(msg)
         return
     stream = _CONSOLE or sys.stderr
-    stream.write(msg + "\n")
-    stream.flush()
+    try:
+        stream.write(msg + "\n")
+        stream.flush()
+    except (OSError, ValueError):  # standard error is gone (its reader was killed)
+        pass
 
 
 class SweepProgress:
