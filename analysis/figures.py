@@ -274,13 +274,3 @@ def line_caption(coll: Collection, spec: FigureSpec, rows) -> str:
     how = "each run's curve unsmoothed" if not spec.smooth else "each run's curve after an EMA"
     return (f"{spec.title}: {layout}. Lines: mean over seeds of {how}; bands: ±1 std over seeds "
             f"(arms with two or more seeds). {describe_runs(coll)}")
-
-
-def plot_all(
-    coll: Collection,
-    out_dir: str | os.PathLike,
-    names: Sequence[str] = FIGURE_NAMES,
-    **kwargs,
-) -> dict[str, dict[str, Path] | None]:
-    """Draw every figure of :data:`FIGURES` (or ``names``); value None = no data for it."""
-    return {name: plot_figure(coll, name, out_dir, **kwargs) for name in names}
