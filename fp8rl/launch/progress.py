@@ -2,8 +2,9 @@
 
 It reads the cells' ``status.json`` files (``fp8rl.runs.RunDir``), so it works for any backend
 and any local launcher without a callback into the training loop. ETA: the steps still to go
-at the average step rate since the display started (steps already done when it started, e.g.
-of resumed runs, do not count towards the rate).
+at the average step rate since the first training step the display saw (the warm-start phase
+before it and the steps of resumed runs do not count towards the rate; "ETA after the warm
+start" until then), never negative (a cell restarted from step 0 does not make the rate fall).
 
 - **On a terminal**: one tqdm bar (share of all steps, cells finished, elapsed, ETA, what the
   running cells are at), redrawn in place and trimmed to the terminal's width as it changes.
@@ -191,6 +192,8 @@ class SweepProgress:
         self.total_steps = sum(max(int(c.steps), 1) for c in self.cells)
         self.t0 = time.monotonic()
         self.steps0 = self.done_steps()[0]
+        self._base: tuple[float, int] | None = None  # (time, steps) of the first step seen
+        self._high = self.steps0
         self.tty = is_terminal(self.stream)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -228,9 +231,22 @@ class SweepProgress:
         return steps, done, failed, running
 
     def _eta(self, steps: int) -> tuple[float, float | None]:
-        elapsed = time.monotonic() - self.t0
-        rate = (steps - self.steps0) / elapsed if elapsed > 0 else 0.0
-        return elapsed, ((self.total_steps - steps) / rate if rate > 0 else None)
+        """``(elapsed, ETA or None)``. The rate is measured from the first training step seen, so
+        the warm-start phase before it (and resumed cells' old steps) does not dilute it; steps
+        counted once and then lost (a cell restarted from step 0) count as done for the rate, so
+        the ETA never runs negative; None until a step has been timed."""
+        now = time.monotonic()
+        elapsed = now - self.t0
+        if self._base is None:
+            if steps != self.steps0:  # training has begun: time from here
+                self._base = (now, steps)
+            return elapsed, None
+        self._high = max(self._high, steps)
+        t_base, s_base = self._base
+        rate = (self._high - s_base) / (now - t_base) if now > t_base else 0.0
+        if rate <= 0:
+            return elapsed, None
+        return elapsed, max(0.0, (self.total_steps - steps) / rate)
 
     def line(self) -> tuple[str, tuple]:
         """The plain (non-terminal) line and the key whose change prints it at once."""
@@ -239,7 +255,7 @@ class SweepProgress:
         head = f"[{self.name}] " if self.name else ""
         finished = done + failed == len(self.cells)
         total = self.cells[0].total if self.cells else 0
-        run = "; ".join(f"cell {i}/{total} {Path(self._cell(i).run_dir).name} {what or 'preparing'}"
+        run = "; ".join(f"cell {i}/{total} {Path(self._cell(i).run_dir).name} {what or 'preparing (warm start)'}"
                         for i, what in running) if running else ("done" if finished else "starting")
         fail = f", {failed} FAILED" if failed else ""
         text = (f"{head}{done + failed}/{len(self.cells)} cells finished{fail} | {run} | "
@@ -262,13 +278,16 @@ class SweepProgress:
 
         return tqdm(total=self.total_steps, initial=self.steps0, file=self.stream, dynamic_ncols=True,
                     smoothing=0, leave=True, unit="step", mininterval=0, ascii=False,
-                    bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]{postfix}")
+                    bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}]{postfix}")
 
     def _update_bar(self) -> None:
         steps, done, failed, running = self.done_steps()
         fail = f" {failed} FAILED" if failed else ""
         desc = f"{self.name} {done + failed}/{len(self.cells)} cells{fail}".strip()
-        post = ", ".join(f"#{i} {what or 'prep'}" for i, what in running)
+        eta = self._eta(steps)[1]
+        post = ", ".join([f"ETA {_fmt(eta)}" if eta is not None else
+                          ("ETA after the warm start" if any(w is None for _, w in running) else "ETA ?")]
+                         + [f"#{i} {what or 'warm start'}" for i, what in running])
         with self._lock:
             bar = self._bar
             if bar is None:
