@@ -119,10 +119,16 @@ slurm-up:
 slurm-down:
 	@bash slurm/local_cluster.sh stop
 
-# The README's main command: the paper's main table at mini scale, on this machine.
+# A sweep launched by a target: when it is stopped (Ctrl-C), the command it prints to resume is this
+# target (`make reproduce`), which works from a shell without the venv active (fp8rl.launch.interrupt).
+LAUNCH = FP8RL_RESUME="make $@$(if $(ARGS), ARGS='$(ARGS)')" $(BIN)/python -m experiments.launch
+
+# The README's main command: the paper's main table at mini scale, on this machine. ARGS: more
+# launch arguments (`make reproduce ARGS="workers=1"`).
+ARGS ?=
 .PHONY: reproduce
 reproduce: install-run
-	$(BIN)/python -m experiments.launch +sweep=main_table
+	$(LAUNCH) +sweep=main_table $(ARGS)
 
 # Calibrated Clipping against BF16 with intervals that can resolve +-25% (docs/results/mini/FINDINGS.md,
 # section 2): calibration_match (12 seeds x 10 cells) and the three calibration modes on full-FP8
@@ -135,21 +141,21 @@ reproduce: install-run
 # on 2 cores). The vanilla FP8 contrast is calibration_match's (12 seeds).
 .PHONY: reproduce-calibration-80
 reproduce-calibration-80: install-run
-	$(BIN)/python -m experiments.launch +sweep=calibration_match sweep_name=calibration_match_80 seeds=80 \
+	$(LAUNCH) +sweep=calibration_match sweep_name=calibration_match_80 seeds=80 \
 	  fp8=bf16 clip=vanilla
-	$(BIN)/python -m experiments.launch +sweep=calibration_match sweep_name=calibration_match_80 seeds=80 \
+	$(LAUNCH) +sweep=calibration_match sweep_name=calibration_match_80 seeds=80 \
 	  fp8=tensorwise,rowwise,mxfp8 clip=calibrated
-	$(BIN)/python -m experiments.launch +sweep=calibration_match sweep_name=calibration_match_80 seeds=32 \
+	$(LAUNCH) +sweep=calibration_match sweep_name=calibration_match_80 seeds=32 \
 	  fp8=blockwise clip=calibrated
 
 .PHONY: reproduce-calibration
 reproduce-calibration: install-run
-	$(BIN)/python -m experiments.launch +sweep=calibration_match seeds=12
-	$(BIN)/python -m experiments.launch +sweep=calibration_match seeds=12 fp8=tensorwise,rowwise,blockwise,mxfp8 \
+	$(LAUNCH) +sweep=calibration_match seeds=12
+	$(LAUNCH) +sweep=calibration_match seeds=12 fp8=tensorwise,rowwise,blockwise,mxfp8 \
 	  clip=calibrated clip.calibration_mode=sampled
-	$(BIN)/python -m experiments.launch +sweep=calibration_modes seeds=6 sweep_name=calibration_modes_periodic \
+	$(LAUNCH) +sweep=calibration_modes seeds=6 sweep_name=calibration_modes_periodic \
 	  clip.calibration_mode=periodic clip.period=4 clip.window=4
-	$(BIN)/python -m experiments.launch +sweep=calibration_modes seeds=6 sweep_name=calibration_modes_pooled \
+	$(LAUNCH) +sweep=calibration_modes seeds=6 sweep_name=calibration_modes_pooled \
 	  clip.calibration_mode=pooled
 
 # The published mini reproduction (docs/results/mini/README.md). After the sweeps have run:

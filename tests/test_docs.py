@@ -76,6 +76,7 @@ CREATED_AT_RUN_TIME = {
     "provenance.json": "inside a run directory",
     "overrides.txt": "inside a run directory",
     "manifest.json": "inside a sweep directory",
+    "launch.log": "inside a sweep directory (the launcher's messages and stop summaries)",
     "report.md": "written by analysis.report",
     "attestation.json": "written by a paper-scale driver",
     "command.sh": "written by a paper-scale cell",
@@ -751,6 +752,34 @@ def test_design_registry_table_names_real_registries():
             entries = re.findall(r"`([^`]+)`", listed)
             if len(names) == 1 and entries:  # the row lists the registry's entries: all of them
                 assert set(entries) == set(reg), f"{name}: the table lists {entries}, it holds {sorted(reg)}"
+
+
+def test_design_map_names_existing_files():
+    """docs/design.md's "Where does X live": every path it names exists."""
+    rows = _table_after(DESIGN.read_text(encoding="utf-8"), "| concept | shared |")
+    assert len(rows) >= 15
+    paths = [p for r in rows for cell in r[1:] for p in re.findall(r"`([^`]+/[^`]*)`", cell)]
+    assert len(paths) >= 30 and all(len(r) == 4 for r in rows)
+    missing = [p for p in paths if not (REPO / p).exists()]
+    assert not missing, f"docs/design.md names files that do not exist: {missing}"
+
+
+def test_design_registry_table_lists_every_registry():
+    """Every ``Registry`` the library defines is a row of the registry table."""
+    listed = {_code(n.strip()) for r in _table_after(DESIGN.read_text(encoding="utf-8"), "**Sweep axes are")
+              for n in r[0].split(",")}
+    defined = {m.group(1) for f in (REPO / "fp8rl").rglob("*.py")
+               for m in re.finditer(r"^([A-Z_]+)(?:: Registry\[.*\])? = Registry\(", f.read_text(), re.M)}
+    assert len(defined) >= 15 and defined == listed, (
+        f"not in the table: {sorted(defined - listed)}; not a registry: {sorted(listed - defined)}")
+
+
+def test_the_offline_cluster_profile_in_the_docs_is_the_file():
+    import yaml
+
+    text = (REPO / "docs" / "cluster.md").read_text(encoding="utf-8")
+    block = re.search(r"without its comments:\n\n```yaml\n(.*?)```", text, re.S).group(1)
+    assert yaml.safe_load(block) == yaml.safe_load((REPO / "slurm/profiles/offline_h100x4.yaml").read_text())
 
 
 def test_analysis_imports_only_the_run_directory_package():

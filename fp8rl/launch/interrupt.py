@@ -12,12 +12,16 @@
 
 Either way the launch ends with :func:`summary_lines`: how many cells are DONE, which are
 resumable (and at which step), which never started, and the command that resumes the sweep
-(the same command line); the exit status is ``128 + signal`` (130 for Ctrl-C). No traceback.
+from where the user stands (:func:`resume_command`: ``make reproduce`` when a make target
+started it, else this interpreter as the user's shell finds it, ``.venv/bin/python`` when its
+environment is not active, and the same arguments); the exit status is ``128 + signal`` (130 for Ctrl-C). No traceback.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -76,11 +80,41 @@ class Interrupt:
         _stop.clear()
 
 
+#: Set by the Makefile's targets that launch sweeps (``FP8RL_RESUME="make reproduce"``): the
+#: command that resumes from where the user stands is then that make command.
+RESUME_ENV = "FP8RL_RESUME"
+
+
+def python_command() -> str:
+    """How to start this interpreter from the user's shell: ``python`` when that name finds it
+    (its virtual environment is active, or it is the ``python`` on ``PATH``), else its path,
+    relative to the working directory when under it (``.venv/bin/python``). A virtual
+    environment's ``bin/python`` is named, not the system interpreter it links to: only the
+    former imports the project's dependencies."""
+    exe = os.path.abspath(sys.executable)
+    if sys.prefix != sys.base_prefix:  # a virtual environment: its own bin/python, links unresolved
+        venv_python = os.path.join(sys.prefix, "bin", "python")
+        exe = venv_python if os.path.exists(venv_python) else exe
+        active = os.environ.get("VIRTUAL_ENV")
+        if active and os.path.realpath(active) == os.path.realpath(sys.prefix) and shutil.which("python"):
+            return "python"
+    else:
+        found = shutil.which("python")
+        if found and os.path.realpath(found) == os.path.realpath(exe):
+            return "python"
+    rel = os.path.relpath(exe)
+    return rel if not rel.startswith("..") else exe
+
+
 def resume_command(argv: list[str] | None = None) -> str:
-    """The command line that relaunches this sweep: ``python -m experiments.launch`` and the same
-    arguments."""
+    """The command line that relaunches this sweep from where the user stands: the make target
+    that started it (:data:`RESUME_ENV`), else :func:`python_command` ``-m experiments.launch``
+    with the same arguments."""
+    via = os.environ.get(RESUME_ENV, "").strip()
+    if via:
+        return via
     args = list(sys.argv[1:] if argv is None else argv)
-    return shlex.join(["python", "-m", "experiments.launch", *args])
+    return shlex.join([python_command(), "-m", "experiments.launch", *args])
 
 
 def summary_lines(plan, how: str, argv: list[str] | None = None) -> list[str]:

@@ -2,8 +2,9 @@
 
 It reads the cells' ``status.json`` files (``fp8rl.runs.RunDir``), so it works for any backend
 and any local launcher without a callback into the training loop. ETA: the steps still to go
-at the average step rate since the display started (steps already done when it started, e.g.
-of resumed runs, do not count towards the rate).
+at the average step rate since the first training step the display saw (the warm-start phase
+before it and the steps of resumed runs do not count towards the rate; "ETA after the warm
+start" until then), never negative (a cell restarted from step 0 does not make the rate fall).
 
 - **On a terminal**: one tqdm bar (share of all steps, cells finished, elapsed, ETA, what the
   running cells are at), redrawn in place and trimmed to the terminal's width as it changes.
@@ -12,6 +13,10 @@ of resumed runs, do not count towards the rate).
   would wrap them anyway, so that the redrawn bar never lands inside a message).
 - **Elsewhere** (a pipe, a log file, CI; or ``TERM=dumb``): no bar and no control characters,
   a plain line when a cell starts or ends and at most every ``every_s`` seconds in between.
+
+The launcher's messages and its stop summary also go to ``<sweep dir>/launch.log``, and a
+console whose reader died (``| tee`` killed by the same Ctrl-C) falls back to the terminal
+(:class:`ConsoleStream`), so neither the summary nor the stop itself is lost.
 
 :func:`console` gives the launcher a stream on the terminal that stays there while a cell run
 in the launching process sends file descriptors 1 and 2 to its ``run.log``
@@ -56,12 +61,75 @@ def is_terminal(stream) -> bool:
     return tty and os.environ.get("TERM", "") != "dumb"
 
 
+class ConsoleStream:
+    """The launcher's console: a text stream that outlives its reader.
+
+    Under ``make reproduce 2>&1 | tee log`` a Ctrl-C kills ``tee`` too, and the next write to
+    standard error fails (``EPIPE``). Raised in the launcher (in its signal handler, say), that
+    would end it mid-stop and leave its cells RUNNING (then DIED). Here a failed write switches
+    the stream once to the controlling terminal (``/dev/tty``), where the person who pressed
+    Ctrl-C still sees the summary, or, without one, drops the output. Every line of
+    :func:`echo` also goes to :func:`log` (the sweep's ``launch.log``) when one is open."""
+
+    def __init__(self, stream, close: bool) -> None:
+        self._stream, self._close, self._switched = stream, close, False
+
+    def _fallback(self) -> None:
+        old, close = self._stream, self._close
+        self._stream, self._close = None, False
+        if close:
+            with contextlib.suppress(OSError):
+                old.close()
+        if not self._switched:
+            self._switched = True
+            with contextlib.suppress(OSError):
+                self._stream = open("/dev/tty", "w", buffering=1, encoding="utf-8", errors="replace")
+                self._close = True
+
+    def write(self, text: str) -> int:
+        for _ in range(2):
+            if self._stream is None:
+                return len(text)
+            try:
+                self._stream.write(text)
+                self._stream.flush()
+                return len(text)
+            except (OSError, ValueError):  # EPIPE / EIO: the reader is gone
+                self._fallback()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._fallback()
+
+    def isatty(self) -> bool:
+        return self._stream is not None and is_terminal(self._stream)
+
+    def fileno(self) -> int:
+        if self._stream is None:
+            raise OSError("the console is closed")
+        return self._stream.fileno()
+
+    def close(self) -> None:
+        if self._close and self._stream is not None:
+            with contextlib.suppress(OSError):
+                self._stream.close()
+        self._stream = None
+
+
+_LOG = None
+
+
 @contextlib.contextmanager
-def console() -> Iterator:
-    """A text stream on this process's standard error as it is now (a duplicate of its file
-    descriptor), for the launcher's own output; :func:`echo` writes there during the block."""
-    global _CONSOLE
-    old = _CONSOLE
+def console(log_path: str | os.PathLike | None = None) -> Iterator:
+    """A :class:`ConsoleStream` on this process's standard error as it is now (a duplicate of its
+    file descriptor), for the launcher's own output; :func:`echo` writes there during the block,
+    and appends each line to ``log_path`` too (the sweep's ``launch.log``) when given."""
+    global _CONSOLE, _LOG
+    old, old_log = _CONSOLE, _LOG
     try:
         fd = sys.stderr.fileno()
     except (AttributeError, ValueError, OSError):  # a test's capture object: it is not redirected
@@ -69,26 +137,44 @@ def console() -> Iterator:
     else:
         stream = open(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace")
         close = True
-    _CONSOLE = stream
+    _CONSOLE = ConsoleStream(stream, close)
+    if log_path is not None:
+        with contextlib.suppress(OSError):
+            _LOG = open(log_path, "a", buffering=1, encoding="utf-8")
     try:
-        yield stream
+        yield _CONSOLE
     finally:
-        _CONSOLE = old
-        if close:
+        _CONSOLE.close()
+        if _LOG is not None and _LOG is not old_log:
             with contextlib.suppress(OSError):
-                stream.close()
+                _LOG.close()
+        _CONSOLE, _LOG = old, old_log
+
+
+def log(msg: str) -> None:
+    """Append ``msg`` (one or more lines) to the open ``launch.log``, stamped; nothing without one."""
+    if _LOG is None:
+        return
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with contextlib.suppress(OSError, ValueError):
+        _LOG.write("".join(f"{stamp} {line}\n" for line in msg.rstrip("\n").splitlines()))
+        _LOG.flush()
 
 
 def echo(msg: str) -> None:
     """Print a launcher message: above the progress bar when one is shown, else a plain line on
-    the console (:func:`console`) or standard error."""
+    the console (:func:`console`) or standard error; and into the sweep's ``launch.log``."""
+    log(msg)
     cur = _CURRENT
     if cur is not None:
         cur.write(msg)
         return
     stream = _CONSOLE or sys.stderr
-    stream.write(msg + "\n")
-    stream.flush()
+    try:
+        stream.write(msg + "\n")
+        stream.flush()
+    except (OSError, ValueError):  # standard error is gone (its reader was killed)
+        pass
 
 
 class SweepProgress:
@@ -106,6 +192,8 @@ class SweepProgress:
         self.total_steps = sum(max(int(c.steps), 1) for c in self.cells)
         self.t0 = time.monotonic()
         self.steps0 = self.done_steps()[0]
+        self._base: tuple[float, int] | None = None  # (time, steps) of the first step seen
+        self._high = self.steps0
         self.tty = is_terminal(self.stream)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -143,9 +231,22 @@ class SweepProgress:
         return steps, done, failed, running
 
     def _eta(self, steps: int) -> tuple[float, float | None]:
-        elapsed = time.monotonic() - self.t0
-        rate = (steps - self.steps0) / elapsed if elapsed > 0 else 0.0
-        return elapsed, ((self.total_steps - steps) / rate if rate > 0 else None)
+        """``(elapsed, ETA or None)``. The rate is measured from the first training step seen, so
+        the warm-start phase before it (and resumed cells' old steps) does not dilute it; steps
+        counted once and then lost (a cell restarted from step 0) count as done for the rate, so
+        the ETA never runs negative; None until a step has been timed."""
+        now = time.monotonic()
+        elapsed = now - self.t0
+        if self._base is None:
+            if steps != self.steps0:  # training has begun: time from here
+                self._base = (now, steps)
+            return elapsed, None
+        self._high = max(self._high, steps)
+        t_base, s_base = self._base
+        rate = (self._high - s_base) / (now - t_base) if now > t_base else 0.0
+        if rate <= 0:
+            return elapsed, None
+        return elapsed, max(0.0, (self.total_steps - steps) / rate)
 
     def line(self) -> tuple[str, tuple]:
         """The plain (non-terminal) line and the key whose change prints it at once."""
@@ -154,7 +255,7 @@ class SweepProgress:
         head = f"[{self.name}] " if self.name else ""
         finished = done + failed == len(self.cells)
         total = self.cells[0].total if self.cells else 0
-        run = "; ".join(f"cell {i}/{total} {Path(self._cell(i).run_dir).name} {what or 'preparing'}"
+        run = "; ".join(f"cell {i}/{total} {Path(self._cell(i).run_dir).name} {what or 'preparing (warm start)'}"
                         for i, what in running) if running else ("done" if finished else "starting")
         fail = f", {failed} FAILED" if failed else ""
         text = (f"{head}{done + failed}/{len(self.cells)} cells finished{fail} | {run} | "
@@ -177,13 +278,16 @@ class SweepProgress:
 
         return tqdm(total=self.total_steps, initial=self.steps0, file=self.stream, dynamic_ncols=True,
                     smoothing=0, leave=True, unit="step", mininterval=0, ascii=False,
-                    bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]{postfix}")
+                    bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}]{postfix}")
 
     def _update_bar(self) -> None:
         steps, done, failed, running = self.done_steps()
         fail = f" {failed} FAILED" if failed else ""
         desc = f"{self.name} {done + failed}/{len(self.cells)} cells{fail}".strip()
-        post = ", ".join(f"#{i} {what or 'prep'}" for i, what in running)
+        eta = self._eta(steps)[1]
+        post = ", ".join([f"ETA {_fmt(eta)}" if eta is not None else
+                          ("ETA after the warm start" if any(w is None for _, w in running) else "ETA ?")]
+                         + [f"#{i} {what or 'warm start'}" for i, what in running])
         with self._lock:
             bar = self._bar
             if bar is None:

@@ -63,6 +63,10 @@ def print_plan(plan: SweepPlan, stream=None) -> None:
     print("dry run: nothing was run, submitted or written", file=stream)
 
 
+#: The launcher's messages and stop summaries, appended per launch (``fp8rl.launch.progress.log``).
+LAUNCH_LOG = "launch.log"
+
+
 def execute(plan: SweepPlan, stream=None) -> int:
     """Launch the plan's cells that need running; returns an exit status."""
     from fp8rl.launch.launchers import LAUNCHERS
@@ -119,9 +123,9 @@ def execute(plan: SweepPlan, stream=None) -> int:
         print(f"[{plan.sweep_name}] nothing to do", file=stream)
         return 0
     from fp8rl.launch.interrupt import Interrupt, summary_lines
-    from fp8rl.launch.progress import console
+    from fp8rl.launch.progress import console, log
 
-    with console() as out, Interrupt(plan.sweep_name) as intr:
+    with console(plan.sweep_dir / LAUNCH_LOG) as out, Interrupt(plan.sweep_name) as intr:
         try:
             result = LAUNCHERS[plan.launcher].launch(todo, plan)
         except KeyboardInterrupt:  # a second Ctrl-C (or one outside a stop-aware launcher)
@@ -130,7 +134,10 @@ def execute(plan: SweepPlan, stream=None) -> int:
         if intr.signum is not None:  # stopped: one summary, no traceback
             if result is not None and result.job_ids:
                 write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells(result.job_ids))
-            for line in summary_lines(plan, intr.describe()):
+            lines = summary_lines(plan, intr.describe())
+            lines.append(f"(this summary is also in {plan.sweep_dir / LAUNCH_LOG})")
+            log("\n".join(lines))
+            for line in lines:
                 print(line, file=out, flush=True)
             return intr.exit_status
     for name, reason in result.skipped:

@@ -6,7 +6,9 @@ Every file a run writes goes through one of three ways, each kept here:
   ``summary.json``, ``provenance.json``, ``manifest.json`` and checkpoints): a temporary file
   in the same directory, written, flushed and fsynced, then ``os.replace``-d over the final
   name and the directory fsynced. A reader sees the old file or the new one, never half of
-  one; a failed write removes its temporary and leaves the old file as it was.
+  one; a failed write removes its temporary and leaves the old file as it was. The file gets
+  the mode a plain ``open`` would give it (``0666`` less the umask, e.g. ``0644``), not
+  ``mkstemp``'s ``0600``: a lab shares run directories.
 - **Append** (:func:`append_bytes`, ``metrics.jsonl`` / ``eval.jsonl``): one ``os.write`` of
   whole lines on a file opened with ``O_APPEND``, fsynced; when it fails the file is truncated
   back to its size before the write, so no torn last line is left behind.
@@ -41,6 +43,7 @@ __all__ = [
     "append_bytes",
     "atomic_write_bytes",
     "atomic_write_with",
+    "current_umask",
     "open_nofollow",
     "refuse_symlink",
     "writing",
@@ -101,8 +104,9 @@ def refuse_symlink(path: str | os.PathLike) -> None:
         raise RunDirSymlink(path)
 
 
-def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o644) -> int:
-    """``os.open`` that refuses a symlink at ``path`` with :class:`RunDirSymlink`."""
+def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int:
+    """``os.open`` that refuses a symlink at ``path`` with :class:`RunDirSymlink`; a new file gets
+    ``mode`` less the umask (the user's mode for a plain file)."""
     with writing(path):
         try:
             return os.open(path, flags | os.O_NOFOLLOW, mode)
@@ -134,6 +138,7 @@ def atomic_write_with(path: str | os.PathLike, write: Callable[[BinaryIO], objec
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=prefix or f".{path.name}.", suffix=suffix, dir=path.parent)
         try:
+            os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide it from the lab
             with os.fdopen(fd, "wb") as f:
                 write(f)
                 f.flush()
@@ -145,6 +150,17 @@ def atomic_write_with(path: str | os.PathLike, write: Callable[[BinaryIO], objec
                 os.unlink(tmp)
             raise
         _fsync_dir(path.parent)
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it (Linux: ``/proc/self/status``; elsewhere
+    set and restored at once)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status", encoding="ascii") as f:
+            return int(next(ln for ln in f if ln.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -135,12 +135,52 @@ def test_launch_progress_line_counts_steps_and_eta(tmp_path):
     buf = io.StringIO()
     prog = SweepProgress(cells, name="t", stream=buf)
     assert prog.done_steps()[:3] == (5, 1, 0)
+    RunDir(cells[1].run_dir).set_status("RUNNING", 2)
+    prog.line()  # the first step seen: the rate is timed from here
     RunDir(cells[1].run_dir).set_status("RUNNING", 3)
     text, _ = prog.line()
     assert text.startswith("[t] 1/3 cells finished | cell 2/3 grpo-8b-bf16-vanilla-s1-00000001 step 3/4")
-    assert "ETA" in text and "ETA ?" not in text  # 2 steps done since start: a rate exists
+    assert "ETA" in text and "ETA ?" not in text  # a step timed: a rate exists
     prog.show(force=True)
     assert buf.getvalue().count("\n") == 1
+
+
+def test_launch_eta_excludes_the_warm_start_and_is_never_negative(tmp_path, monkeypatch):
+    """Issue 32, defect 5: a minute of warm start, then 1 step / 5 s; then a cell restarts from
+    step 0. The ETA is unknown during the warm start, then the remaining steps at 5 s each (not
+    diluted by the warm start), and never negative, in the line and in the terminal bar."""
+    import fp8rl.launch.progress as P
+
+    now = [0.0]
+    monkeypatch.setattr(P.time, "monotonic", lambda: now[0])
+    cells = []
+    for i in range(2):
+        (tmp_path / f"c{i}").mkdir()  # set up, no status yet: the backend is warm-starting
+        cells.append(SimpleNamespace(run_dir=tmp_path / f"c{i}", steps=10, index=i + 1, total=2))
+    buf = io.StringIO()
+    prog = P.SweepProgress(cells, name="t", stream=buf)
+    prog.tty = True
+    prog._bar = prog._make_bar()
+
+    def eta_of_bar() -> str:
+        prog._update_bar()
+        return prog._bar.postfix
+
+    now[0] = 60.0
+    assert "ETA ?" in prog.line()[0] and "preparing (warm start)" in prog.line()[0]
+    assert eta_of_bar().startswith("ETA after the warm start")
+    RunDir(cells[0].run_dir).set_status("RUNNING", 1)
+    prog.line()
+    now[0] = 70.0
+    RunDir(cells[0].run_dir).set_status("RUNNING", 3)  # 2 steps in 10 s
+    assert prog._eta(3)[1] == pytest.approx((20 - 3) * 5.0)  # the warm start's minute is not in it
+    RunDir(cells[0].run_dir).set_status("RUNNING", 0)  # restarted from step 0 (no checkpoint)
+    for t in (80.0, 90.0, 4000.0):
+        now[0] = t
+        eta = prog._eta(prog.done_steps()[0])[1]
+        assert eta is not None and eta >= 0
+        assert "-" not in eta_of_bar().split(",")[0], eta_of_bar()
+    prog._bar.close()
 
 
 def test_launch_ray_readiness_waits_for_every_node_and_gpu():

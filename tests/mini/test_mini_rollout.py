@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fp8rl.backends.mini.batch import left_pad, response_logits, token_logprobs
-from fp8rl.backends.mini.model import MODEL_SLOTS, build_model, num_parameters
+from fp8rl.backends.mini.model import MINI_MODELS, build_model, num_parameters
 from fp8rl.backends.mini.rollout import RolloutEngine, generate
 from fp8rl.backends.mini.tokenizer import CharTokenizer
 from fp8rl.quant.convert import convert_to_fp8
@@ -36,7 +36,7 @@ def _sample(m, seed=0, temperature=1.0, **kw):
 def test_slots_grow():
     sizes = [num_parameters(build_model(s, TOK.vocab_size, max_positions=64, seed=0)) for s in ("8b", "14b", "32b")]
     assert sizes == sorted(sizes) and len(set(sizes)) == 3
-    assert MODEL_SLOTS.names() == ["14b", "32b", "8b"]
+    assert MINI_MODELS.names() == ["14b", "32b", "8b"]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -95,7 +95,7 @@ def test_fp8_sync_equals_the_quantized_trainer_weights(model, recipe, trainer_re
     for k, v in ref.items():
         assert mine[k].dtype == v.dtype and torch.equal(mine[k], v), k
     fp8 = [n for n, m in engine.model.named_modules() if isinstance(m, Fp8InferenceLinear)]
-    assert len(fp8) == 7 * MODEL_SLOTS["8b"].layers  # q k v o gate up down; LM head stays high precision
+    assert len(fp8) == 7 * MINI_MODELS["8b"].layers  # q k v o gate up down; LM head stays high precision
     assert not isinstance(engine.model.lm_head, Fp8InferenceLinear)
     out = engine.generate(*_prompts(), max_new_tokens=8, temperature=1.0, eos_id=TOK.eos_id,
                           pad_id=TOK.pad_id, generator=torch.Generator().manual_seed(0))

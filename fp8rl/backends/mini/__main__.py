@@ -9,6 +9,8 @@ writes them), applied after the optional YAML file, e.g.::
 Unknown keys and badly typed values raise (OmegaConf), bad values raise from the config's
 validation. ``--print-config`` prints the resolved config and exits. A progress bar shows the
 step, the rollout reward and the policy entropy; the summary is printed as JSON at the end.
+Ctrl-C stops the run after its current step with a checkpoint (PREEMPTED; a second Ctrl-C stops
+at once) and prints the command that resumes it, exit status 130, no traceback.
 """
 
 from __future__ import annotations
@@ -53,9 +55,53 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from fp8rl.backends.mini.run import run_mini
 
-    summary = run_mini(cfg, overrides, progress=not args.no_progress)
+    with _stop_on_ctrl_c():
+        try:
+            summary = run_mini(cfg, overrides, progress=not args.no_progress)
+        except KeyboardInterrupt as e:  # stopped (first Ctrl-C: at a checkpoint) or at once (second)
+            import shlex
+
+            from fp8rl.launch.interrupt import python_command
+
+            how = str(e) if str(e) else "interrupted at once; it resumes from its last checkpoint"
+            print(f"stopped (Ctrl-C): {how}", file=sys.stderr)
+            print("resume with: " + shlex.join([python_command(), "-m", "fp8rl.backends.mini",
+                                                *(sys.argv[1:] if argv is None else argv)]), file=sys.stderr)
+            return 130
     print(json.dumps(summary, indent=1, default=str))
     return 0 if summary.get("state") in ("DONE", None) else 1
+
+
+class _stop_on_ctrl_c:
+    """First Ctrl-C: a stop request (the run checkpoints its last step and stops, PREEMPTED);
+    second: ``KeyboardInterrupt`` at once. Either way one message and exit 130, no traceback."""
+
+    def __enter__(self):
+        import signal
+
+        from fp8rl.runs import stop
+
+        stop.clear()
+        self.count = 0
+
+        def handle(signum, frame):
+            self.count += 1
+            if self.count > 1:
+                raise KeyboardInterrupt
+            stop.request_stop()
+            print("\nstopping (Ctrl-C): the run stops after its current step and keeps a checkpoint. "
+                  "Ctrl-C again to stop at once", file=sys.stderr, flush=True)
+
+        self.old = signal.signal(signal.SIGINT, handle)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        from fp8rl.runs import stop
+
+        signal.signal(signal.SIGINT, self.old)
+        stop.clear()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ fsynced, renamed over it. On a full disk the previous checkpoint stays whole and
 
 from __future__ import annotations
 
+import shlex
 import zipfile
 from pathlib import Path
 
@@ -34,12 +35,19 @@ STATE_KEYS = ("step", "model", "optimizer", "clipper", "bad_steps", "skipped_upd
 
 
 class CheckpointRefused(RuntimeError):
-    """A checkpoint that is not loaded: damaged, not ours, or would run code."""
+    """A checkpoint that is not loaded: damaged, not ours, or would run code. The message names
+    the file, why, and the two ways on: restore the checkpoint from a copy (the cell resumes
+    from its step), or delete it and relaunch (the cell runs again from step 0; the trainer then
+    drops the rows logged before, ``fp8rl.runs.relaunch``). ``checkpoint``: the ``state.pt`` to
+    restore or delete (``path`` itself unless the refused file is another, ``metrics.jsonl``)."""
 
-    def __init__(self, path: Path, why: str) -> None:
-        super().__init__(
-            f"{path}: refused to resume: {why}. Restore it from a copy, or delete the run "
-            "directory to run the cell again from scratch (resume only run directories you wrote)")
+    def __init__(self, path: Path, why: str, checkpoint: Path | None = None) -> None:
+        ckpt = Path(checkpoint or path)
+        fix = (f"restore {path.name} from a copy to resume from the checkpoint's step, or delete the "
+               f"checkpoint (rm {shlex.quote(str(ckpt))}) and relaunch to run the cell again from step 0")
+        super().__init__(f"{path}: refused to resume: {why}. To go on, {fix} (resume only run "
+                         "directories you wrote)")
+        self.path, self.checkpoint = Path(path), ckpt
 
 
 def save_state(path: str | Path, state: dict) -> None:
@@ -70,7 +78,7 @@ def load_state(path: str | Path, device: torch.device | str) -> dict:
     return state
 
 
-def check_logged(metrics_path: Path, rows: list[dict], step: int) -> None:
+def check_logged(metrics_path: Path, rows: list[dict], step: int, checkpoint: Path | None = None) -> None:
     """Refuse to resume from the checkpoint of ``step`` when ``metrics.jsonl`` lacks rows it
     covers (steps ``1..step``: the file was emptied or cut): going on would leave them out
     for good, and the tables would read a run that silently skipped steps."""
@@ -79,7 +87,7 @@ def check_logged(metrics_path: Path, rows: list[dict], step: int) -> None:
     if missing:
         shown = f"{missing[0]}-{missing[-1]}" if len(missing) > 1 else str(missing[0])
         raise CheckpointRefused(metrics_path, f"it lacks the rows of steps {shown} that the checkpoint of "
-                                              f"step {step} covers (the file was emptied or cut)")
+                                              f"step {step} covers (the file was emptied or cut)", checkpoint)
 
 
 def _first_line(e: BaseException) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fp8rl.config.model import MODEL_SLOTS
 from fp8rl.registry import Registry
 
 
@@ -43,17 +44,19 @@ class ModelDims:
             raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
 
 
-MODEL_SLOTS: Registry[ModelDims] = Registry("mini model slot")
-MODEL_SLOTS.add("8b", ModelDims(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=192))
-MODEL_SLOTS.add("14b", ModelDims(hidden=80, layers=2, heads=4, kv_heads=2, intermediate=240))
-MODEL_SLOTS.add("32b", ModelDims(hidden=96, layers=2, heads=4, kv_heads=2, intermediate=288))
+#: The mini model of each slot (the slots themselves: ``fp8rl.config.MODEL_SLOTS``, defined once).
+MINI_MODELS: Registry[ModelDims] = Registry("mini model slot")
+MINI_MODELS.add("8b", ModelDims(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=192))
+MINI_MODELS.add("14b", ModelDims(hidden=80, layers=2, heads=4, kv_heads=2, intermediate=240))
+MINI_MODELS.add("32b", ModelDims(hidden=96, layers=2, heads=4, kv_heads=2, intermediate=288))
+assert sorted(MINI_MODELS.names()) == sorted(MODEL_SLOTS), "a mini model for every slot of fp8rl.config.MODEL_SLOTS"
 
 
 def build_model(slot: str, vocab_size: int, *, max_positions: int, seed: int) -> torch.nn.Module:
     """A freshly initialised fp32 ``Qwen3ForCausalLM`` for ``slot`` (deterministic in ``seed``)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    d = MODEL_SLOTS[slot]
+    d = MINI_MODELS[slot]
     cfg = Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=d.hidden,

@@ -28,7 +28,7 @@ import torch
 
 from fp8rl.backends.mini.batch import left_pad, right_pad
 from fp8rl.backends.mini.config import MAX_POSITIONS, MiniSettings
-from fp8rl.backends.mini.model import MODEL_SLOTS, build_model
+from fp8rl.backends.mini.model import MINI_MODELS, build_model
 from fp8rl.backends.mini.task import Problem
 from fp8rl.backends.mini.tokenizer import CharTokenizer
 
@@ -39,7 +39,7 @@ def sft_key(slot: str, mini: MiniSettings, tok: CharTokenizer) -> str:
     """16-hex hash of everything that determines the warm-started weights."""
     spec = {
         "version": SFT_VERSION,
-        "dims": asdict(MODEL_SLOTS[slot]),
+        "dims": asdict(MINI_MODELS[slot]),
         "alphabet": tok.alphabet,
         "task": [mini.min_terms, mini.max_terms, mini.max_operand, mini.data_seed, mini.n_train,
                  mini.n_eval],

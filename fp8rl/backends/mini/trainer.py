@@ -381,7 +381,7 @@ class MiniTrainer(UpdateMixin):
         if path is None or not (path.exists() or path.is_symlink()):
             return False
         state = load_state(path, self.device)
-        check_logged(self.run_dir.metrics_path, self.run_dir.read_metrics(), int(state["step"]))
+        check_logged(self.run_dir.metrics_path, self.run_dir.read_metrics(), int(state["step"]), path)
         self.policy.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.clipper.load_state_dict(state["clipper"])
@@ -404,7 +404,12 @@ class MiniTrainer(UpdateMixin):
         t_start = time.perf_counter()
         if rd is not None:
             remove_stale_temps(rd)  # of writes a kill interrupted (a checkpoint's included)
-        resumed = self.load_checkpoint()
+        try:
+            resumed = self.load_checkpoint()
+        except Exception as e:  # refused (damaged, foreign): FAILED with why and what to do,
+            if rd is not None:  # never the last attempt's PREEMPTED with its "relaunch to resume"
+                rd.set_status(FAILED, _logged_step(rd), reason=f"{type(e).__name__}: {e}")
+            raise
         if rd is not None:
             if resumed:
                 rd.truncate_after(self.step)
@@ -490,6 +495,14 @@ class MiniTrainer(UpdateMixin):
         """The numbers tables read (``stats.run_summary``)."""
         return run_summary(self.history, steps=self.step, wall_s=wall_s, state=state, reason=reason,
                            skipped_updates=self.skipped_updates, sft_meta=self.sft_meta)
+
+
+def _logged_step(rd) -> int:
+    """The step ``status.json`` says the run reached (0 when it cannot be read)."""
+    try:
+        return int((rd.status() or {}).get("step") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
 
 
 def config_dict(cfg: MiniRunConfig) -> dict:

@@ -71,10 +71,6 @@ def _grade(answer: str, label: str) -> tuple[bool, bool]:
     return g.correct, g.garbled
 
 
-def _warm() -> None:
-    import math_verify  # noqa: F401  (import sympy once per worker)
-
-
 class GradingPool:
     """A process pool whose calls have a deadline; a hung worker is killed and replaced.
 
