@@ -9,7 +9,8 @@ each job).
 still resolves to the run directory the launcher recorded, and calls the backend's run
 function, which skips a DONE run and resumes an incomplete one from its checkpoint. When the
 backend fails before it could record why (an exception while building the model, a missing
-CUDA device), ``run_cell`` writes ``FAILED`` with the exception as the reason, then re-raises
+CUDA device, a checkpoint refused on resume: the status is still the one an earlier attempt
+wrote), ``run_cell`` writes ``FAILED`` with the exception as the reason, then re-raises
 so the job itself fails (Slurm shows FAILED, ``experiments/status.py`` shows the reason); an
 interrupt or a stop request (``fp8rl.runs.stop``) there records ``PREEMPTED`` instead.
 Everything the cell prints goes to ``<run-dir>/run.log`` (``fp8rl.runs.runlog``), one header
@@ -68,6 +69,7 @@ def _run_owned(payload: dict, run_dir: Path) -> dict:
     from fp8rl.runs import FAILED, PREEMPTED, TERMINAL_STATES, RunDir
 
     backend = BACKENDS[payload["backend"]]
+    before = _status(RunDir(run_dir))  # a status this attempt did not write says nothing about it
     try:
         cfg = build_config(payload)
         resolved = Path(backend.load_resolve_run_dir()(cfg))
@@ -79,8 +81,8 @@ def _run_owned(payload: dict, run_dir: Path) -> dict:
         summary = backend.load_run()(cfg, payload.get("overrides", ()), progress=payload.get("progress", False))
     except BaseException as e:
         rd = RunDir(run_dir)
-        st = rd.status() if rd.status_path.exists() else None
-        if st is None or st.get("state") not in TERMINAL_STATES:
+        st = _status(rd)
+        if st is None or st.get("state") not in TERMINAL_STATES or st == before:
             step = int(st.get("step", 0)) if st else 0
             if isinstance(e, KeyboardInterrupt):  # stopped or interrupted: resumable, not failed
                 rd.set_status(PREEMPTED, step, reason=str(e) or "interrupted")
@@ -90,6 +92,15 @@ def _run_owned(payload: dict, run_dir: Path) -> dict:
     if summary.get("state") == FAILED:
         raise CellFailed(f"{run_dir.name}: {summary.get('reason')}")
     return summary
+
+
+def _status(rd) -> dict | None:
+    """``status.json`` of ``rd``, None when absent or unreadable (a damaged one is rewritten)."""
+    try:
+        st = rd.status() if rd.status_path.exists() else None
+    except (OSError, ValueError):
+        return None
+    return st if isinstance(st, dict) else None
 
 
 def prepare_key(payload: dict):
