@@ -18,7 +18,10 @@ calls the loader on that file:
   file is named, the pickle never runs, and no message repeats torch's advice to load with
   ``weights_only=False``;
 - checkpoints and caches written before digests load (with one line saying so), and the zip's
-  CRC-32 check still refuses a flipped bit in them.
+  CRC-32 check still refuses a flipped bit in them;
+- one cell's ``status.json`` not UTF-8 (or cut) in a two-cell sweep: that cell is reported
+  DAMAGED with the file and a fix that keeps its checkpoint, the other cell runs; following the
+  fix resumes the damaged cell from its checkpoint.
 """
 
 from __future__ import annotations
@@ -266,3 +269,39 @@ def test_a_cache_entry_written_before_digests_loads_with_a_note(sweep, capfd):
     assert "digest" not in got_meta and "model.norm.weight" in state
     assert "written before tensor digests" in capfd.readouterr().err
 
+
+# --- a damaged status.json in a sweep -----------------------------------------------------------
+
+
+def test_a_damaged_status_is_reported_and_the_other_cells_run(sweep):
+    out, run, _, ref = sweep
+    status = run / "status.json"
+    status.write_bytes(b"\xff\xfe")
+    proc = _launch(out, fp8="bf16,tensorwise")  # a two-cell sweep: the other cell is new
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    line = next(ln for ln in text.splitlines() if "DAMAGED" in ln and run.name in ln)
+    assert str(status) in line and "delete it and relaunch: the cell resumes from its checkpoint" in line, line
+    (other,) = [p for p in (out / "smoke").iterdir() if "tensorwise" in p.name]
+    assert RunDir(other).state == "DONE"
+    assert status.read_bytes() == b"\xff\xfe" and (run / "checkpoint" / "state.pt").exists()
+    status.unlink()  # what the message says
+    again = _launch(out, fp8="bf16,tensorwise")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert RunDir(run).state == "DONE"
+    assert _no_perf(RunDir(run).read_metrics()) == _no_perf(ref)  # resumed, every step once
+
+
+@pytest.mark.parametrize("content", [b'{"state": "RUNN', b"[1, 2]", b"\xff\xfe"], ids=["cut", "a-list", "not-utf8"])
+def test_a_damaged_status_is_refused_with_a_fix_that_keeps_the_checkpoint(tmp_path, content):
+    from fp8rl.runs.jsonl import RunDirDamaged
+
+    rd = RunDir(tmp_path / "run")
+    rd.set_status("RUNNING", 2)
+    rd.status_path.write_bytes(content)
+    with pytest.raises(RunDirDamaged) as e:
+        rd.status()
+    msg = str(e.value)
+    assert "\n" not in msg and str(rd.status_path) in msg and "delete the run directory" not in msg, msg
+    assert "resumes from its checkpoint" in msg
