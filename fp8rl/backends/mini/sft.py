@@ -33,7 +33,13 @@ from pathlib import Path
 import torch
 
 from fp8rl.backends.mini.batch import left_pad, right_pad
-from fp8rl.backends.mini.checkpoint import check_crc, load_tensors, refuse_mismatch, say_no_digest, tensor_digests
+from fp8rl.backends.mini.checkpoint import (
+    check_crc,
+    load_tensors,
+    refuse_mismatch,
+    say_no_digest,
+    tensor_digests,
+)
 from fp8rl.backends.mini.config import MAX_POSITIONS, MiniSettings
 from fp8rl.backends.mini.model import MODEL_SLOTS, build_model
 from fp8rl.backends.mini.task import Problem
