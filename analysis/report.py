@@ -32,7 +32,8 @@ report killed while it writes leaves no half-written file in ``--out``, and a re
 
 A progress bar (tqdm, on stderr) is shown while collecting sweeps of 50 runs or more
 (``--progress`` / ``--no-progress`` force it). The exit code is 0 even when cells are
-missing (that is what the report is for); it is 2 when no run directory could be read at all.
+missing (that is what the report is for); it is 2 when no run directory could be read at all, or
+a ``manifest.json`` is damaged (one line names it and the fix).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from analysis.summary import findings
 from analysis.surge import SurgeRule
 from analysis.tables import accuracy_table, diagnostics_table, run_diagnostics, trajectory_table
 from fp8rl.runs import metrics as M
+from fp8rl.runs.manifest import ManifestDamaged
 
 
 def _md_table(df, columns: Sequence[str]) -> str:
@@ -285,8 +287,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = args.out or (args.sweep_dirs[0] / "report")
     t0 = time.perf_counter()
-    coll = collect(args.sweep_dirs, workers=args.workers, progress=args.progress,
-                   cache_dir=(out / ".cache") if args.cache else None)
+    try:
+        coll = collect(args.sweep_dirs, workers=args.workers, progress=args.progress,
+                       cache_dir=(out / ".cache") if args.cache else None)
+    except ManifestDamaged as e:  # one line: the file and the fix
+        print(f"error: {e}; nothing was written", file=sys.stderr)
+        return 2
     if coll.runs.empty:
         print(f"no run directories or manifest cells found in {', '.join(map(str, args.sweep_dirs))}",
               file=sys.stderr)

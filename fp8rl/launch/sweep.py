@@ -70,6 +70,7 @@ def execute(plan: SweepPlan, stream=None) -> int:
     from fp8rl.launch.slurm import active_jobs
     from fp8rl.runs import DONE, MANIFEST_FILE, Cell, read_manifest, write_manifest
     from fp8rl.runs.lock import probe
+    from fp8rl.runs.manifest import ManifestDamaged
 
     stream = stream or sys.stderr
     if plan.dry_run:
@@ -77,7 +78,11 @@ def execute(plan: SweepPlan, stream=None) -> int:
         return 0
     previous: dict[str, Cell] = {}
     if (plan.sweep_dir / MANIFEST_FILE).exists():
-        previous = {c.run_dir: c for c in read_manifest(plan.sweep_dir).cells}
+        try:
+            previous = {c.run_dir: c for c in read_manifest(plan.sweep_dir).cells}
+        except ManifestDamaged as e:  # one line, nothing run or written
+            print(f"Error: {e}; nothing was run, submitted or written", file=stream)
+            return 1
     old_ids = {k: c.job_id for k, c in previous.items() if c.job_id}
     active = active_jobs(old_ids.values()) if old_ids else set()
 

@@ -21,7 +21,9 @@ calls the loader on that file:
   CRC-32 check still refuses a flipped bit in them;
 - one cell's ``status.json`` not UTF-8 (or cut) in a two-cell sweep: that cell is reported
   DAMAGED with the file and a fix that keeps its checkpoint, the other cell runs; following the
-  fix resumes the damaged cell from its checkpoint.
+  fix resumes the damaged cell from its checkpoint;
+- ``manifest.json`` cut in half: ``experiments.launch``, ``experiments.status`` and
+  ``analysis.report`` each answer with one line naming it and the fix, no traceback.
 """
 
 from __future__ import annotations
@@ -305,3 +307,27 @@ def test_a_damaged_status_is_refused_with_a_fix_that_keeps_the_checkpoint(tmp_pa
     msg = str(e.value)
     assert "\n" not in msg and str(rd.status_path) in msg and "delete the run directory" not in msg, msg
     assert "resumes from its checkpoint" in msg
+
+
+# --- a damaged manifest.json ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["launch", "status", "report"])
+def test_a_damaged_manifest_is_one_line_from_each_command(sweep, command):
+    out, _, _, _ = sweep
+    manifest = out / "smoke" / "manifest.json"
+    text = manifest.read_text()
+    manifest.write_text(text[: len(text) // 2])
+    if command == "launch":
+        proc = _launch(out)
+    else:
+        args = {"status": ["experiments.status", str(out / "smoke"), "--no-slurm"],
+                "report": ["analysis.report", str(out / "smoke"), "--no-progress", "--figures", "entropy"]}[command]
+        proc = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=_env(), capture_output=True, text=True,
+                              timeout=300)
+    assert proc.returncode in (1, 2), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if str(manifest) in ln]
+    assert "is damaged" in line and "delete it and relaunch the sweep" in line, line
+    assert manifest.read_text() == text[: len(text) // 2]  # nothing written over it
+    assert not (out / "smoke" / "report").exists()
