@@ -155,6 +155,10 @@ def execute(plan: SweepPlan, stream=None) -> int:
         for name, reason in result.failed:
             log = log_path(plan.sweep_dir / name)
             print(f"  {name}: {reason}" + (f"; run log: {log}" if log.is_file() else ""), file=stream)
+        if result.waited:  # a relaunch resumes each from its checkpoint and skips the DONE ones
+            from fp8rl.launch.interrupt import resume_command
+
+            print(f"[{plan.sweep_name}] after fixing the cause, resume with: {resume_command()}", file=stream)
         return 1
     if damaged:
         print(f"[{plan.sweep_name}] {len(damaged)} cell(s) DAMAGED, not run (the fix is above)", file=stream)
