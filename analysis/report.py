@@ -39,7 +39,9 @@ a ``manifest.json`` is damaged (one line names it and the fix).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import errno
 import os
 import sys
 import time
@@ -256,6 +258,39 @@ def _bf16_lines(section_table: str, bf16: dict) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; a damaged manifest or a full / read-only disk end in one line."""
+    try:
+        return _main(argv)
+    except ManifestDamaged as e:  # the file and the fix
+        print(f"error: {e}; nothing was written", file=sys.stderr)
+        return 2
+    except ReportWriteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+class ReportWriteError(Exception):
+    """The report could not be written: the disk is full or read-only (one line, with the fix)."""
+
+
+@contextlib.contextmanager
+def _writing_report(out: Path):
+    """Turn a full / read-only disk while the report is written into :class:`ReportWriteError`
+    naming ``out`` (the report builds in a staging directory, so ``out`` is left as it was)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            raise
+        for d in sorted((p for p in [out, *out.rglob("*")] if p.is_dir()), reverse=True):
+            with contextlib.suppress(OSError):
+                d.rmdir()  # empty folders this report made (.cache/); nothing with a file in it
+        raise ReportWriteError(
+            f"{os.strerror(e.errno).lower()} writing the report into {out}: free space (or give --out on a "
+            "writable disk) and rerun; what --out held is unchanged") from e
+
+
+def _main(argv: Sequence[str] | None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m analysis.report", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="The whole analysis of one or more sweeps: figures, tables and report.md in OUT (default\n"
@@ -287,12 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = args.out or (args.sweep_dirs[0] / "report")
     t0 = time.perf_counter()
-    try:
+    with _writing_report(out):
         coll = collect(args.sweep_dirs, workers=args.workers, progress=args.progress,
                        cache_dir=(out / ".cache") if args.cache else None)
-    except ManifestDamaged as e:  # one line: the file and the fix
-        print(f"error: {e}; nothing was written", file=sys.stderr)
-        return 2
     if coll.runs.empty:
         print(f"no run directories or manifest cells found in {', '.join(map(str, args.sweep_dirs))}",
               file=sys.stderr)
@@ -303,9 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures = list(PUBLISHED_FIGURES)
     rule = SurgeRule.for_length(_run_length(coll), k=args.surge_k, m=args.surge_m,
                                 warmup=args.surge_warmup)
-    path = write_staged(out, lambda staging: write_report(coll, staging, rule=rule, smooth=args.smooth,
-                                                          progress=show, figures=figures,
-                                                          pdf=args.pdf))
+    with _writing_report(out):
+        path = write_staged(out, lambda staging: write_report(coll, staging, rule=rule, smooth=args.smooth,
+                                                              progress=show, figures=figures, pdf=args.pdf))
     n_bad = len(coll.problems)
     print(f"{path}: {len(coll.runs)} cells, {n_bad} missing/failed/incomplete "
           f"({time.perf_counter() - t0:.1f} s)")

@@ -26,6 +26,7 @@ dropped first (``RunDir.truncate_after``), so no step is logged twice.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import submitit
@@ -84,10 +85,11 @@ def _run_owned(payload: dict, run_dir: Path) -> dict:
         st = _status(rd)
         if st is None or st.get("state") not in TERMINAL_STATES or st == before:
             step = int(st.get("step", 0)) if st else 0
-            if isinstance(e, KeyboardInterrupt):  # stopped or interrupted: resumable, not failed
-                rd.set_status(PREEMPTED, step, reason=str(e) or "interrupted")
-            else:
-                rd.set_status(FAILED, step, reason=f"{type(e).__name__}: {e}")
+            with contextlib.suppress(OSError):  # a full disk: the error itself says more
+                if isinstance(e, KeyboardInterrupt):  # stopped or interrupted: resumable, not failed
+                    rd.set_status(PREEMPTED, step, reason=str(e) or "interrupted")
+                else:
+                    rd.set_status(FAILED, step, reason=f"{type(e).__name__}: {e}")
         raise
     if summary.get("state") == FAILED:
         raise CellFailed(f"{run_dir.name}: {summary.get('reason')}")

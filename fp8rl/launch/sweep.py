@@ -22,6 +22,7 @@ Called by the Hydra sweeper (``hydra_plugins/fp8rl_launch``) with the composed p
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import signal
 import sys
@@ -115,8 +116,16 @@ def execute(plan: SweepPlan, stream=None) -> int:
         kept = [p for k, p in previous.items() if k not in cur]
         return kept + list(cur.values())
 
-    plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-    write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells({}))
+    new_dirs = [d for d in (plan.sweep_dir, *plan.sweep_dir.parents) if not d.exists()]
+    try:
+        plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+        write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells({}))
+    except OSError as e:  # a full or read-only disk: one line, and no empty sweep directory left
+        for d in new_dirs:  # deepest first
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        print(f"Error: {getattr(e, 'cause', None) or e}; nothing was run", file=stream)
+        return 1
     print(f"[{plan.sweep_name}] {len(plan.cells)} cell(s): {len(skipped_done)} DONE (skipped), "
           f"{len(skipped_active)} still queued or running (left alone), "
           f"{len(elsewhere)} running elsewhere (skipped), {len(todo)} to "
