@@ -147,6 +147,25 @@ def test_kill_during_a_checkpoint_write_leaves_a_temp_file_the_relaunch_removes(
     _assert_same_as(RunDir(run_dir), reference)
 
 
+def test_an_event_file_stamped_an_hour_ahead_does_not_stall_the_resume(reference, cache, tmp_path):
+    """A killed attempt on a node whose clock ran an hour ahead left its TensorBoard event file
+    stamped an hour ahead: the relaunch (a subprocess of the CLI) used to sleep until then."""
+    import time
+
+    run_dir = tmp_path / "run"
+    _kill(run_dir, cache, "step:4", signal.SIGKILL)  # the checkpoint of step 2, step 3 logged
+    (event,) = (run_dir / "tensorboard").glob("events.out.tfevents.*")
+    parts = event.name.split(".")
+    parts[3] = f"{int(time.time()) + 3600:010d}"
+    event.rename(event.with_name(".".join(parts)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "fp8rl.backends.mini", *_args(run_dir, cache)], env=env,
+                          capture_output=True, text=True, timeout=100)  # it used to sleep for an hour
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ahead of this machine's clock" in proc.stderr, proc.stderr[-3000:]
+    _assert_same_as(RunDir(run_dir), reference)  # TensorBoard included: every step once
+
+
 # ----- the relaunch's clean-up on its own (no run) ----------------------------------------------
 
 
