@@ -166,6 +166,19 @@ def test_an_event_file_stamped_an_hour_ahead_does_not_stall_the_resume(reference
     _assert_same_as(RunDir(run_dir), reference)  # TensorBoard included: every step once
 
 
+def test_a_kill_during_a_samples_write_leaves_a_temp_file_the_relaunch_removes(reference, cache, tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    _kill(run_dir, cache, "samples:3", signal.SIGKILL)  # the checkpoint of step 2 is there
+    temps = [p for p in (run_dir / "samples").iterdir() if p.name.endswith(".tmp")]
+    assert [p.name[:len(".step_000003.jsonl.")] for p in temps] == [".step_000003.jsonl."], temps
+    capfd.readouterr()
+    assert mini_main(_args(run_dir, cache)) == 0
+    err = capfd.readouterr().err
+    assert not [p for p in (run_dir / "samples").iterdir() if p.name.endswith(".tmp")]
+    assert f"samples/{temps[0].name}" in err, err
+    _assert_same_as(RunDir(run_dir), reference)
+
+
 # ----- the relaunch's clean-up on its own (no run) ----------------------------------------------
 
 
@@ -200,10 +213,12 @@ def test_only_temporary_files_of_atomic_writes_are_removed(tmp_path, capsys):
     rd.checkpoint_dir.mkdir()
     keep = [rd.checkpoint_dir / "state.pt", rd.metrics_path, rd.path / "owner.json"]
     keep.append(rd.path / "notes.tmpl")  # not a temporary file of ours
-    stale = [rd.checkpoint_dir / "state.pt.tmpa1b2c3d4", rd.path / ".status.json.x_9zk0p1.tmp"]
+    stale = [rd.checkpoint_dir / "state.pt.tmpa1b2c3d4", rd.path / ".status.json.x_9zk0p1.tmp",
+             rd.samples_dir / ".step_000004.jsonl.k2j4m6n8.tmp"]
     for p in keep + stale:
         p.write_text("x")
     assert sorted(remove_stale_temps(rd)) == sorted(stale)
     assert all(p.exists() for p in keep) and not any(p.exists() for p in stale)
     err = capsys.readouterr().err
     assert "checkpoint/state.pt.tmpa1b2c3d4" in err and ".status.json.x_9zk0p1.tmp" in err
+    assert "samples/.step_000004.jsonl.k2j4m6n8.tmp" in err
