@@ -33,6 +33,7 @@ fsynced, renamed over it. On a full disk the previous checkpoint stays whole and
 from __future__ import annotations
 
 import hashlib
+import io
 import sys
 import zipfile
 from collections.abc import Callable, Iterator
@@ -94,7 +95,16 @@ def digest_mismatch(obj: object, digest: dict) -> list[str]:
 def save_state(path: str | Path, state: dict) -> None:
     """Atomically write ``state`` (tensors and plain data) to ``path``, with its tensor digest."""
     state = {**state, DIGEST_KEY: tensor_digests(state)}
-    atomic_write_with(path, lambda f: torch.save(state, f), prefix=Path(path).name + ".tmp", suffix="")
+    atomic_write_with(path, lambda f: f.write(saved_bytes(state)), prefix=Path(path).name + ".tmp", suffix="")
+
+
+def saved_bytes(obj: object) -> memoryview:
+    """``torch.save(obj)``'s bytes, made in memory: written to a file by torch, a full disk surfaces
+    as torch's ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``; written by
+    us, as the ``OSError`` (ENOSPC) that ``RunDirWriteError`` names."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getbuffer()
 
 
 def load_tensors(path: Path, device: torch.device | str, refuse: Callable[[str], Exception]) -> object:

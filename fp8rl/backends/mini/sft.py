@@ -37,6 +37,7 @@ from fp8rl.backends.mini.checkpoint import (
     check_crc,
     load_tensors,
     refuse_mismatch,
+    saved_bytes,
     say_no_digest,
     tensor_digests,
 )
@@ -147,7 +148,8 @@ def _load_or_train(slot: str, train: list[Problem], tok: CharTokenizer, mini: Mi
             "final_loss": float(sum(losses[-10:]) / max(1, len(losses[-10:]))) if losses else None,
             "digest": tensor_digests(model.state_dict())}
     path.mkdir(parents=True, exist_ok=True)
-    _atomic_save(lambda f: torch.save(model.state_dict(), f), path / "model.pt")
+    weights = saved_bytes(model.state_dict())
+    _atomic_save(lambda f: f.write(weights), path / "model.pt")
     _atomic_save(lambda f: f.write(json.dumps(meta, indent=1).encode()), path / "meta.json")
     return model.eval(), {**_shown(meta), "cache_hit": False, "path": str(path)}
 
