@@ -62,8 +62,7 @@ class CheckpointRefused(RuntimeError):
     def __init__(self, path: Path, why: str, checkpoint: Path | None = None) -> None:
         ckpt = Path(checkpoint or path)
         fix = (f"restore {path.name} from a copy to resume from the checkpoint's step, or delete it and relaunch: "
-               f"the cell restarts from step 0 (rm {shlex.quote(str(ckpt))}; the steps it logged are dropped "
-               "and run again)")
+               f"the cell restarts from step 0 and runs again the steps it logged (rm {shlex.quote(str(ckpt))})")
         super().__init__(f"{path}: refused to resume: {why}. To go on, {fix} (resume only run "
                          "directories you wrote)")
         self.path, self.checkpoint = Path(path), ckpt
