@@ -32,16 +32,19 @@ report killed while it writes leaves no half-written file in ``--out``, and a re
 
 A progress bar (tqdm, on stderr) is shown while collecting sweeps of 50 runs or more
 (``--progress`` / ``--no-progress`` force it). The exit code is 0 even when cells are
-missing (that is what the report is for); it is 2 when no run directory could be read at all,
-and 3 when the runs come from two or more (sweep, commit, CPU numerics) groups and neither
-``--pool`` (pool them knowingly: report.md lists the groups) nor ``--separate`` (one report per
-group, ``OUT/<group>/``) was given (``analysis.pooling``).
+missing (that is what the report is for); it is 2 when no run directory could be read at all or
+a ``manifest.json`` is damaged (one line names it and the fix), and 3 when the runs come from two
+or more (sweep, commit, CPU numerics) groups and neither ``--pool`` (pool them knowingly:
+report.md lists the groups) nor ``--separate`` (one report per group, ``OUT/<group>/``) was given
+(``analysis.pooling``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import errno
 import os
 import sys
 import time
@@ -70,6 +73,7 @@ from analysis.summary import findings
 from analysis.surge import SurgeRule
 from analysis.tables import accuracy_table, diagnostics_table, run_diagnostics, trajectory_table
 from fp8rl.runs import metrics as M
+from fp8rl.runs.manifest import ManifestDamaged
 
 
 def _md_table(df, columns: Sequence[str]) -> str:
@@ -294,6 +298,39 @@ def _bf16_lines(section_table: str, bf16: dict) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; a damaged manifest or a full / read-only disk end in one line."""
+    try:
+        return _main(argv)
+    except ManifestDamaged as e:  # the file and the fix
+        print(f"error: {e}; nothing was written", file=sys.stderr)
+        return 2
+    except ReportWriteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+class ReportWriteError(Exception):
+    """The report could not be written: the disk is full or read-only (one line, with the fix)."""
+
+
+@contextlib.contextmanager
+def _writing_report(out: Path):
+    """Turn a full / read-only disk while the report is written into :class:`ReportWriteError`
+    naming ``out`` (the report builds in a staging directory, so ``out`` is left as it was)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            raise
+        for d in sorted((p for p in [out, *out.rglob("*")] if p.is_dir()), reverse=True):
+            with contextlib.suppress(OSError):
+                d.rmdir()  # empty folders this report made (.cache/); nothing with a file in it
+        raise ReportWriteError(
+            f"{os.strerror(e.errno).lower()} writing the report into {out}: free space (or give --out on a "
+            "writable disk) and rerun; what --out held is unchanged") from e
+
+
+def _main(argv: Sequence[str] | None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m analysis.report", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="The whole analysis of one or more sweeps: figures, tables and report.md in OUT (default\n"
@@ -330,8 +367,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = args.out or (args.sweep_dirs[0] / "report")
     t0 = time.perf_counter()
-    coll = collect(args.sweep_dirs, workers=args.workers, progress=args.progress,
-                   cache_dir=(out / ".cache") if args.cache else None)
+    with _writing_report(out):
+        coll = collect(args.sweep_dirs, workers=args.workers, progress=args.progress,
+                       cache_dir=(out / ".cache") if args.cache else None)
     if coll.runs.empty:
         print(f"no run directories or manifest cells found in {', '.join(map(str, args.sweep_dirs))}",
               file=sys.stderr)
@@ -349,9 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parts = group_subsets(coll) if several and args.separate else [("", coll)]
     for slug, part in parts:
         dest = out / slug if slug else out
-        path = write_staged(dest, lambda staging, part=part: write_report(
-            part, staging, rule=rule, smooth=args.smooth, progress=show, figures=figures, pdf=args.pdf,
-            pooled=several and args.pool))
+        with _writing_report(dest):
+            path = write_staged(dest, lambda staging, part=part: write_report(
+                part, staging, rule=rule, smooth=args.smooth, progress=show, figures=figures, pdf=args.pdf,
+                pooled=several and args.pool))
         print(f"{path}: {len(part.runs)} cells, {len(part.problems)} missing/failed/incomplete "
               f"({time.perf_counter() - t0:.1f} s)")
     return 0

@@ -70,12 +70,17 @@ def _cache_save(stem: Path, meta: dict, steps: np.ndarray, cols: dict) -> None:
     for i, k in enumerate(names):
         data[i + 1] = cols[k]
     tmp = stem.parent / f".{stem.name}.{os.getpid()}.tmp.npy"
-    np.save(tmp, data, allow_pickle=False)
-    os.replace(tmp, stem.with_suffix(".npy"))
     full = {**meta, "version": _CACHE_VERSION, "columns": names, "rows": len(steps)}
     tmp_json = stem.parent / f".{stem.name}.{os.getpid()}.tmp.json"
-    tmp_json.write_text(json.dumps(full))
-    os.replace(tmp_json, stem.with_suffix(".json"))
+    try:
+        np.save(tmp, data, allow_pickle=False)
+        os.replace(tmp, stem.with_suffix(".npy"))
+        tmp_json.write_text(json.dumps(full))
+        os.replace(tmp_json, stem.with_suffix(".json"))
+    except BaseException:  # a full disk: no temporary left behind
+        for t in (tmp, tmp_json):
+            t.unlink(missing_ok=True)
+        raise
 
 
 _CACHE_VERSION = 1

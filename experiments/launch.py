@@ -10,7 +10,9 @@ keys (``fp8rl.launch.cli_help``); Hydra's own options are under ``--hydra-help``
 
 Before Hydra composes anything, every override's key or config group is checked against the
 schema (``fp8rl.launch.keys``): ``+stepz=3``, ``clip.epslow=0.1`` or ``hydra/launcher=...``
-stop with one message naming the key and the nearest valid ones, exit status 2.
+stop with one message naming the key and the nearest valid ones, exit status 2. A config file the
+command line selects that is not valid YAML (a sweep file with a typo) stops with one line naming
+the file, line and column, exit status 2 (``fp8rl.launch.yamlcheck``).
 
 The config always runs in Hydra's multirun mode (``hydra.mode: MULTIRUN`` in
 ``sweeps/config.yaml``): the ``fp8rl`` sweeper expands and validates the whole grid and
@@ -49,6 +51,11 @@ def main() -> None:
     if errors:
         print("Error: unknown key(s) or config group(s); nothing was run, submitted or written:\n  "
               + "\n  ".join(errors), file=sys.stderr)
+        raise SystemExit(2)
+    from fp8rl.launch.yamlcheck import yaml_errors
+
+    for line in yaml_errors(argv):  # before Hydra, whose answer is a 100-line traceback
+        print(f"Error: {line}; nothing was run, submitted or written", file=sys.stderr)
         raise SystemExit(2)
     _hydra_main()
 

@@ -17,6 +17,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from fp8rl.launch.status import failed_cells, format_table, sweep_status
+    from fp8rl.runs.manifest import ManifestDamaged
 
     p = argparse.ArgumentParser(
         prog="python -m experiments.status", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         rows = sweep_status(args.sweep_dir, query_slurm=not args.no_slurm)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ManifestDamaged) as e:  # one line: the file and the fix
         print(f"error: {e}", file=sys.stderr)
         return 1
     if args.json:

@@ -15,6 +15,9 @@ from fp8rl.config.validation import _require
 
 #: Largest ``seed`` (seeds name run directories and seed torch/numpy generators: 32 bits).
 MAX_SEED = 2**32 - 1
+#: Steps a run may take: the paper's runs take hundreds; a typo's 10^20 would be accepted and run
+#: "for ever" (an ETA of quadrillions of hours), so the bound names what the value would cost.
+MAX_STEPS = 1_000_000
 
 
 @dataclass
@@ -117,6 +120,13 @@ class RunConfig:
         _require(isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed <= MAX_SEED,
                  f"seed must be an integer >= 0 and <= {MAX_SEED}, got {self.seed!r}")
         _require(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
+        _require(self.steps <= MAX_STEPS,
+                 f"steps={self.steps} is more than a run can take: it would sample {self.steps * self.prompts_per_step * a.n_samples_per_prompt:.3g} "
+                 f"responses ({self.prompts_per_step} prompts x {a.n_samples_per_prompt} samples per step); "
+                 f"give 1 <= steps <= {MAX_STEPS}")
+        _require(isinstance(self.output_dir, str) and self.output_dir.strip() != "",
+                 f"output_dir is empty ({self.output_dir!r}): give the runs root (default runs); an empty "
+                 "path would write into the current directory")
         _require(self.prompts_per_step >= 1, f"prompts_per_step must be >= 1, got {self.prompts_per_step}")
         _require(self.num_mini_batches >= 1, f"num_mini_batches must be >= 1, got {self.num_mini_batches}")
         n_seq = self.prompts_per_step * a.n_samples_per_prompt

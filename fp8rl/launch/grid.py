@@ -27,7 +27,9 @@ is written while validating. Checks, in order:
    are refused) and needs a backend that lays out GPUs (a ``check_cell`` hook);
 4. the backend's config class (``__post_init__``: ranges, registry names, cross-field rules
    such as dynamic sampling with one sample per prompt);
-5. the runs root writable (nearest existing ancestor is a directory we can create files in);
+5. the runs root not empty and writable (nearest existing ancestor is a directory we can create
+   files in); the number of cells (grid points x ``seeds``) at most :data:`MAX_CELLS`, checked
+   before expanding;
 6. no two cells resolving to the same run directory.
 
 All problems are collected and reported together (:class:`SweepError`), each naming the cell
@@ -63,7 +65,11 @@ from fp8rl.launch.validate import (
     raise_errors,
 )
 
-__all__ = ["CellPlan", "SweepError", "SweepPlan", "check_writable", "compose_cells", "expand_overrides",
+#: Cells one sweep may hold (the paper's largest grid has a few hundred): a bound that stops a
+#: typo's ``seeds=100000000`` before it expands for minutes while memory grows.
+MAX_CELLS = 10_000
+
+__all__ = ["MAX_CELLS", "CellPlan", "SweepError", "SweepPlan", "check_writable", "compose_cells", "expand_overrides",
            "plan_sweep"]
 
 
@@ -132,8 +138,12 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
     raise_unknown(override_key_errors([*hydra_overrides, *dict.fromkeys(ov for g in grid for ov in g)], groups))
     seeds = master_cfg.get("seeds", 1)
     errors: list[str] = []
-    if not isinstance(seeds, int) or seeds < 1:
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise SweepError(f"seeds must be an integer >= 1 (the number of seeds per cell), got {seeds!r}")
+    if len(grid) * seeds > MAX_CELLS:  # checked before expanding: 10^8 seeds would expand for minutes
+        raise SweepError(f"seeds={seeds}: the sweep would have {len(grid) * seeds:,} cells ({len(grid)} grid "
+                         f"point(s) x {seeds} seeds), each a training run and a run directory; a sweep holds at "
+                         f"most {MAX_CELLS:,} cells, so give seeds <= {max(1, MAX_CELLS // len(grid))}")
     seed_keys = {ov.split("=", 1)[1] for g in grid for ov in g if ov.split("=", 1)[0] == "seed"}
     if seeds > 1 and len(seed_keys) > 1:
         raise SweepError(f"seeds={seeds} and a seed sweep ({sorted(seed_keys)}) were both given; "
@@ -173,6 +183,10 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
             errors += [f"{label}: {m}" for m in cell_errors]
             continue
 
+        if not str(container.get("output_dir", "runs")).strip():  # Path("") is the current directory
+            errors.append(f"{label}: output_dir is empty: give the runs root (default runs); an empty path "
+                          "would write the sweep into the current directory")
+            continue
         root = Path(str(container.get("output_dir", "runs"))).expanduser().absolute()
         roots.add(root)
         sweep_dir = root / launch["sweep_name"]

@@ -124,7 +124,11 @@ def summary_lines(plan, how: str, argv: list[str] | None = None) -> list[str]:
     done, resumable, failed, new = [], [], [], []
     for c in plan.cells:
         rd = RunDir(Path(c.run_dir))
-        st = rd.status() if rd.path.exists() else None
+        try:
+            st = rd.status() if rd.path.exists() else None
+        except (OSError, ValueError) as e:  # a damaged status.json (named, with its fix)
+            failed.append((c, str(e)))
+            continue
         state = (st or {}).get("state")
         if state == DONE:
             done.append(c)

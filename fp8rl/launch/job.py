@@ -9,7 +9,8 @@ each job).
 still resolves to the run directory the launcher recorded, and calls the backend's run
 function, which skips a DONE run and resumes an incomplete one from its checkpoint. When the
 backend fails before it could record why (an exception while building the model, a missing
-CUDA device), ``run_cell`` writes ``FAILED`` with the exception as the reason, then re-raises
+CUDA device, a checkpoint refused on resume: the status is still the one an earlier attempt
+wrote), ``run_cell`` writes ``FAILED`` with the exception as the reason, then re-raises
 so the job itself fails (Slurm shows FAILED, ``experiments/status.py`` shows the reason); an
 interrupt or a stop request (``fp8rl.runs.stop``) there records ``PREEMPTED`` instead. A state a
 previous attempt left (``PREEMPTED``: "relaunch to resume") is replaced too: it would name the
@@ -27,6 +28,7 @@ dropped first (``RunDir.truncate_after``), so no step is logged twice.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import submitit
@@ -70,7 +72,7 @@ def _run_owned(payload: dict, run_dir: Path) -> dict:
     from fp8rl.runs import FAILED, PREEMPTED, TERMINAL_STATES, RunDir
 
     backend = BACKENDS[payload["backend"]]
-    before = _status_or_none(RunDir(run_dir))  # a previous attempt's; this attempt's own replaces it
+    before = _status(RunDir(run_dir))  # a status this attempt did not write says nothing about it
     try:
         cfg = build_config(payload)
         resolved = Path(backend.load_resolve_run_dir()(cfg))
@@ -82,25 +84,27 @@ def _run_owned(payload: dict, run_dir: Path) -> dict:
         summary = backend.load_run()(cfg, payload.get("overrides", ()), progress=payload.get("progress", False))
     except BaseException as e:
         rd = RunDir(run_dir)
-        st = _status_or_none(rd)
-        if st is None or st == before or st.get("state") not in TERMINAL_STATES:
+        st = _status(rd)
+        if st is None or st.get("state") not in TERMINAL_STATES or st == before:
             step = int(st.get("step", 0)) if st else 0
-            if isinstance(e, KeyboardInterrupt):  # stopped or interrupted: resumable, not failed
-                rd.set_status(PREEMPTED, step, reason=str(e) or "interrupted")
-            else:
-                rd.set_status(FAILED, step, reason=f"{type(e).__name__}: {e}")
+            with contextlib.suppress(OSError):  # a full disk: the error itself says more
+                if isinstance(e, KeyboardInterrupt):  # stopped or interrupted: resumable, not failed
+                    rd.set_status(PREEMPTED, step, reason=str(e) or "interrupted")
+                else:
+                    rd.set_status(FAILED, step, reason=f"{type(e).__name__}: {e}")
         raise
     if summary.get("state") == FAILED:
         raise CellFailed(f"{run_dir.name}: {summary.get('reason')}")
     return summary
 
 
-def _status_or_none(rd) -> dict | None:
-    """``status.json`` of ``rd``, None when absent or unreadable."""
+def _status(rd) -> dict | None:
+    """``status.json`` of ``rd``, None when absent or unreadable (a damaged one is rewritten)."""
     try:
-        return rd.status() if rd.status_path.exists() else None
+        st = rd.status() if rd.status_path.exists() else None
     except (OSError, ValueError):
         return None
+    return st if isinstance(st, dict) else None
 
 
 def prepare_key(payload: dict):

@@ -62,7 +62,10 @@ class LaunchResult:
 def _reason_from_rundir(run_dir: Path, fallback: str) -> str:
     from fp8rl.runs import RunDir
 
-    st = RunDir(run_dir).status() if run_dir.exists() else None
+    try:
+        st = RunDir(run_dir).status() if run_dir.exists() else None
+    except (OSError, ValueError) as e:  # a damaged status.json: say so beside the error
+        return f"{fallback} ({e})"
     return (st or {}).get("reason") or fallback
 
 

@@ -23,7 +23,9 @@ checkpoints and records PREEMPTED), the outcome is ``stopped``, and the worker t
 task. ``run`` returns when every worker has ended; tasks never started yield nothing. On
 ``KeyboardInterrupt`` in the parent (a second Ctrl-C) the workers are killed at once (their runs
 resume from their last checkpoint) and the interrupt propagates. A worker that dies mid-task
-(out of memory, killed) fails that task with its exit code; the others go on.
+(out of memory, killed) fails that task with its signal or exit code; the others go on. When
+every worker has died, each task not yet run fails as ``not started`` and ``run`` returns, so the
+launcher can say what happened and how to resume instead of ending in a traceback.
 """
 
 from __future__ import annotations
@@ -93,6 +95,22 @@ def _worker(tasks, results) -> None:  # pragma: no cover - runs in the child pro
             results.put(("ok", key, value))
 
 
+def died(exitcode: int | None) -> str:
+    """How a worker process ended, for a task's error: killed by a signal (SIGKILL: the
+    out-of-memory killer's) or its exit code."""
+    if exitcode is not None and exitcode < 0:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-exitcode).name
+            oom = " (what the out-of-memory killer sends)" if name == "SIGKILL" else ""
+            return f"was killed by {name}{oom}"
+    return f"died (exit code {exitcode})"
+
+
+def _forget(keys: list, key: Any) -> None:
+    with contextlib.suppress(ValueError):
+        keys.remove(key)
+
+
 def _signal_all(procs, sig: int) -> None:
     for p in procs:
         if p.is_alive() and p.pid is not None:
@@ -137,6 +155,7 @@ class WorkerPool:
             else:
                 os.environ["OMP_NUM_THREADS"] = old
         running: dict[int, Any] = {}  # pid -> key of its current task
+        unfinished = [key for key, _, _ in tasks]  # in order: what is left when every worker dies
         remaining = len(tasks)
         asked = False
         try:
@@ -150,12 +169,16 @@ class WorkerPool:
                     for p in procs:  # a worker that died mid-task fails its task
                         if not p.is_alive() and p.pid in running:
                             remaining -= 1
-                            yield Outcome(running.pop(p.pid), False,
-                                          error=f"worker process died (exit code {p.exitcode})")
+                            key = running.pop(p.pid)
+                            _forget(unfinished, key)
+                            yield Outcome(key, False, error=f"its worker process {died(p.exitcode)}")
                     if remaining and not any(p.is_alive() for p in procs):
                         if asked:  # stopped: the tasks left were never started
                             return
-                        raise RuntimeError(f"every worker process died with {remaining} task(s) left") from None
+                        for key in unfinished:  # nobody is left to run them: each fails, none is lost
+                            yield Outcome(key, False, error="not started: every worker process died before "
+                                                            "it could run it")
+                        return
                     continue
                 if kind == "start":
                     running[value] = key
@@ -163,6 +186,7 @@ class WorkerPool:
                 for pid, k in list(running.items()):
                     if k == key:
                         del running[pid]
+                _forget(unfinished, key)
                 remaining -= 1
                 ok = kind == "ok"
                 yield Outcome(key, ok, value if ok else None, None if ok else value, stopped=kind == "stopped")

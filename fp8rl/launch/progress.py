@@ -225,7 +225,10 @@ class SweepProgress:
         running: list[tuple[int, str | None]] = []
         for c in self.cells:
             exists = Path(c.run_dir).exists()
-            st = RunDir(Path(c.run_dir)).status() if exists else None
+            try:
+                st = RunDir(Path(c.run_dir)).status() if exists else None
+            except (OSError, ValueError):  # damaged: the launcher names it; its writer replaces it
+                st = None
             if st is None:
                 if exists:  # the backend set the directory up and is preparing (e.g. a warm start)
                     running.append((c.index, None))

@@ -9,7 +9,8 @@ Called by the Hydra sweeper (``hydra_plugins/fp8rl_launch``) with the composed p
    to launch, ``Launcher.preflight``: a local GPU profile needs its GPUs here): DONE cells are skipped, cells whose Slurm job (from the
    manifest) is still pending or running are left alone, cells whose run directory is owned
    by another live process (``fp8rl.runs.lock``: a second launch, a duplicate job) are
-   skipped naming the owner, all others (new, FAILED, PREEMPTED, interrupted, or whose owner
+   skipped naming the owner, cells whose ``status.json`` cannot be read are reported
+   ``DAMAGED`` with the file and its fix and not run (exit status 1), all others (new, FAILED, PREEMPTED, interrupted, or whose owner
    died) are launched, and incomplete ones resume from their checkpoints;
 4. write ``<output_dir>/<sweep_name>/manifest.json`` *before* launching (cells of earlier
    launches of the same sweep that are not in this grid are kept), launch, and record the job
@@ -21,6 +22,7 @@ Called by the Hydra sweeper (``hydra_plugins/fp8rl_launch``) with the composed p
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import signal
 import sys
@@ -73,6 +75,7 @@ def execute(plan: SweepPlan, stream=None) -> int:
     from fp8rl.launch.slurm import active_jobs
     from fp8rl.runs import DONE, MANIFEST_FILE, Cell, read_manifest, write_manifest
     from fp8rl.runs.lock import probe
+    from fp8rl.runs.manifest import ManifestDamaged
 
     stream = stream or sys.stderr
     if plan.dry_run:
@@ -80,14 +83,21 @@ def execute(plan: SweepPlan, stream=None) -> int:
         return 0
     previous: dict[str, Cell] = {}
     if (plan.sweep_dir / MANIFEST_FILE).exists():
-        previous = {c.run_dir: c for c in read_manifest(plan.sweep_dir).cells}
+        try:
+            previous = {c.run_dir: c for c in read_manifest(plan.sweep_dir).cells}
+        except ManifestDamaged as e:  # one line, nothing run or written
+            print(f"Error: {e}; nothing was run, submitted or written", file=stream)
+            return 1
     old_ids = {k: c.job_id for k, c in previous.items() if c.job_id}
     active = active_jobs(old_ids.values()) if old_ids else set()
 
-    todo, skipped_done, skipped_active, elsewhere = [], [], [], []
+    todo, skipped_done, skipped_active, elsewhere, damaged = [], [], [], [], []
     for c in plan.cells:
         key = c.run_dir.name
-        if c.state == DONE:
+        why = damaged_status(c.run_dir)
+        if why is not None:  # its status.json cannot be read: say so, run the other cells
+            damaged.append((c, why))
+        elif c.state == DONE:
             skipped_done.append(c)
         elif old_ids.get(key) in active:
             skipped_active.append(c)
@@ -110,8 +120,16 @@ def execute(plan: SweepPlan, stream=None) -> int:
         kept = [p for k, p in previous.items() if k not in cur]
         return kept + list(cur.values())
 
-    plan.sweep_dir.mkdir(parents=True, exist_ok=True)
-    write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells({}))
+    new_dirs = [d for d in (plan.sweep_dir, *plan.sweep_dir.parents) if not d.exists()]
+    try:
+        plan.sweep_dir.mkdir(parents=True, exist_ok=True)
+        write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells({}))
+    except OSError as e:  # a full or read-only disk: one line, and no empty sweep directory left
+        for d in new_dirs:  # deepest first
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        print(f"Error: {getattr(e, 'cause', None) or e}; nothing was run", file=stream)
+        return 1
     print(f"[{plan.sweep_name}] {len(plan.cells)} cell(s): {len(skipped_done)} DONE (skipped), "
           f"{len(skipped_active)} still queued or running (left alone), "
           f"{len(elsewhere)} running elsewhere (skipped), {len(todo)} to "
@@ -119,9 +137,11 @@ def execute(plan: SweepPlan, stream=None) -> int:
     for c, owner in elsewhere:
         print(f"  {c.run_dir.name}: running elsewhere, owned by "
               f"{owner.describe() if owner else 'another process'}", file=stream)
+    for c, why in damaged:
+        print(f"  {c.run_dir.name}: DAMAGED, not run: {why}", file=stream)
     if not todo:
         print(f"[{plan.sweep_name}] nothing to do", file=stream)
-        return 0
+        return 1 if damaged else 0
     from fp8rl.launch.interrupt import Interrupt, summary_lines
     from fp8rl.launch.progress import console, log
 
@@ -151,10 +171,28 @@ def execute(plan: SweepPlan, stream=None) -> int:
         for name, reason in result.failed:
             log = log_path(plan.sweep_dir / name)
             print(f"  {name}: {reason}" + (f"; run log: {log}" if log.is_file() else ""), file=stream)
+        if result.waited:  # a relaunch resumes each from its checkpoint and skips the DONE ones
+            from fp8rl.launch.interrupt import resume_command
+
+            print(f"[{plan.sweep_name}] after fixing the cause, resume with: {resume_command()}", file=stream)
+        return 1
+    if damaged:
+        print(f"[{plan.sweep_name}] {len(damaged)} cell(s) DAMAGED, not run (the fix is above)", file=stream)
         return 1
     if result.waited:
         print(f"[{plan.sweep_name}] all {len(plan.cells)} cell(s) finished; runs in {plan.sweep_dir}", file=stream)
     return 0
+
+
+def damaged_status(run_dir) -> str | None:
+    """Why the ``status.json`` of ``run_dir`` cannot be read (damaged, a symlink), or None."""
+    from fp8rl.runs import RunDir
+
+    try:
+        RunDir(run_dir).status()
+    except (OSError, ValueError) as e:
+        return str(e)
+    return None
 
 
 def run_sweep(config, config_loader, params, arguments) -> int:
@@ -174,4 +212,4 @@ def run_sweep(config, config_loader, params, arguments) -> int:
     return execute(plan)
 
 
-__all__ = ["SweepError", "describe_cell", "execute", "print_plan", "run_sweep"]
+__all__ = ["SweepError", "damaged_status", "describe_cell", "execute", "print_plan", "run_sweep"]

@@ -36,25 +36,36 @@ __all__ = [
 ]
 
 
+#: How to repair a damaged run file, by name, where it is less than running the cell again.
+REPAIRS = {
+    # the run's state is re-derived from its checkpoint: nothing else is lost
+    "status.json": "delete it and relaunch: the cell resumes from its checkpoint (from step 0 if it has "
+                   "none), keeping the rest of its run directory",
+}
+
+
 class RunDirDamaged(ValueError):
     """A run file is not what fp8rl wrote (truncated, emptied or overwritten)."""
 
     def __init__(self, path: Path, what: str, detail: object) -> None:
         detail = " ".join(str(detail).split())  # parsers' messages span lines
-        super().__init__(f"{path} is damaged (not {what}: {detail}); restore it from a copy, or delete "
-                         "the run directory to run the cell again from scratch")
+        fix = REPAIRS.get(Path(path).name, "restore it from a copy, or delete the run directory to run the "
+                                           "cell again from scratch")
+        super().__init__(f"{path} is damaged (not {what}: {detail}); {fix}")
+        self.path = Path(path)
 
 
 def read_json(path: Path) -> dict | None:
-    """A run's JSON file, None when missing; a symlink or a damaged file is refused."""
+    """A run's JSON file, None when missing; a symlink or a damaged file (not UTF-8, not JSON)
+    is refused."""
     refuse_symlink(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
     try:
-        return json.loads(text)
-    except ValueError as e:
+        return json.loads(data.decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError included
         raise RunDirDamaged(path, "JSON", e) from e
 
 

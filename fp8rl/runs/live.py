@@ -70,24 +70,36 @@ def scalars(row: Mapping) -> dict[str, float]:
     return out
 
 
-def _after_existing_event_files(tb_dir: Path) -> None:
-    """Wait until the clock has passed the second of every event file in ``tb_dir``.
+def order_event_files_before_now(tb_dir: Path, now: float | None = None) -> int:
+    """Rename the event files in ``tb_dir`` so that a writer opened now sorts after all of them;
+    returns how many seconds they were moved back (0: nothing renamed).
 
     TensorBoard reads a run's event files in name order, and a name starts with the second its
-    file was opened (``events.out.tfevents.<seconds>.<host>.<pid>...``). A resumed writer opened in
-    the same second as the interrupted attempt's file would sort by pid, possibly before it, and a
-    reader would then apply the interrupted attempt's events after the resume's purge (duplicate
-    steps). At most one second's wait, on resume only."""
-    stamps = []
+    file was opened (``events.out.tfevents.<seconds>.<host>.<pid>...``). A resumed writer must sort
+    after the interrupted attempt's file, or a reader applies that attempt's events after the
+    resume's purge (duplicate steps). When an existing file is stamped at or after the current
+    second (opened in the same second, or by an attempt on a node whose clock ran ahead), every
+    existing file is renamed that many seconds earlier (their order kept), instead of waiting on
+    the wall clock (which, an hour ahead, would stall the resume for an hour). Only the resuming
+    run's owner calls this, so no writer has these files open."""
+    files = []
     for p in tb_dir.glob("events.out.tfevents.*"):
-        try:
-            stamps.append(int(p.name.split(".")[3]))
-        except (IndexError, ValueError):
-            continue
-    if stamps:
-        wait = max(stamps) + 1 - time.time()
-        if wait > 0:
-            time.sleep(wait)
+        parts = p.name.split(".")
+        if len(parts) > 3 and parts[3].isdigit():
+            files.append((int(parts[3]), p))
+    now_s = int(time.time() if now is None else now)
+    if not files or max(s for s, _ in files) < now_s:
+        return 0
+    shift = max(s for s, _ in files) - now_s + 1
+    for stamp, p in sorted(files):  # oldest first: a new name never meets one not yet renamed
+        parts = p.name.split(".")
+        parts[3] = f"{max(0, stamp - shift):010d}"
+        p.rename(p.with_name(".".join(parts)))
+    if shift > 1:  # a clock that ran ahead (the same second is the common case: not worth a line)
+        print(f"{tb_dir}: {len(files)} TensorBoard event file(s) stamped up to {shift - 1} s ahead of this "
+              f"machine's clock renamed {shift} s earlier, so that the resumed run's file sorts after them",
+              file=sys.stderr, flush=True)
+    return shift
 
 
 class _TensorBoard:
@@ -95,7 +107,7 @@ class _TensorBoard:
         from torch.utils.tensorboard import SummaryWriter
 
         if purge_step is not None:
-            _after_existing_event_files(run_dir / TENSORBOARD_DIR)
+            order_event_files_before_now(run_dir / TENSORBOARD_DIR)
         self.w = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR), purge_step=purge_step, flush_secs=10)
 
     def log(self, row: Mapping) -> None:

@@ -149,14 +149,19 @@ def write_manifest(sweep_dir: str | os.PathLike, sweep: str, cells: Iterable[Cel
     return path
 
 
-def _damaged(path: Path, detail: object) -> ValueError:
+class ManifestDamaged(ValueError):
+    """``manifest.json`` is not a manifest (the message names it and the fix, on one line)."""
+
+
+def _damaged(path: Path, detail: object) -> ManifestDamaged:
     detail = " ".join(str(detail).split())
-    return ValueError(f"{path} is damaged (not a manifest: {detail}); delete it and relaunch the sweep, "
-                      "which writes it again (the run directories are kept and resumed)")
+    return ManifestDamaged(f"{path} is damaged (not a manifest: {detail}); delete it and relaunch the sweep, "
+                           "which writes it again (the run directories are kept and resumed)")
 
 
 def read_manifest(sweep_dir: str | os.PathLike) -> Manifest:
-    """Read ``<sweep_dir>/manifest.json``; FileNotFoundError names the missing file."""
+    """Read ``<sweep_dir>/manifest.json``; FileNotFoundError names the missing file,
+    :class:`ManifestDamaged` a damaged one (one line: the file and the fix)."""
     sweep_dir = Path(sweep_dir)
     path = sweep_dir / MANIFEST_FILE
     if not path.exists():
@@ -165,18 +170,22 @@ def read_manifest(sweep_dir: str | os.PathLike) -> Manifest:
             "without it missing cells cannot be reported"
         )
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
+        d = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:  # not UTF-8 or not JSON
         raise _damaged(path, e) from e
     if not isinstance(d, dict):
         raise _damaged(path, f"it holds a JSON {type(d).__name__}, not an object")
     for key in ("sweep", "cells"):
         if key not in d:
-            raise ValueError(f"{path} lacks the {key!r} field")
+            raise _damaged(path, f"it lacks the {key!r} field")
+    try:
+        cells = tuple(Cell.from_dict(c) for c in d["cells"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise _damaged(path, f"a cell is not a manifest cell: {type(e).__name__}: {e}") from e
     return Manifest(
         sweep=d["sweep"],
         created=d.get("created", ""),
-        cells=tuple(Cell.from_dict(c) for c in d["cells"]),
+        cells=cells,
         path=sweep_dir,
         updated=d.get("updated"),
     )

@@ -19,7 +19,8 @@ and it does one of two things:
 
 In both cases :func:`remove_stale_temps` first deletes the temporary files of atomic writes
 the kill interrupted (``state.pt.tmp*`` of a checkpoint write, ``.<name>.*.tmp`` of
-``fp8rl.runs.jsonl.atomic_write_text``) in the run directory and ``checkpoint/``. The
+``fp8rl.runs.jsonl.atomic_write_text``: ``.step_*.jsonl.*.tmp`` of a samples file too) in the run
+directory, ``checkpoint/`` and ``samples/``. The
 replaced file was never touched by such a write (it is swapped in by ``os.replace`` only
 when complete), so a temporary file is never the checkpoint and is ignored when resuming; each
 removal prints one line naming the file.
@@ -55,10 +56,11 @@ def is_temp(path: Path) -> bool:
 
 
 def remove_stale_temps(rd: RunDir) -> list[Path]:
-    """Delete the temporary files interrupted atomic writes left in the run directory and its
-    ``checkpoint/`` (the caller owns the run, so no write is in progress); returns them."""
+    """Delete the temporary files interrupted atomic writes left in the run directory, its
+    ``checkpoint/`` and ``samples/`` (the caller owns the run, so no write is in progress);
+    returns them."""
     removed = []
-    for d in (rd.path, rd.checkpoint_dir):
+    for d in (rd.path, rd.checkpoint_dir, rd.samples_dir):
         if not d.is_dir():
             continue
         for p in sorted(d.iterdir()):

@@ -294,8 +294,12 @@ class RunDir:
                 atomic_write_json(self.provenance_path, prov)
 
     def status(self) -> dict | None:
-        """``status.json`` as a dict, or None if the run never wrote one."""
-        return read_json(self.status_path)
+        """``status.json`` as a dict, or None if the run never wrote one; a damaged one raises
+        :class:`RunDirDamaged`."""
+        st = read_json(self.status_path)
+        if st is not None and not isinstance(st, dict):
+            raise RunDirDamaged(self.status_path, "a JSON object", f"it holds a {type(st).__name__}")
+        return st
 
     @property
     def state(self) -> str | None:

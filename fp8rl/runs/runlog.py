@@ -5,7 +5,9 @@ a cell runs (Python's ``print``, warnings and tracebacks, and what C code, torch
 process writes to file descriptors 1 and 2) to the end of the run's ``run.log``. Each attempt
 starts with one header line (``=== attempt N, <UTC time>, host H pid P ===``), so a run resumed
 three times holds its four attempts in order. An exception that ends the cell is written into the
-log (its traceback) before it propagates, so the log holds the cell's error.
+log (its traceback) before it propagates, so the log holds the cell's error. When the log cannot
+be written (the disk is full) what would go into it goes to the standard error instead, and the
+cell's own error, not the log's, is the one that propagates.
 
 The log is an append stream, not an atomic file: it is opened with ``O_APPEND | O_NOFOLLOW``
 (``fp8rl.runs.safe_io.open_nofollow``), so a symlink in its place is refused
@@ -32,6 +34,27 @@ from fp8rl.runs.safe_io import open_nofollow, writing
 RUN_LOG = "run.log"
 #: Start of the header line of each attempt.
 HEADER = "=== attempt"
+
+
+class _LogStream(io.TextIOWrapper):
+    """``sys.stdout`` / ``sys.stderr`` while a cell runs: ``run.log``; a write the log refuses
+    (the disk is full, the stream already closed by the time a thread writes) goes to the
+    console instead (``console``, the standard error before the capture), or nowhere, but never
+    raises: a traceback written on the way out must not replace the error it reports."""
+
+    console: io.FileIO | None = None
+
+    def write(self, s: str) -> int:
+        try:
+            return super().write(s)
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                self.console.write(s.encode("utf-8", "replace"))
+            return len(s)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            super().flush()
 
 
 def log_path(run_dir: str | os.PathLike) -> Path:
@@ -78,8 +101,9 @@ def capture(run_dir: str | os.PathLike, *, note: str = "") -> Iterator[Path]:
             saved.append((target, os.dup(target)))
             os.dup2(fd, target)
         # Python-level writes go to the log too (also when sys.stdout is not fd 1, e.g. a test's capture)
-        out = io.TextIOWrapper(io.FileIO(os.dup(fd), "w"), encoding="utf-8", errors="replace",
-                               line_buffering=True, write_through=True)
+        out = _LogStream(io.FileIO(os.dup(fd), "w"), encoding="utf-8", errors="replace",
+                         line_buffering=True, write_through=True)
+        out.console = io.FileIO(os.dup(saved[1][1]), "w")  # the standard error before the capture
         sys.stdout = sys.stderr = out
         try:
             yield path
@@ -95,6 +119,8 @@ def capture(run_dir: str | os.PathLike, *, note: str = "") -> Iterator[Path]:
             sys.stdout, sys.stderr = old_out, old_err
             with contextlib.suppress(Exception):
                 out.close()
+            with contextlib.suppress(Exception):
+                out.console.close()
     finally:
         sys.stdout, sys.stderr = old_out, old_err
         for target, copy in reversed(saved):

@@ -67,6 +67,7 @@ class RunDirWriteError(OSError):
         what, fix = _FIXES[err]
         super().__init__(f"{what} writing {path}: {fix}; the run resumes from its last checkpoint")
         self.errno, self.path = err, Path(path)
+        self.cause = f"{what} writing {path}: {fix}"  # without the run's part (a sweep's own files)
 
 
 class RunDirSymlink(OSError):

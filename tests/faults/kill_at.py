@@ -13,6 +13,8 @@ Points (``k`` counts from 1):
   temporary file and before it replaces ``state.pt``;
 - ``metrics:k``: inside the append of step ``k``'s row to ``metrics.jsonl``, after half of the
   line is written and flushed;
+- ``samples:k``: inside the write of step ``k``'s ``samples/step_*.jsonl``, after its temporary
+  file is written and before it is renamed into place;
 - ``summary``: after the last step (its metrics and evaluation are logged), before
   ``summary.json`` and the DONE status are written.
 
@@ -86,6 +88,23 @@ def install(point: str, sig: signal.Signals) -> None:
             return write(self, row)
 
         jsonl.JsonlWriter.write = append_then_die
+    elif name == "samples":
+        from fp8rl.runs import safe_io
+
+        atomic_write_text = jsonl.atomic_write_text
+
+        def write_then_die(path, text):
+            if Path(path).name != f"step_{k:06d}.jsonl":
+                return atomic_write_text(path, text)
+
+            def write(f):
+                f.write(text.encode())
+                f.flush()
+                _die(sig)
+
+            return safe_io.atomic_write_with(path, write)
+
+        jsonl.atomic_write_text = write_then_die
     elif name == "summary":
         write_summary = RunDir.write_summary
 
@@ -95,7 +114,8 @@ def install(point: str, sig: signal.Signals) -> None:
 
         RunDir.write_summary = die_then_summary
     else:
-        raise SystemExit(f"kill_at.py: unknown point {point!r} (step:k, checkpoint:k, metrics:k, summary)")
+        raise SystemExit(f"kill_at.py: unknown point {point!r} (step:k, checkpoint:k, metrics:k, samples:k, "
+                         "summary)")
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,10 @@
 """Bad inputs that used to be accepted and then hung or broke a run: each is refused at expand
 time (exit status 1, nothing run, submitted or written) with a message naming the key, the bad
 value and the valid values; their neighbours (negative, zero, huge, wrong type, unknown choice)
-too. Cluster profiles: control characters in any string field are refused naming the field.
+too: a seed count that would expand for minutes, a step count no run can take, an empty
+``output_dir``. A sweep file (or an option it selects) that is not valid YAML: one line with the
+file, line and column, exit status 2. Cluster profiles: control characters in any string field
+are refused naming the field.
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ REFUSED = [
     ("seed-negative-in-axis", ["seed=0,-2"], ["seed", "-2", ">= 0", "cell 2/2"]),
     ("fp8-name-free-text", ["fp8.name=whatever"], ["fp8.name", "'whatever'", "rowwise", "tensorwise"]),
     ("fp8-name-empty", ["fp8.name="], ["fp8.name"]),
+    ("seeds-huge", ["seeds=100000000"], ["seeds=100000000", "100,000,000 cells", "seeds <= 10000"]),
+    ("seeds-huge-grid", ["fp8=bf16,tensorwise", "seeds=6000"], ["seeds=6000", "12,000 cells", "seeds <= 5000"]),
+    ("steps-huge", ["steps=99999999999999999999"], ["steps=99999999999999999999", "responses", "1000000"]),
+    ("steps-just-above", ["steps=1000001"], ["steps=1000001", "1000000"]),
 ]
 
 
@@ -75,6 +82,8 @@ def test_bad_value_refused_at_expand_time(capsys, tmp_path, overrides, expected)
 
 ACCEPTED = [
     ["launcher=local_parallel", "array_parallelism=1"],
+    ["steps=1000000"],
+    ["seeds=3"],
     ["max_response_len=200"],
     ["mini.device=cpu"],
     ["seed=4294967295"],
@@ -87,6 +96,73 @@ def test_valid_neighbour_accepted(capsys, tmp_path, overrides):
     res = _launch_in_process([*overrides, "dry_run=true", f"output_dir={tmp_path}/runs"], capsys)
     assert res.code == 0, res.err + res.out
     assert "dry run" in res.out
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _launch(args: list[str], cwd: Path, timeout: float = 120):
+    """``python -m experiments.launch ARGS`` as a user runs it (a subprocess in ``cwd``)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "experiments.launch", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_huge_seed_count_is_refused_at_once(tmp_path):
+    """``seeds=100000000`` used to expand for minutes, printing nothing, while memory grew."""
+    proc = _launch(["seeds=100000000", "dry_run=true", f"output_dir={tmp_path}/runs"], tmp_path, timeout=60)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "seeds=100000000: the sweep would have 100,000,000 cells" in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("overrides", [["output_dir="], ["output_dir= "]], ids=["empty", "blank"])
+def test_an_empty_output_dir_is_refused_and_nothing_is_written_here(capsys, tmp_path, monkeypatch, overrides):
+    monkeypatch.chdir(tmp_path)  # an empty path would be the current directory
+    res = _launch_in_process([*overrides, "+sweep=smoke", "dry_run=false", "workers=1", "progress=false"], capsys)
+    msg = res.err + res.out
+    assert res.code == 1, msg
+    assert "output_dir is empty" in msg and "Traceback" not in msg, msg
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_output_dir_is_refused_by_the_run_config():
+    from fp8rl.backends.mini.config import MiniRunConfig
+
+    with pytest.raises(ValueError, match="output_dir is empty"):
+        MiniRunConfig(output_dir="")
+
+
+# --- YAML errors in the config files a launch reads ------------------------------------------
+
+_BROKEN = "# @package _global_\nsweep_name: mine\nsteps: 2\nhydra:\n  sweeper:\n    params:\n      fp8: [bf16,\n"
+
+
+@pytest.mark.parametrize("where", ["sweep-file", "option-its-grid-names"])
+def test_a_yaml_error_in_a_sweep_file_is_one_line_with_file_line_and_column(tmp_path, where):
+    conf = tmp_path / "conf"
+    (conf / "sweep").mkdir(parents=True)
+    if where == "sweep-file":
+        bad = conf / "sweep" / "mine.yaml"
+        bad.write_text(_BROKEN)
+        line, column = 8, 1
+    else:  # the sweep parses; an fp8 option its grid names does not
+        (conf / "sweep" / "mine.yaml").write_text(
+            "# @package _global_\nsweep_name: mine\nhydra:\n  sweeper:\n    params:\n      fp8: bf16,myfp8\n")
+        (conf / "fp8").mkdir()
+        bad = conf / "fp8" / "myfp8.yaml"
+        bad.write_text("# @package fp8\nname: tensorwise\n  emulate: true\n")
+        line, column = 3, 10
+    proc = _launch(["--config-dir", str(conf), "+sweep=mine", "dry_run=true", f"output_dir={tmp_path}/runs"],
+                   tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith(f"Error: {bad}, line {line}, column {column}: "), lines[0]
+    assert not (tmp_path / "runs").exists()
 
 
 # --- cluster profiles -----------------------------------------------------------------------

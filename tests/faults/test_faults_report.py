@@ -1,4 +1,5 @@
-"""A report killed while it writes: no half-written file in its output, and a rerun completes it.
+"""A report killed while it writes: no half-written file in its output, and a rerun completes it;
+two reports into one ``--out`` at once both complete.
 
 ``python -m analysis.report`` runs as a real process on a fabricated sweep
 (``fp8rl.runs.synthetic``: real run directories written by the backends' writers) and is killed
@@ -70,3 +71,17 @@ def test_a_killed_report_leaves_no_partial_output_and_a_rerun_completes_it(tmp_p
     assert again.wait(timeout=240) == 0, again.stdout.read()[-3000:]
     assert _data_files(out) == want
     assert not list(sweep.glob(f".{out.name}.partial-*"))  # the killed report's staging is gone
+
+
+def test_two_reports_into_one_out_both_complete(tmp_path):
+    """Two reports started together into one ``--out``: neither removes the other's staging
+    directory (each holds a lock on its own), both end 0, and ``--out`` holds one whole report."""
+    sweep = tmp_path / "sweep"
+    make_sweep(sweep, demo_specs(steps=60, seeds=(0,)), fast=True)
+    out = tmp_path / "report"
+    procs = [_report(sweep, out) for _ in range(2)]
+    for p in procs:
+        assert p.wait(timeout=240) == 0, p.stdout.read()[-3000:]
+    files = _data_files(out)
+    assert "report.md" in files and any(k.startswith("tables/") for k in files)
+    assert not list(tmp_path.glob(f".{out.name}.partial-*"))  # staging and locks gone

@@ -147,6 +147,38 @@ def test_kill_during_a_checkpoint_write_leaves_a_temp_file_the_relaunch_removes(
     _assert_same_as(RunDir(run_dir), reference)
 
 
+def test_an_event_file_stamped_an_hour_ahead_does_not_stall_the_resume(reference, cache, tmp_path):
+    """A killed attempt on a node whose clock ran an hour ahead left its TensorBoard event file
+    stamped an hour ahead: the relaunch (a subprocess of the CLI) used to sleep until then."""
+    import time
+
+    run_dir = tmp_path / "run"
+    _kill(run_dir, cache, "step:4", signal.SIGKILL)  # the checkpoint of step 2, step 3 logged
+    (event,) = (run_dir / "tensorboard").glob("events.out.tfevents.*")
+    parts = event.name.split(".")
+    parts[3] = f"{int(time.time()) + 3600:010d}"
+    event.rename(event.with_name(".".join(parts)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "fp8rl.backends.mini", *_args(run_dir, cache)], env=env,
+                          capture_output=True, text=True, timeout=100)  # it used to sleep for an hour
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ahead of this machine's clock" in proc.stderr, proc.stderr[-3000:]
+    _assert_same_as(RunDir(run_dir), reference)  # TensorBoard included: every step once
+
+
+def test_a_kill_during_a_samples_write_leaves_a_temp_file_the_relaunch_removes(reference, cache, tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    _kill(run_dir, cache, "samples:3", signal.SIGKILL)  # the checkpoint of step 2 is there
+    temps = [p for p in (run_dir / "samples").iterdir() if p.name.endswith(".tmp")]
+    assert [p.name[:len(".step_000003.jsonl.")] for p in temps] == [".step_000003.jsonl."], temps
+    capfd.readouterr()
+    assert mini_main(_args(run_dir, cache)) == 0
+    err = capfd.readouterr().err
+    assert not [p for p in (run_dir / "samples").iterdir() if p.name.endswith(".tmp")]
+    assert f"samples/{temps[0].name}" in err, err
+    _assert_same_as(RunDir(run_dir), reference)
+
+
 # ----- the relaunch's clean-up on its own (no run) ----------------------------------------------
 
 
@@ -181,10 +213,12 @@ def test_only_temporary_files_of_atomic_writes_are_removed(tmp_path, capsys):
     rd.checkpoint_dir.mkdir()
     keep = [rd.checkpoint_dir / "state.pt", rd.metrics_path, rd.path / "owner.json"]
     keep.append(rd.path / "notes.tmpl")  # not a temporary file of ours
-    stale = [rd.checkpoint_dir / "state.pt.tmpa1b2c3d4", rd.path / ".status.json.x_9zk0p1.tmp"]
+    stale = [rd.checkpoint_dir / "state.pt.tmpa1b2c3d4", rd.path / ".status.json.x_9zk0p1.tmp",
+             rd.samples_dir / ".step_000004.jsonl.k2j4m6n8.tmp"]
     for p in keep + stale:
         p.write_text("x")
     assert sorted(remove_stale_temps(rd)) == sorted(stale)
     assert all(p.exists() for p in keep) and not any(p.exists() for p in stale)
     err = capsys.readouterr().err
     assert "checkpoint/state.pt.tmpa1b2c3d4" in err and ".status.json.x_9zk0p1.tmp" in err
+    assert "samples/.step_000004.jsonl.k2j4m6n8.tmp" in err

@@ -178,21 +178,38 @@ def _stopped_at(root: Path, m: MiniSettings, step: int, counter) -> Path:
     return partial_dir(root / sft.sft_key("8b", m, TOK))
 
 
-@pytest.mark.parametrize("how", ["another key", "damaged"])
+def flip_a_weight_byte(path: Path) -> None:
+    """Flip one byte inside the first tensor stored in the zip ``path`` (bit rot)."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if "/data/" in i.filename)
+    data = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    data[info.header_offset + 30 + name_len + extra_len] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["another key", "damaged", "bit rot"])
 def test_a_partial_state_that_does_not_belong_is_never_used(tmp_path, counter, reference, capfd, how):
-    other = _mini(sft_lr=1e-3)  # another key, same steps
-    part = _stopped_at(tmp_path, other, 10, counter)
     target = partial_dir(tmp_path / reference[1])
-    shutil.copytree(part, target)
-    if how == "damaged":
-        with open(target / "state.pt", "r+b") as f:
-            f.truncate(1000)
+    if how == "another key":  # another learning rate, the same steps; its directory copied over
+        shutil.copytree(_stopped_at(tmp_path, _mini(sft_lr=1e-3), 10, counter), target)
+    else:  # its own, then damaged
+        _stopped_at(tmp_path, _mini(), 10, counter)
+        if how == "damaged":
+            with open(target / "state.pt", "r+b") as f:
+                f.truncate(1000)
+        else:
+            flip_a_weight_byte(target / "state.pt")
     capfd.readouterr()
     warm(_mini(), tmp_path, progress=True)
     assert counter.n == STEPS  # from step 0
     err = capfd.readouterr().err
-    why = "was saved for the warm start" if how == "another key" else "does not load"
-    assert f"state.pt not used: it {why}" in err and "training from step 0" in err, err
+    why = {"another key": "it was saved for the warm start", "damaged": "it does not load (it is not in the format",
+           "bit rot": "it does not load (its tensors do not match the digest"}[how]
+    assert f"state.pt not used: {why}" in err and "training from step 0" in err, err
     assert entry_bytes(tmp_path, reference[1]) == entry_bytes(*reference)
 
 

@@ -14,6 +14,17 @@ symlink in its place is refused too (``RunDirSymlink``). Checkpoints written bef
 module hold the same types and load unchanged. :func:`check_logged` refuses a resume whose
 ``metrics.jsonl`` lacks rows the checkpoint covers (emptied or cut): they cannot be made again.
 
+**Bit rot is refused, not trained on.** ``torch.load`` does not check the zip's CRC-32s, so a
+flipped bit in a weight or an Adam moment would load silently and change every later number.
+Each checkpoint carries a digest of its tensors (``digest``: SHA-256 of every tensor's dtype,
+shape and bytes, by its dotted name, :func:`tensor_digests`), computed from the tensors in
+memory as they are saved; :func:`load_state` recomputes it and refuses a mismatch naming the
+tensors, and it also checks the CRC-32 of every member of the zip (the plain data: step,
+history, RNG state). The SFT warm-start cache (``sft.py``) uses the same loader and keeps its
+digest in ``meta.json``. A checkpoint written before digests existed loads after the CRC check,
+with one line saying it carries no digest. The digest reads the tensors only: no trained
+number changes.
+
 **Saving** is atomic (``fp8rl.runs.safe_io``): a temporary ``state.pt.tmp*`` beside it,
 fsynced, renamed over it. On a full disk the previous checkpoint stays whole and
 ``RunDirWriteError`` says so; relaunching resumes from it.
@@ -21,8 +32,12 @@ fsynced, renamed over it. On a full disk the previous checkpoint stays whole and
 
 from __future__ import annotations
 
+import hashlib
+import io
 import shlex
+import sys
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -32,6 +47,9 @@ from fp8rl.runs.safe_io import atomic_write_with, refuse_symlink
 #: Keys every checkpoint holds (``MiniTrainer.save_checkpoint``).
 STATE_KEYS = ("step", "model", "optimizer", "clipper", "bad_steps", "skipped_updates", "history",
               "torch_rng", "python_rng")
+#: The key of a checkpoint's tensor digest (absent in checkpoints written before digests).
+DIGEST_KEY = "digest"
+
 
 
 class CheckpointRefused(RuntimeError):
@@ -43,38 +61,128 @@ class CheckpointRefused(RuntimeError):
 
     def __init__(self, path: Path, why: str, checkpoint: Path | None = None) -> None:
         ckpt = Path(checkpoint or path)
-        fix = (f"restore {path.name} from a copy to resume from the checkpoint's step, or delete the "
-               f"checkpoint (rm {shlex.quote(str(ckpt))}) and relaunch to run the cell again from step 0")
+        fix = (f"restore {path.name} from a copy to resume from the checkpoint's step, or delete it and relaunch: "
+               f"the cell restarts from step 0 (rm {shlex.quote(str(ckpt))}; the steps it logged are dropped "
+               "and run again)")
         super().__init__(f"{path}: refused to resume: {why}. To go on, {fix} (resume only run "
                          "directories you wrote)")
         self.path, self.checkpoint = Path(path), ckpt
 
 
+def _tensors(obj: object, name: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """``(dotted name, tensor)`` of every tensor in nested dicts, lists and tuples, in order."""
+    if isinstance(obj, torch.Tensor):
+        yield name, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _tensors(v, f"{name}.{k}" if name else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _tensors(v, f"{name}.{i}" if name else str(i))
+
+
+def tensor_digests(obj: object) -> dict[str, str]:
+    """SHA-256 (hex) of each tensor in ``obj`` (dtype, shape and bytes), by dotted name
+    (``model.norm.weight``, ``optimizer.state.0.exp_avg``). Reads the tensors, changes nothing."""
+    out = {}
+    for name, t in _tensors(obj):
+        h = hashlib.sha256(f"{t.dtype} {tuple(t.shape)}|".encode())
+        flat = t.detach().cpu().contiguous().reshape(-1)
+        if flat.numel():
+            h.update(flat.view(torch.uint8).numpy())
+        out[name] = h.hexdigest()
+    return out
+
+
+def digest_mismatch(obj: object, digest: dict) -> list[str]:
+    """Names whose tensor differs from ``digest`` (or that one of the two lacks); [] when equal."""
+    now = tensor_digests(obj)
+    return sorted(k for k in now.keys() | digest.keys() if now.get(k) != digest.get(k))
+
+
 def save_state(path: str | Path, state: dict) -> None:
-    """Atomically write ``state`` (tensors and plain data) to ``path``."""
-    atomic_write_with(path, lambda f: torch.save(state, f), prefix=Path(path).name + ".tmp", suffix="")
+    """Atomically write ``state`` (tensors and plain data) to ``path``, with its tensor digest."""
+    state = {**state, DIGEST_KEY: tensor_digests(state)}
+    atomic_write_with(path, lambda f: f.write(saved_bytes(state)), prefix=Path(path).name + ".tmp", suffix="")
+
+
+def saved_bytes(obj: object) -> memoryview:
+    """``torch.save(obj)``'s bytes, made in memory: written to a file by torch, a full disk surfaces
+    as torch's ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``; written by
+    us, as the ``OSError`` (ENOSPC) that ``RunDirWriteError`` names."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getbuffer()
+
+
+def load_tensors(path: Path, device: torch.device | str, refuse: Callable[[str], Exception]) -> object:
+    """``torch.load(path, weights_only=True)`` of a file fp8rl wrote; a file that is not a zip, or
+    holds more than tensors and plain data, or fails to load raises ``refuse(why)`` (one line, never
+    torch's own advice to load it with ``weights_only=False``). Check :func:`check_crc` after the
+    digest (which names the tensors) for the rest of the file."""
+    refuse_symlink(path)
+    if not zipfile.is_zipfile(path):
+        raise refuse("it is not in the format fp8rl writes (damaged: truncated, emptied or overwritten; "
+                     "or a plain pickle, which is never unpickled)")
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:
+        if "weights_only" in str(e) or "WeightsUnpickler" in str(e):
+            raise refuse("it holds objects other than tensors and plain data, whose unpickling could "
+                         "run code; it was not unpickled") from e
+        raise refuse(f"it is damaged ({_first_line(e)})") from e
+
+
+def check_crc(path: Path, refuse: Callable[[str], Exception]) -> None:
+    """Raise ``refuse(why)`` unless every member of the zip at ``path`` matches its CRC-32
+    (``torch.load`` does not check them)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except Exception as e:  # a damaged directory or member header
+        raise refuse(f"it is damaged ({_first_line(e)})") from e
+    if bad is not None:
+        raise refuse(f"it is damaged: the bytes of its member {bad} do not match their CRC-32 (bit rot "
+                     "on disk, a bad copy)")
+
+
+def refuse_mismatch(obj: object, digest: object, refuse: Callable[[str], Exception]) -> None:
+    """Raise ``refuse(why)`` when the tensors of ``obj`` do not match ``digest``."""
+    if not isinstance(digest, dict):
+        raise refuse(f"its tensor digest is damaged (a {type(digest).__name__}, not a mapping)")
+    bad = digest_mismatch(obj, digest)
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise refuse(f"its tensors do not match the digest written with them ({shown}): the file changed "
+                     "after it was written (bit rot on disk, a bad copy)")
+
+
+def say_no_digest(path: Path, what: str) -> None:
+    """One line for a file written before digests: loaded, its tensors unchecked."""
+    print(f"{path}: {what} written before tensor digests: loaded after a CRC-32 check of the file; its "
+          "tensors carry no digest to check", file=sys.stderr, flush=True)
 
 
 def load_state(path: str | Path, device: torch.device | str) -> dict:
-    """The checkpoint at ``path``, loaded without unpickling anything but tensors and plain data.
+    """The checkpoint at ``path``, loaded without unpickling anything but tensors and plain data,
+    its CRC-32s and tensor digest checked.
 
     Raises :class:`CheckpointRefused` (see the module docstring) or ``RunDirSymlink``.
     """
     path = Path(path)
-    refuse_symlink(path)
-    if not zipfile.is_zipfile(path):
-        raise CheckpointRefused(path, "it is not in the format fp8rl writes (damaged: truncated, emptied "
-                                      "or overwritten; or a plain pickle, which is never unpickled)")
-    try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:
-        if "weights_only" in str(e) or "WeightsUnpickler" in str(e):
-            raise CheckpointRefused(path, "it holds objects other than tensors and plain data, whose "
-                                          "unpickling could run code; it was not unpickled") from e
-        raise CheckpointRefused(path, f"it is damaged ({_first_line(e)})") from e
+
+    def refuse(why: str) -> CheckpointRefused:
+        return CheckpointRefused(path, why)
+
+    state = load_tensors(path, device, refuse)
     missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise CheckpointRefused(path, f"it lacks {missing}: it is damaged or not a mini-trainer checkpoint")
+    if DIGEST_KEY in state:
+        refuse_mismatch(state, state.pop(DIGEST_KEY), refuse)
+    else:
+        say_no_digest(path, "a checkpoint")
+    check_crc(path, refuse)
     return state
 
 

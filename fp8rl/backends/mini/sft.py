@@ -12,6 +12,12 @@ Cache: the result is saved under ``<cache_dir>/<key>/`` (``model.pt`` + ``meta.j
 alphabet, task settings and split seed, SFT hyper-parameters, device type); a sweep therefore
 trains it once per model slot. Files are written to a temporary name and renamed, so a killed
 process never leaves a half-written cache entry; two processes racing write identical bytes.
+``meta.json`` carries the digest of the weights (``checkpoint.tensor_digests``); loading checks it
+and the file's CRC-32s, loads tensors only (``weights_only=True``), and refuses a damaged entry
+(bit rot, a truncated ``model.pt`` or ``meta.json``, a pickle that is not ours) with
+:class:`CacheRefused`, naming the file and saying to delete the entry: the warm start is then
+trained again, the same weights (it is deterministic). An entry written before digests loads
+after the CRC check, with one line saying so.
 """
 
 from __future__ import annotations
@@ -27,6 +33,14 @@ from pathlib import Path
 import torch
 
 from fp8rl.backends.mini.batch import left_pad, right_pad
+from fp8rl.backends.mini.checkpoint import (
+    check_crc,
+    load_tensors,
+    refuse_mismatch,
+    saved_bytes,
+    say_no_digest,
+    tensor_digests,
+)
 from fp8rl.backends.mini.config import MAX_POSITIONS, MiniSettings
 from fp8rl.backends.mini.model import MINI_MODELS, build_model
 from fp8rl.backends.mini.sft_partial import SftPartial
@@ -34,6 +48,16 @@ from fp8rl.backends.mini.task import Problem
 from fp8rl.backends.mini.tokenizer import CharTokenizer
 
 SFT_VERSION = 1  # bump when the SFT procedure changes, to invalidate caches
+
+
+class CacheRefused(RuntimeError):
+    """A damaged warm-start cache entry: not loaded (the message names the file and the fix)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(
+            f"{path}: the SFT warm-start cache entry is damaged and was not loaded: {why}. Delete "
+            f"{path.parent} and relaunch: the warm start is trained again (the same weights)")
+        self.path = Path(path)
 
 
 def sft_key(slot: str, mini: MiniSettings, tok: CharTokenizer) -> str:
@@ -131,17 +155,56 @@ def _load_or_train(slot: str, train: list[Problem], tok: CharTokenizer, mini: Mi
     model = build_model(slot, tok.vocab_size, max_positions=MAX_POSITIONS, seed=mini.sft_seed)
     model.to(torch.device(mini.device))
     if (path / "model.pt").exists() and (path / "meta.json").exists():
-        state = torch.load(path / "model.pt", map_location=mini.device, weights_only=True)
-        model.load_state_dict(state)
-        meta = json.loads((path / "meta.json").read_text())
-        return model.eval(), {**meta, "cache_hit": True, "path": str(path)}
+        meta, state = load_cached(path, mini.device)
+        try:
+            model.load_state_dict(state)
+        except (RuntimeError, KeyError) as e:
+            raise CacheRefused(path / "model.pt", f"its weights do not fit the model ({_first_line(e)})") from e
+        return model.eval(), {**_shown(meta), "cache_hit": True, "path": str(path)}
     losses = train_sft(model, train, tok, mini, partial=partial)
     meta = {"key": key, "slot": slot, "steps": mini.sft_steps,
-            "final_loss": float(sum(losses[-10:]) / max(1, len(losses[-10:]))) if losses else None}
+            "final_loss": float(sum(losses[-10:]) / max(1, len(losses[-10:]))) if losses else None,
+            "digest": tensor_digests(model.state_dict())}
     path.mkdir(parents=True, exist_ok=True)
-    _atomic_save(lambda f: torch.save(model.state_dict(), f), path / "model.pt")
+    weights = saved_bytes(model.state_dict())
+    _atomic_save(lambda f: f.write(weights), path / "model.pt")
     _atomic_save(lambda f: f.write(json.dumps(meta, indent=1).encode()), path / "meta.json")
-    return model.eval(), {**meta, "cache_hit": False, "path": str(path)}
+    return model.eval(), {**_shown(meta), "cache_hit": False, "path": str(path)}
+
+
+def _shown(meta: dict) -> dict:
+    """What a run reports of its warm start (``summary.json``'s ``sft``): the meta but the digest."""
+    return {k: v for k, v in meta.items() if k != "digest"}
+
+
+def load_cached(path: Path, device: str) -> tuple[dict, dict]:
+    """``(meta, state dict)`` of the cache entry ``path``, checked (module docstring); raises
+    :class:`CacheRefused` naming the damaged file."""
+    meta_path, model_path = path / "meta.json", path / "model.pt"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:
+        raise CacheRefused(meta_path, f"it is not JSON ({_first_line(e)})") from e
+    if not isinstance(meta, dict):
+        raise CacheRefused(meta_path, f"it holds a {type(meta).__name__}, not a mapping")
+
+    def refuse(why: str) -> CacheRefused:
+        return CacheRefused(model_path, why)
+
+    state = load_tensors(model_path, device, refuse)
+    if not isinstance(state, dict):
+        raise refuse(f"it holds a {type(state).__name__}, not a state dict")
+    if "digest" in meta:
+        refuse_mismatch(state, meta["digest"], refuse)
+    else:
+        say_no_digest(model_path, "a warm-start cache entry")
+    check_crc(model_path, refuse)
+    return meta, state
+
+
+def _first_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:200]}"
 
 
 def _atomic_save(write, dest: Path) -> None:

@@ -6,7 +6,8 @@ While the cache entry ``<cache_dir>/<key>/`` (``fp8rl.backends.mini.sft``) is be
 - ``state.pt``: the key, the step, the weights, AdamW's moments, the learning-rate schedule,
   the batch sampler's RNG state and torch's (and CUDA's on a GPU), and the losses so far; saved
   every tenth of the SFT steps (:data:`SAVES`) and when a stop is requested (the first Ctrl-C of
-  a direct run, the launcher's Ctrl-C or SIGTERM), tensors and plain data only, atomically;
+  a direct run, the launcher's Ctrl-C or SIGTERM), tensors and plain data only, atomically, with
+  the digest of its tensors (``checkpoint.save_state``; checked with the CRC-32s on load);
 - ``progress.json``: the step, the steps and when (``fp8rl.runs.prep_progress``), rewritten
   every hundredth of the steps (:data:`REPORTS`); the launcher's display draws a bar from it.
 
@@ -15,11 +16,12 @@ the steps left: the same batches, the same updates, so the finished entry (``mod
 ``meta.json``) is the same, bit for bit, as an uninterrupted warm start's
 (``tests/mini/test_mini_sft_resume.py`` stops a real one with SIGINT and compares). A
 ``state.pt`` recorded for another key (a directory copied or renamed by hand), of other steps,
-or that does not load is not used: the warm start trains from step 0 (and says so when it shows
-progress). The partial directory is removed once the finished entry is written.
+or that does not load (damaged, bit rot) is not used: the warm start trains from step 0 (and
+says so when it shows progress). The partial directory is removed once the finished entry is
+written.
 
 Where we chose: saves every tenth of the steps (a killed process loses at most that; a save is
-1.3 MB and 7 ms for ``8b``, 2.8 MB and 10 ms for ``32b``, docs/mini.md); a state that cannot be
+1.3 MB and 20-28 ms for ``8b``, 2.8 MB and 24-28 ms for ``32b``, docs/mini.md); a state that cannot be
 used is trained again rather than refused, because a warm start is deterministic and cheaper
 than a person's time deciding what to do with it.
 """
@@ -31,7 +33,6 @@ import random
 import shutil
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import torch
@@ -55,6 +56,10 @@ def partial_dir(entry: str | Path) -> Path:
 def progress_path(entry: str | Path) -> Path:
     """The progress file of the warm start building ``entry`` (what the launcher's display reads)."""
     return partial_dir(entry) / "progress.json"
+
+
+class _Unusable(ValueError):
+    """Why a saved partial state is not used (it is trained again instead)."""
 
 
 class SftPartial:
@@ -93,23 +98,30 @@ class SftPartial:
         return step
 
     def _load(self, device) -> dict | None:
+        from fp8rl.backends.mini.checkpoint import (
+            DIGEST_KEY,
+            check_crc,
+            load_tensors,
+            refuse_mismatch,
+        )
+
         path = self.state_path
         if not path.is_file() or path.is_symlink():
             return None
         why = None
-        try:
-            if not zipfile.is_zipfile(path):
-                raise ValueError("not in the format torch.save writes (damaged)")
-            state = torch.load(path, map_location=device, weights_only=True)
-            missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+        try:  # tensors and plain data only, never unpickled otherwise; digest and CRC-32s checked
+            state = load_tensors(path, device, _Unusable)
+            missing = [k for k in (*STATE_KEYS, DIGEST_KEY) if not isinstance(state, dict) or k not in state]
             if missing:
-                why = f"it lacks {missing}"
-            elif state["key"] != self.key:
+                raise _Unusable(f"it lacks {missing}")
+            refuse_mismatch(state, state.pop(DIGEST_KEY), _Unusable)
+            check_crc(path, _Unusable)
+            if state["key"] != self.key:
                 why = f"it was saved for the warm start {state['key']}, not {self.key}"
             elif int(state["steps"]) != self.steps or not 0 < int(state["step"]) <= self.steps:
                 why = f"its step {state['step']}/{state['steps']} does not fit {self.steps} steps"
-        except Exception as e:  # damaged, or not tensors and plain data: never unpickled
-            why = f"it does not load ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
+        except _Unusable as e:
+            why = f"it does not load ({e})"
         if why is not None:
             self._say(f"{self.label}: {path} not used: {why}; training from step 0")
             return None
@@ -117,7 +129,7 @@ class SftPartial:
 
     def save(self, step: int, model, opt, sched, rng: random.Random, losses: list[float]) -> None:
         """Atomically write the loop's state after ``step`` steps."""
-        from fp8rl.runs.safe_io import atomic_write_with
+        from fp8rl.backends.mini.checkpoint import save_state
 
         state = {"key": self.key, "step": int(step), "steps": self.steps, "model": model.state_dict(),
                  "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "python_rng": rng.getstate(),
@@ -125,7 +137,7 @@ class SftPartial:
                  "cuda_rng": torch.cuda.get_rng_state() if next(model.parameters()).is_cuda else None,
                  "losses": list(losses)}
         self.dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_with(self.state_path, lambda f: torch.save(state, f), prefix="state.pt.tmp", suffix="")
+        save_state(self.state_path, state)  # atomic, with the digest of its tensors (checkpoint.py)
 
     # ----- the loop's calls -----------------------------------------------------------------------
 

@@ -70,6 +70,7 @@ after the last mini-batch of every step (its time is in ``perf/train_s``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import random
@@ -458,11 +459,13 @@ class MiniTrainer(UpdateMixin):
         except KeyboardInterrupt as e:
             if rd is not None:
                 reason = str(e) if isinstance(e, RunStopped) else "interrupted"
-                rd.set_status(PREEMPTED, self.step, reason=reason)
+                with contextlib.suppress(OSError):  # a full disk: the error itself says more
+                    rd.set_status(PREEMPTED, self.step, reason=reason)
             raise
         except BaseException as e:
             if rd is not None:
-                rd.set_status(FAILED, self.step, reason=f"{type(e).__name__}: {e}")
+                with contextlib.suppress(OSError):  # a full disk: the error itself says more
+                    rd.set_status(FAILED, self.step, reason=f"{type(e).__name__}: {e}")
             raise
         finally:
             for w in (mw, ew, self._live):
