@@ -36,6 +36,9 @@ Contract of a backend (what the launcher relies on):
   warm start); the local launcher queues one ``prepare`` per distinct key before the cells, so
   parallel workers do different preparations instead of waiting for one another. A cell must
   still work without it (it is an optimisation of the order, not a precondition).
+- ``prepare_progress`` (optional): ``progress(cfg) -> Path``, the file in which the ``prepare``
+  work reports its progress while it runs (``fp8rl.runs.prep_progress``; the mini backend's warm
+  start); the local launchers' display draws a bar from it.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class Backend:
     check_cell: str | None = None
     prepare: tuple[str, str] | None = None
     resources: str | None = None
+    prepare_progress: str | None = None
 
     def load_config_class(self) -> type:
         return load_object(self.config_class)
@@ -102,6 +106,9 @@ class Backend:
         """``(key, prepare)`` functions (see the module docstring); None without the hook."""
         return None if self.prepare is None else (load_object(self.prepare[0]), load_object(self.prepare[1]))
 
+    def load_prepare_progress(self):
+        return None if self.prepare_progress is None else load_object(self.prepare_progress)
+
 
 BACKENDS: Registry[Backend] = Registry("backend")
 
@@ -118,6 +125,7 @@ BACKENDS.add(
         scales=("mini",),
         shared_cache=("mini.cache_dir", ".cache/sft"),
         prepare=("fp8rl.backends.mini.run:warm_start_key", "fp8rl.backends.mini.run:prepare_warm_start"),
+        prepare_progress="fp8rl.backends.mini.run:warm_start_progress",
         resources="fp8rl.backends.mini.run:cell_resources",
         description="the embedded backend: tiny Qwen3 models, our own RL loop, CPU or one GPU",
     ),

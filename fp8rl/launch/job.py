@@ -125,6 +125,21 @@ def prepare_cell(payload: dict) -> None:
     BACKENDS[payload["backend"]].load_prepare()[1](build_config(payload))
 
 
+def prepare_progress_files(cells) -> dict[Path, list[int]]:
+    """Where the one-time work of ``cells`` reports its progress (the backend's
+    ``prepare_progress``): file -> the indices of the cells that need it. Cells without a payload
+    (``CellPlan``), or whose backend has no such file, are left out."""
+    from fp8rl.launch.backends import BACKENDS
+
+    files: dict[Path, list[int]] = {}
+    for c in cells:
+        name = getattr(c, "backend", None)
+        hook = BACKENDS[name].load_prepare_progress() if hasattr(c, "payload") and name in BACKENDS else None
+        if hook is not None:
+            files.setdefault(Path(hook(build_config(c.payload()))), []).append(c.index)
+    return files
+
+
 class CellJob(submitit.helpers.Checkpointable):
     """The submitted callable: ``CellJob()(payload)``; requeued with the same payload."""
 

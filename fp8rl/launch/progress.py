@@ -5,6 +5,8 @@ and any local launcher without a callback into the training loop. ETA: the steps
 at the average step rate since the first training step the display saw (the warm-start phase
 before it and the steps of resumed runs do not count towards the rate; "ETA after the warm
 start" until then), never negative (a cell restarted from step 0 does not make the rate fall).
+While warm starts train (before their cells can), each has a bar (terminal) or a part of the
+line (elsewhere) with its own steps and ETA, read from its progress file (``prep_bars``).
 
 - **On a terminal**: one tqdm bar (share of all steps, cells finished, elapsed, ETA, what the
   running cells are at), redrawn in place and trimmed to the terminal's width as it changes.
@@ -34,7 +36,7 @@ import textwrap
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from fp8rl.runs import DONE, FAILED, RunDir
@@ -179,11 +181,21 @@ def echo(msg: str) -> None:
 
 class SweepProgress:
     """Polls the run directories of ``cells`` (objects with ``run_dir``, ``steps``, ``index`` and
-    ``total``) and shows where the sweep stands (module docstring)."""
+    ``total``) and shows where the sweep stands (module docstring). ``prepare_files``: the
+    progress files of the cells' warm starts (default: ``fp8rl.launch.job.prepare_progress_files``
+    of the cells, for ``CellPlan`` cells)."""
 
     def __init__(self, cells: Sequence, *, name: str = "", stream=None, every_s: float = 10.0,
-                 interval_s: float = 1.0, workers: int | None = None) -> None:
+                 interval_s: float = 1.0, workers: int | None = None,
+                 prepare_files: Iterable[str | os.PathLike] | None = None) -> None:
+        from fp8rl.launch.prep_bars import PrepBars
+
         self.cells = list(cells)
+        if prepare_files is None:
+            from fp8rl.launch.job import prepare_progress_files
+
+            prepare_files = prepare_progress_files(self.cells)
+        self.prep = PrepBars(prepare_files, _fmt)
         self.name = name
         self.workers = workers
         self.stream = stream or _CONSOLE or sys.stderr
@@ -255,15 +267,17 @@ class SweepProgress:
         """The plain (non-terminal) line and the key whose change prints it at once."""
         steps, done, failed, running = self.done_steps()
         elapsed, eta = self._eta(steps)
+        warm = self.prep.poll()
         head = f"[{self.name}] " if self.name else ""
         finished = done + failed == len(self.cells)
         total = self.cells[0].total if self.cells else 0
         run = "; ".join(f"cell {i}/{total} {Path(self._cell(i).run_dir).name} {what or 'preparing (warm start)'}"
                         for i, what in running) if running else ("done" if finished else "starting")
+        run += "".join(f" | {self.prep.text(r)}" for r in warm.values())
         fail = f", {failed} FAILED" if failed else ""
         text = (f"{head}{done + failed}/{len(self.cells)} cells finished{fail} | {run} | "
                 f"elapsed {_fmt(elapsed)} ETA {_fmt(eta)}")
-        return text, (done, failed, tuple(i for i, _ in running))
+        return text, (done, failed, tuple(i for i, _ in running), tuple(warm))
 
     def _cell(self, index: int):
         return next(c for c in self.cells if c.index == index)
@@ -288,8 +302,9 @@ class SweepProgress:
         fail = f" {failed} FAILED" if failed else ""
         desc = f"{self.name} {done + failed}/{len(self.cells)} cells{fail}".strip()
         eta = self._eta(steps)[1]
+        warm = self.prep.poll()
         post = ", ".join([f"ETA {_fmt(eta)}" if eta is not None else
-                          ("ETA after the warm start" if any(w is None for _, w in running) else "ETA ?")]
+                          ("ETA after the warm start" if warm or any(w is None for _, w in running) else "ETA ?")]
                          + [f"#{i} {what or 'warm start'}" for i, what in running])
         with self._lock:
             bar = self._bar
@@ -299,6 +314,7 @@ class SweepProgress:
             bar.set_description_str(desc, refresh=False)
             bar.set_postfix_str(post, refresh=False)
             bar.refresh()
+            self.prep.draw(self.stream, warm)
 
     def write(self, msg: str) -> None:
         """Print ``msg`` above the bar (terminal, wrapped to its width) or as plain lines."""
@@ -368,6 +384,7 @@ class SweepProgress:
             self._saved_showwarning = None
         self._exit.close()
         with self._lock:
+            self.prep.close()
             if self._bar is not None:
                 self._bar.close()
                 self._bar = None

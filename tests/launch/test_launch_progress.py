@@ -1,5 +1,6 @@
 """The progress display on a real pseudo-terminal of 60 columns (every line fits, a warning is
-printed on its own line above the bar) and on a pipe (plain lines, no control characters)."""
+printed on its own line above the bar, a warm start's bar of its own below it) and on a pipe
+(plain lines, no control characters)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,25 @@ SCRIPT = textwrap.dedent(f"""
     from pathlib import Path
     from types import SimpleNamespace
     from fp8rl.launch.progress import SweepProgress, echo
-    from fp8rl.runs import RunDir
+    from fp8rl.runs import RunDir, prep_progress
 
     root = Path(sys.argv[1])
     cells = [SimpleNamespace(run_dir=root / f"grpo-8b-blockwise-calibrated-s{{i}}-0123456{{i}}", steps=10,
                              index=i + 1, total=3) for i in range(3)]
-    with SweepProgress(cells, name="main_table", interval_s=0.05):
+    warm = root / "warm.json"  # the third cell's warm start (written as fp8rl.backends.mini.sft_partial does)
+
+    def warm_at(step):
+        prep_progress.write(warm, label="warm start 14b", step=step, steps=40, state="running",
+                            started=time.time() - 1, step0=0)
+
+    warm_at(0)
+    with SweepProgress(cells, name="main_table", interval_s=0.05, prepare_files=[warm]):
         for step in range(1, 11):
+            if step < 5:
+                warm_at(step * 10)
+                time.sleep(0.1)
+            elif step == 5:
+                warm.unlink()  # done
             for c in cells[:2]:
                 RunDir(c.run_dir).set_status("RUNNING", step)
             time.sleep(0.06)
@@ -88,6 +101,7 @@ def test_bar_fits_60_columns_and_warnings_go_above_it(tmp_path):
     joined = " ".join(x.strip() for x in lines)
     assert all(word in joined for word in WARNING.split()), joined
     assert "a launcher message" in lines
+    assert any(x.startswith("warm start 14b") and "30/40, ETA " in x for x in lines), lines
 
 
 def test_pipe_gets_plain_lines_without_control_characters(tmp_path):
@@ -99,4 +113,5 @@ def test_pipe_gets_plain_lines_without_control_characters(tmp_path):
     err = out.stderr
     assert "\r" not in err and "\x1b" not in err, repr(err)
     assert "[main_table] 3/3 cells finished | done" in err and "a launcher message" in err
+    assert re.search(r"\| warm start 14b [1-4]0/40 ETA \d+:\d\d \|", err), err
     assert WARNING in err

@@ -59,6 +59,14 @@ def warm_start_key(cfg: MiniRunConfig) -> str:
     return str(sft_cache_dir(cfg) / sft_key(cfg.model.slot, cfg.mini, CharTokenizer()))
 
 
+def warm_start_progress(cfg: MiniRunConfig) -> Path:
+    """Launcher hook (``Backend.prepare_progress``): the file where the run's SFT warm start
+    reports its progress while it trains (``sft_partial.progress_path``)."""
+    from fp8rl.backends.mini.sft_partial import progress_path
+
+    return progress_path(warm_start_key(cfg))
+
+
 def prepare_warm_start(cfg: MiniRunConfig) -> None:
     """Train (or find) the run's SFT warm start in the shared cache, as the run itself would."""
     from fp8rl.backends.mini.sft import warm_start
@@ -109,6 +117,6 @@ def run_mini(cfg: MiniRunConfig, overrides: Iterable[str] = (), *, progress: boo
             extra["changed_on_resume"] = rd.resume_changes
         rd.write_provenance(extra, device=desc)
         with torch_settings(cfg.mini.deterministic, cfg.mini.num_threads, cfg.mini.device):
-            trainer = MiniTrainer(cfg, rd, sft_cache=sft_cache_dir(cfg))
+            trainer = MiniTrainer(cfg, rd, sft_cache=sft_cache_dir(cfg), sft_progress=progress)
             summary = trainer.run(progress=progress)
         return {**summary, "run_dir": str(rd.path)}

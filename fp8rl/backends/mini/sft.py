@@ -43,6 +43,7 @@ from fp8rl.backends.mini.checkpoint import (
 )
 from fp8rl.backends.mini.config import MAX_POSITIONS, MiniSettings
 from fp8rl.backends.mini.model import MINI_MODELS, build_model
+from fp8rl.backends.mini.sft_partial import SftPartial
 from fp8rl.backends.mini.task import Problem
 from fp8rl.backends.mini.tokenizer import CharTokenizer
 
@@ -84,8 +85,10 @@ def sft_batch(problems: list[Problem], tok: CharTokenizer) -> tuple[torch.Tensor
 
 
 def train_sft(model: torch.nn.Module, train: list[Problem], tok: CharTokenizer,
-              mini: MiniSettings) -> list[float]:
-    """Run the supervised phase in place; returns the loss per step."""
+              mini: MiniSettings, *, partial: SftPartial | None = None) -> list[float]:
+    """Run the supervised phase in place; returns the loss per step. With ``partial``
+    (``sft_partial``), it resumes from the saved state, saves it every so often and on a stop
+    request, and reports its progress."""
     from fp8rl.backends.mini.batch import response_logits
 
     dev = torch.device(mini.device)
@@ -94,31 +97,43 @@ def train_sft(model: torch.nn.Module, train: list[Problem], tok: CharTokenizer,
     warm = max(1, mini.sft_steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, mini.sft_steps) / max(1, mini.sft_steps))))
-    losses = []
+    losses: list[float] = []
+    start = partial.resume(model, opt, sched, rng, losses) if partial else 0
     model.train()
     from fp8rl.runs.stop import RunStopped, stop_requested
 
-    for _ in range(mini.sft_steps):
-        if stop_requested():  # nothing is cached yet: the next launch trains it again
-            raise RunStopped("stopped on request during the SFT warm start (it is trained again on relaunch)")
-        batch = [train[rng.randrange(len(train))] for _ in range(mini.sft_batch_size)]
-        p_ids, p_mask, r_ids, r_mask = (t.to(dev) for t in sft_batch(batch, tok))
-        logits = response_logits(model, p_ids, p_mask, r_ids, r_mask)
-        nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), r_ids.flatten(), reduction="none")
-        loss = (nll * r_mask.flatten()).sum() / r_mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+    if partial:
+        partial.begin(start)
+    try:
+        for step in range(start, mini.sft_steps):
+            if stop_requested():  # saved: the next warm start with this key resumes from here
+                raise RunStopped(partial.stop(step, model, opt, sched, rng, losses) if partial else
+                                 "stopped on request during the SFT warm start (it is trained again on relaunch)")
+            batch = [train[rng.randrange(len(train))] for _ in range(mini.sft_batch_size)]
+            p_ids, p_mask, r_ids, r_mask = (t.to(dev) for t in sft_batch(batch, tok))
+            logits = response_logits(model, p_ids, p_mask, r_ids, r_mask)
+            nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), r_ids.flatten(), reduction="none")
+            loss = (nll * r_mask.flatten()).sum() / r_mask.sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+            if partial:
+                partial.after_step(step + 1, model, opt, sched, rng, losses)
+    finally:
+        if partial:
+            partial.end(len(losses))
     model.eval()
     return losses
 
 
 def warm_start(slot: str, train: list[Problem], tok: CharTokenizer, mini: MiniSettings,
-               cache_root: str | os.PathLike) -> tuple[torch.nn.Module, dict]:
-    """The warm-started model for ``slot``, from the cache or trained now (then cached).
+               cache_root: str | os.PathLike, *, progress: bool = False) -> tuple[torch.nn.Module, dict]:
+    """The warm-started model for ``slot``, from the cache or trained now (then cached); a
+    warm start that was stopped resumes from its partial state (``sft_partial``). ``progress``:
+    a progress bar on standard error while it trains.
 
     Returns ``(model, meta)``; ``meta`` holds the key, the cache path, whether it was a hit and
     the final SFT loss.
@@ -129,11 +144,14 @@ def warm_start(slot: str, train: list[Problem], tok: CharTokenizer, mini: MiniSe
     path = Path(cache_root) / key
     # one process trains a given warm start; others wait for it and load the result
     with exclusive(Path(cache_root) / f"{key}.lock"):
-        return _load_or_train(slot, train, tok, mini, key, path)
+        partial = SftPartial(path, key, slot, mini.sft_steps, show=progress)
+        out = _load_or_train(slot, train, tok, mini, key, path, partial)
+        partial.discard()  # the entry is written (or was there): no partial state is needed
+        return out
 
 
 def _load_or_train(slot: str, train: list[Problem], tok: CharTokenizer, mini: MiniSettings, key: str,
-                   path: Path) -> tuple[torch.nn.Module, dict]:
+                   path: Path, partial: SftPartial) -> tuple[torch.nn.Module, dict]:
     model = build_model(slot, tok.vocab_size, max_positions=MAX_POSITIONS, seed=mini.sft_seed)
     model.to(torch.device(mini.device))
     if (path / "model.pt").exists() and (path / "meta.json").exists():
@@ -143,7 +161,7 @@ def _load_or_train(slot: str, train: list[Problem], tok: CharTokenizer, mini: Mi
         except (RuntimeError, KeyError) as e:
             raise CacheRefused(path / "model.pt", f"its weights do not fit the model ({_first_line(e)})") from e
         return model.eval(), {**_shown(meta), "cache_hit": True, "path": str(path)}
-    losses = train_sft(model, train, tok, mini)
+    losses = train_sft(model, train, tok, mini, partial=partial)
     meta = {"key": key, "slot": slot, "steps": mini.sft_steps,
             "final_loss": float(sum(losses[-10:]) / max(1, len(losses[-10:]))) if losses else None,
             "digest": tensor_digests(model.state_dict())}

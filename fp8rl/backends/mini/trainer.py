@@ -127,9 +127,11 @@ class MiniTrainer(UpdateMixin):
     """Builds the task, the warm-started policy, the rollout engine and the clip method of a
     ``MiniRunConfig``, and runs the loop. ``run_dir`` is an ``fp8rl.runs.RunDir`` (or None:
     nothing is written, no checkpoint, e.g. for benchmarks). ``bf16_eval=False`` leaves out the
-    BF16 engine's evaluation (``eval_bf16/`` keys; for benchmarks and tests: a run always has it)."""
+    BF16 engine's evaluation (``eval_bf16/`` keys; for benchmarks and tests: a run always has it);
+    ``sft_progress``: a progress bar while the SFT warm start trains (``sft.warm_start``)."""
 
-    def __init__(self, cfg: MiniRunConfig, run_dir=None, *, sft_cache: str | Path, bf16_eval: bool = True) -> None:
+    def __init__(self, cfg: MiniRunConfig, run_dir=None, *, sft_cache: str | Path, bf16_eval: bool = True,
+                 sft_progress: bool = False) -> None:
         from fp8rl.quant.convert import convert_to_fp8
         from fp8rl.rl.clipping import make_clipper
 
@@ -140,7 +142,8 @@ class MiniTrainer(UpdateMixin):
         self.train_set, self.eval_set = make_splits(
             mini.data_seed, mini.n_train, mini.n_eval, min_terms=mini.min_terms,
             max_terms=mini.max_terms, max_operand=mini.max_operand)
-        base, self.sft_meta = warm_start(cfg.model.slot, self.train_set, self.tok, mini, sft_cache)
+        base, self.sft_meta = warm_start(cfg.model.slot, self.train_set, self.tok, mini, sft_cache,
+                                         progress=sft_progress)
         self.dtype = torch_dtype(cfg.fp8.compute_dtype)
         self.engine = RolloutEngine(base, cfg.fp8.rollout_recipe, emulate=cfg.fp8.emulate, dtype=self.dtype)
         self.policy = convert_to_fp8(copy.deepcopy(base).train(), cfg.fp8.trainer_recipe,
