@@ -277,6 +277,6 @@ def granularity_caption(coll: Collection, spec, *, span: float, band: bool, surg
     u = unfinished(coll)
     if len(u):
         parts.append(f"The curves include {len(u)} unfinished run(s) up to their last step: "
-                     + ", ".join(f"{r.run} ({r.cell})" for r in u.itertuples(index=False)) + ".")
+                     + ", ".join(f"{r.run} ({r.reason or r.cell})" for r in u.itertuples(index=False)) + ".")
     parts.append(describe_runs(coll))
     return " ".join(parts)
