@@ -28,6 +28,7 @@ pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
 from pty_shell import PtyShell  # noqa: E402
+from test_launch_interrupt import _furthest  # noqa: E402  (the furthest step a RUNNING cell reached)
 
 STEPS = 10
 BIN = os.path.join(sys.prefix, "bin")
@@ -44,15 +45,6 @@ def _shell_env() -> dict:
     env["PYTHONPATH"] = str(REPO)
     env.pop("FP8RL_RESUME", None)
     return env
-
-
-def _furthest(sweep: Path) -> int:
-    best = 0
-    for p in sweep.glob("*/status.json"):
-        st = RunDir(p.parent).status() or {}
-        if st.get("state") == "RUNNING":
-            best = max(best, int(st.get("step") or 0))
-    return best
 
 
 def _ctrl_c_at_step_2(cmd: str, sweep: Path) -> str:
