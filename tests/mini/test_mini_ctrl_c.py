@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from fp8rl.runs import RunDir
+
+sys.path.insert(0, str(Path(__file__).parent))
+from direct_run import interrupt_direct_run
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
@@ -24,24 +25,17 @@ TINY = ["steps=12", "prompts_per_step=2", "num_mini_batches=2", "max_response_le
 
 def test_ctrl_c_in_a_direct_mini_run_stops_cleanly_and_resumes(tmp_path):
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    p = subprocess.Popen([sys.executable, "-m", "fp8rl.backends.mini", *TINY, f"run_dir={run}"], cwd=REPO, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    rd, t0 = RunDir(run), time.monotonic()
-    while not (rd.status_path.exists() and (rd.status() or {}).get("step", 0) >= 2):
-        if p.poll() is not None or time.monotonic() - t0 > 200:
-            p.kill()
-            pytest.fail(p.communicate()[0][-3000:])
-        time.sleep(0.05)
-    p.send_signal(signal.SIGINT)
-    out, _ = p.communicate(timeout=200)
-    assert p.returncode == 130, out
+    rd = RunDir(run)
+    code, out = interrupt_direct_run([*TINY, f"run_dir={run}"],
+                                     lambda: rd.status_path.exists() and (rd.status() or {}).get("step", 0) >= 2)
+    assert code == 130, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     assert "stopped (Ctrl-C): stopped on request at step" in out, out
     st = rd.status()
     assert st["state"] == "PREEMPTED" and (run / "checkpoint" / "state.pt").is_file(), st
     (line,) = [x for x in out.splitlines() if x.startswith("resume with: ")]
     cmd = shlex.split(line.removeprefix("resume with: "))
-    res = subprocess.run([sys.executable, *cmd[1:]], cwd=REPO, env=env, capture_output=True, text=True, timeout=200)
+    res = subprocess.run([sys.executable, *cmd[1:]], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=200)
     assert res.returncode == 0, res.stderr[-3000:]
     assert rd.state == "DONE" and [r["step"] for r in rd.read_metrics()] == list(range(1, 13))

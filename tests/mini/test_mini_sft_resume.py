@@ -11,13 +11,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +25,9 @@ from fp8rl.backends.mini.runtime import torch_settings
 from fp8rl.backends.mini.task import make_splits
 from fp8rl.backends.mini.tokenizer import CharTokenizer
 from fp8rl.runs import stop
+
+sys.path.insert(0, str(Path(__file__).parent))
+from direct_run import interrupt_direct_run
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
@@ -123,18 +122,8 @@ def test_sigint_in_a_direct_run_mid_warm_start_resumes_to_the_same_bytes(tmp_pat
     args = [*RUN, f"mini.sft_steps={steps}", f"mini.cache_dir={tmp_path / 'cache'}", f"run_dir={tmp_path / 'run'}"]
     cfg = parse_config(args)[0]
     entry = Path(warm_start_key(cfg))
-    p = subprocess.Popen([sys.executable, "-m", "fp8rl.backends.mini", *args], cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    t0 = time.monotonic()
-    while progress_of(entry).get("step", 0) < 10:
-        if p.poll() is not None or time.monotonic() - t0 > 200:
-            p.kill()
-            pytest.fail(p.communicate()[0][-3000:])
-        time.sleep(0.02)
-    p.send_signal(signal.SIGINT)
-    out, _ = p.communicate(timeout=200)
-    assert p.returncode == 130 and "Traceback" not in out, out
+    code, out = interrupt_direct_run(args, lambda: progress_of(entry).get("step", 0) >= 10, poll=0.02)
+    assert code == 130 and "Traceback" not in out, out
     (stopped,) = re.findall(r"stopped on request at step (\d+)/80 of the SFT warm start; it resumes", out)
     k = int(stopped)
     assert 10 <= k < steps, out
