@@ -196,14 +196,24 @@ def test_step0_bf16_evaluation_is_the_bf16_arms_own(tiny, tmp_path):
     entry (the cache key names the engine), and a damaged entry is recomputed to the same row."""
     seed = 5151
     cache = Path(tiny("bf16").mini.cache_dir)
-    before = set(cache.glob("*/eval0-*.json"))
+
+    def entries() -> set[Path]:  # this test's entries (tests on other workers share the cache)
+        def seed_of(p: Path):
+            try:
+                return json.loads(p.read_text())["spec"]["seed"]
+            except ValueError:  # another test's deliberately damaged entry
+                return None
+
+        return {p for p in cache.glob("*/eval0-*.json") if seed_of(p) == seed}
+
+    before = entries()
     fp8 = run_mini(tiny("tensorwise", "vanilla", steps=1, seed=seed, run_dir=str(tmp_path / "fp8")))
-    added = sorted(set(cache.glob("*/eval0-*.json")) - before)
+    added = sorted(entries() - before)
     assert len(added) == 2  # the tensorwise engine's and the BF16 engine's
     specs = sorted(json.loads(p.read_text())["spec"]["rollout_recipe"] for p in added)
     assert specs == ["bf16", "tensorwise"]
     bf16 = run_mini(tiny("bf16", "vanilla", steps=1, seed=seed, run_dir=str(tmp_path / "bf16")))
-    assert set(cache.glob("*/eval0-*.json")) - before == set(added)  # the BF16 arm read its entry
+    assert entries() - before == set(added)  # the BF16 arm read its entry
     e_fp8, e_bf16 = RunDir(fp8["run_dir"]).read_eval()[0], RunDir(bf16["run_dir"]).read_eval()[0]
     assert _bf16_as_own(e_fp8) == _own(e_bf16) == _bf16_as_own(e_bf16)
     entry = {json.loads(p.read_text())["spec"]["rollout_recipe"]: json.loads(p.read_text())["row"] for p in added}
@@ -221,3 +231,15 @@ def test_with_bf16_refuses_rows_of_another_evaluation():
         T.with_bf16(own, bf16)
     row = T.with_bf16(own, {**bf16, "step": 2})
     assert row == {**own, BF16[M.EVAL_AVG]: 0.25, BF16[M.EVAL_PASS]: 0.5}
+
+
+def test_step0_cache_key_names_the_cpu_kernels(tiny, monkeypatch):
+    """Another CPU kernel level (a cluster node with another CPU sharing the cache's file system,
+    or ``ATEN_CPU_CAPABILITY``) computes other bits: it must not read this level's entry."""
+    from types import SimpleNamespace
+
+    me = SimpleNamespace(cfg=tiny("tensorwise", "vanilla"), device=torch.device("cpu"))
+    here = T.MiniTrainer._eval0_spec(me, "tensorwise")
+    assert torch.backends.cpu.get_cpu_capability() in here["kernels"]
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "another level")
+    assert T.MiniTrainer._eval0_spec(me, "tensorwise") != here

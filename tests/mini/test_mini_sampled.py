@@ -121,10 +121,15 @@ def _one_minibatch(arm, clip, tiny):
     cfg = tiny(arm, clip, steps=2, clip_opts={"shadow_diagnostics": True})
     trainer = MiniTrainer(cfg, None, sft_cache=cfg.mini.cache_dir)
     trainer.train_step(1)
-    gen = torch.Generator().manual_seed(seed_for(cfg.seed, "step", 2))
-    batch = trainer.rollout(2, 0, gen)
+    # the first fresh rollout whose advantages are not all zero (which one that is depends on the
+    # CPU's kernels: every group of a batch can be all right or all wrong)
+    for attempt in range(32):
+        gen = torch.Generator().manual_seed(seed_for(cfg.seed, "step", 2, *([attempt] if attempt else [])))
+        batch = trainer.rollout(2, 0, gen)
+        adv = trainer.advantages(batch)
+        if bool((adv != 0).any()):
+            break
     rb = batch.rollout
-    adv = trainer.advantages(batch)
     old, _ = trainer.old_log_probs(rb)
     shadow_old = shadow_old_log_probs(trainer, rb, torch.ones(len(batch), dtype=torch.bool))
     ref_w, _ = is_weights(shadow_old, rb.rollout_log_probs, rb.response_mask, cfg.clip.is_correction,

@@ -302,7 +302,10 @@ class MiniTrainer(UpdateMixin):
         return {"version": EVAL0_VERSION, "rollout_recipe": rollout_recipe, "emulate": cfg.fp8.emulate,
                 "compute_dtype": cfg.fp8.compute_dtype, "eval_k": cfg.eval_k,
                 "eval_temperature": cfg.eval_temperature, "eval_greedy": cfg.eval_greedy,
-                "max_response_len": cfg.max_response_len, "seed": cfg.seed, "device": self.device.type}
+                "max_response_len": cfg.max_response_len, "seed": cfg.seed, "device": self.device.type,
+                # the kernels compute the bits: a cache shared by machines with other CPUs (a
+                # cluster's file system) or another torch must not hand one's rows to the other
+                "kernels": f"torch {torch.__version__} / {torch.backends.cpu.get_cpu_capability()}"}
 
     def evaluate(self, step: int) -> dict:
         """Held-out accuracy of the current policy through its rollout engine (``eval/`` keys) and
