@@ -4,8 +4,9 @@
     python benchmarks/bench_peer_trl.py [--batches N] [--rounds R] [--arm fp32] [key=value ...]
 
 A one-machine user who wants GRPO on a small model would reach for TRL; this prints how much
-faster (or slower) a generation batch of our mini backend is, measured in the same process.
-Identical settings, taken from one ``MiniRunConfig``:
+faster (or slower) a generation batch of our mini backend is. Each system runs in a process of
+its own (``multiprocessing`` spawn), as each is run by its users, and the parent alternates
+them round by round. Identical settings, taken from one ``MiniRunConfig``:
 
 - the **model**: the same warm-started tiny Qwen3 (``Qwen3ForCausalLM``, fp32 master weights),
   one deep copy per system; TRL's copy uses transformers' default SDPA attention (as a TRL user
@@ -36,9 +37,10 @@ Identical settings, taken from one ``MiniRunConfig``:
   fill a large scratch buffer on every call, ~4x its step time at this size; not TRL's fault);
 - the **reward**: our exact-match grader in both;
 - the **allocator**: a mini run has glibc keep freed memory for reuse
-  (``runtime.keep_freed_memory``, applied by ``torch_settings``); the setting is process-wide,
-  so TRL, in the same process, runs with it too (it can only help TRL: the comparison is, if
-  anything, conservative for us).
+  (``runtime.keep_freed_memory``, applied by ``torch_settings``), a process-wide setting. TRL
+  runs at glibc's defaults, as its users run it (``trl``), and, unless ``--trl-allocator
+  default``, also in a third process with our setting (``trl_kept``): what TRL would gain from
+  it, so the allocator's share of the speedup is measured, not argued.
 
 Timing: ours = ``MiniTrainer.train_step`` (rollout = generation + grading; train = old
 log-probs, updates, engine sync, diagnostics); TRL = from the first optimizer step of a
@@ -47,14 +49,18 @@ else: scoring, old log-probs, the four optimizer steps, its bookkeeping). Both a
 as the process's CPU time (``time.process_time``: on a shared machine it leaves out the time
 other processes hold the cores, which wall time does not).
 
-Protocol: ``--rounds`` rounds; each round runs ``--warmup + --batches`` generation batches of
-each system (a fresh trainer each), the order alternating round by round (ours first in odd
-rounds, TRL first in even ones) so that a load change on the machine hits both alike; the first
-``--warmup`` batches of each round are dropped. Printed: per round the two medians and their
-ratio; overall the medians over all measured batches with their interquartile range, and
-``speedup`` = TRL median / our median per generation batch (> 1: we are faster), with the
-per-round ratios' minimum and maximum as its spread; the same for CPU time; the machine (CPU,
-cores, torch and TRL versions) and the load average before and after. ``--arm`` picks our arm
+Protocol: one process per system, each loading the same warm start once; ``--rounds`` rounds;
+in each, every system runs ``--warmup + --batches`` generation batches (a fresh trainer each
+round) while the others wait, the order rotating round by round (ours first in round 1, where
+TRL's completion length is measured) so that a load change on the machine hits all alike; the
+first ``--warmup`` batches of each round are dropped. Printed: per round the medians and their
+ratios; overall the medians over all measured batches with their interquartile range, and
+``speedup`` = TRL's median / ours per generation batch (> 1: we are faster), with the per-round
+ratios' minimum and maximum as its spread, and the per-round ratios' median with a
+distribution-free 95% interval (order statistics; from 6 rounds on) (``speedup_vs_trl_kept``: the same against
+``trl_kept``); the same for CPU time (each process's own); the machine (CPU, cores, torch and
+TRL versions), each process's allocator setting, and the load average before and after.
+``--arm`` picks our arm
 from ``sweeps/fp8/`` (default ``fp32``: TRL runs the fp32 model in fp32, so ``fp32`` is the
 like-for-like comparison; ``bf16`` adds our CPU emulation of BF16 GEMMs, ``tensorwise`` etc.
 FP8, which TRL does not have). Both systems train every parameter at ``lr`` (``lr_lm_head`` /
@@ -67,6 +73,7 @@ import argparse
 import contextlib
 import copy
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -254,41 +261,69 @@ def machine() -> dict:
             "python": platform.python_version()}
 
 
-def summarize(ours_rounds: list[list[dict]], trl_rounds: list[list[dict]], length: int | None) -> dict:
-    """Medians, interquartile ranges and the speedup with its per-round spread."""
-    ours = [r for rows in ours_rounds for r in rows]
-    trl = [r for rows in trl_rounds for r in rows]
+def median_ci95(values: list[float]) -> list[float] | None:
+    """A distribution-free interval for the median of ``values``: the order statistics
+    ``[x_(k), x_(n-k+1)]`` with the largest ``k`` such that ``P(Binomial(n, 1/2) < k) <= 0.025``
+    (coverage >= 95%); None when ``n`` is too small for one (n < 6)."""
+    n, xs = len(values), sorted(values)
+    below, k = 0.0, 0
+    while below + math.comb(n, k) / 2**n <= 0.025:
+        below += math.comb(n, k) / 2**n
+        k += 1
+    return None if k == 0 else [xs[k - 1], xs[n - k]]
+
+
+#: the systems a run can measure: ours, TRL at glibc's defaults, TRL with our allocator setting
+SYSTEMS = ("ours", "trl", "trl_kept")
+
+
+def summarize(rounds: dict[str, list[list[dict]]], length: int | None) -> dict:
+    """Medians, interquartile ranges and the speedups with their per-round spread.
+
+    ``rounds``: per system (``SYSTEMS``), per round, the measured batches' rows."""
+    flat = {name: [r for rows in per for r in rows] for name, per in rounds.items()}
+    ours = flat["ours"]
 
     def part(rows):
         return {k: round(median(rows, k), 4) for k in KEYS} | {"total_s_iqr": iqr(rows, "total_s"),
                                                                "cpu_s_iqr": iqr(rows, "cpu_s")}
 
-    def ratio(key: str) -> float:
-        return round(median(trl, key) / median(ours, key), 3)
+    def against(peer: str, suffix: str) -> dict:
+        def ratio(key: str) -> float:
+            return round(median(flat[peer], key) / median(ours, key), 3)
 
-    def per_round(key: str) -> list[float]:
-        return [round(median(t, key) / median(o, key), 3) for o, t in zip(ours_rounds, trl_rounds, strict=True)]
+        def per_round(key: str) -> list[float]:
+            return [round(median(t, key) / median(o, key), 3)
+                    for o, t in zip(rounds["ours"], rounds[peer], strict=True)]
 
-    rounds_total, rounds_cpu = per_round("total_s"), per_round("cpu_s")
-    return {
-        "trl_completion_len": "natural" if length is None else length,
-        "ours": part(ours), "trl": part(trl),
-        "speedup": ratio("total_s"), "speedup_rounds": rounds_total,
-        "speedup_spread": [min(rounds_total), max(rounds_total)],
-        "speedup_cpu": ratio("cpu_s"), "speedup_cpu_rounds": rounds_cpu,
-        "speedup_cpu_spread": [min(rounds_cpu), max(rounds_cpu)],
-        "speedup_rollout": ratio("rollout_s"), "speedup_train": ratio("train_s"),
-    }
+        total, cpu = per_round("total_s"), per_round("cpu_s")
+        return {f"speedup{suffix}": ratio("total_s"), f"speedup{suffix}_rounds": total,
+                f"speedup{suffix}_spread": [min(total), max(total)],
+                f"speedup{suffix}_rounds_median": round(statistics.median(total), 3),
+                f"speedup{suffix}_rounds_median_ci95": median_ci95(total),
+                f"speedup{suffix}_cpu": ratio("cpu_s"), f"speedup{suffix}_cpu_rounds": cpu,
+                f"speedup{suffix}_cpu_spread": [min(cpu), max(cpu)],
+                f"speedup{suffix}_rollout": ratio("rollout_s"), f"speedup{suffix}_train": ratio("train_s")}
+
+    out: dict = {"trl_completion_len": "natural" if length is None else length}
+    out |= {name: part(rows) for name, rows in flat.items()}
+    if "trl" in rounds:
+        out |= against("trl", "")
+    if "trl_kept" in rounds:
+        out |= against("trl_kept", "_vs_trl_kept")
+    return out
 
 
 def main(argv: list[str]) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", type=int, default=8, help="measured generation batches per round and system")
     p.add_argument("--warmup", type=int, default=2, help="batches dropped at the start of each round")
-    p.add_argument("--rounds", type=int, default=4, help="rounds, the order of the two systems alternating")
+    p.add_argument("--rounds", type=int, default=4, help="rounds, the order of the systems rotating")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--trl-length", choices=("fixed", "natural"), default="fixed",
                    help="fixed: TRL completions exactly our measured mean length; natural: until <eos>")
+    p.add_argument("--trl-allocator", choices=("default", "kept", "both"), default="both",
+                   help="TRL at glibc's defaults (as its users run it), with our allocator setting, or both")
     p.add_argument("--arm", default="fp32",
                    help="our arm, a sweeps/fp8/ name (default fp32: TRL's model computes in fp32 here)")
     p.add_argument("--cache", default="runs/.cache/sft", help="SFT warm-start cache")
@@ -296,33 +331,45 @@ def main(argv: list[str]) -> dict:
     args = p.parse_args(argv)
     if args.rounds < 1 or args.batches < 1 or args.warmup < 0:
         raise SystemExit("--rounds and --batches must be >= 1 and --warmup >= 0")
-    from fp8rl.backends.mini.__main__ import parse_config
-
     arm_file = Path(__file__).resolve().parents[1] / "sweeps" / "fp8" / f"{args.arm}.yaml"
     if not arm_file.is_file():
         raise SystemExit(f"--arm {args.arm!r}: no sweeps/fp8/{args.arm}.yaml; use an FP8 arm name such as "
                          "fp32, bf16, tensorwise, blockwise")
+    overrides = config_overrides(args)
+    cfg = parse(overrides)
+    from fp8rl.backends.mini.runtime import torch_settings
+
+    # the warm start, trained (or found in the cache) once here, before the systems' processes
+    # load it; this process then only waits for them
+    with torch_settings(cfg.mini.deterministic, args.threads, cfg.mini.device):
+        load(cfg, args.cache)
+    systems = ["ours", *{"default": ["trl"], "kept": ["trl_kept"], "both": ["trl", "trl_kept"]}[args.trl_allocator]]
+    return measure(args, cfg, overrides, systems)
+
+
+def config_overrides(args: argparse.Namespace) -> list[str]:
+    """The ``MiniRunConfig`` overrides of a run: the arm, one learning rate, the issue's batch."""
     import yaml
 
+    arm_file = Path(__file__).resolve().parents[1] / "sweeps" / "fp8" / f"{args.arm}.yaml"
     arm = [f"fp8.{k}={v}" for k, v in yaml.safe_load(arm_file.read_text()).items()]
     # one learning rate for every parameter, as TRL trains (the mini regime's per-group rates
     # cost nothing extra, but like for like); a key=value override replaces these
     same_lr = ["lr_lm_head=null", "lr_final_norm=null"]
     # the settings of issue 33: 8 prompts x 8 completions (the mini default is 16 prompts)
     issue = ["prompts_per_step=8"]
-    cfg, _, _ = parse_config([*arm, *same_lr, *issue, f"mini.num_threads={args.threads}", f"mini.cache_dir={args.cache}",
-                              *args.overrides])
-    from fp8rl.backends.mini.runtime import torch_settings
-
-    # the torch settings of a mini run (threads, deterministic algorithms, no NaN fill)
-    with torch_settings(cfg.mini.deterministic, args.threads, cfg.mini.device):
-        return measure(args, cfg)
+    return [*arm, *same_lr, *issue, f"mini.num_threads={args.threads}", f"mini.cache_dir={args.cache}",
+            *args.overrides]
 
 
-def measure(args: argparse.Namespace, cfg) -> dict:
-    """The rounds of ``main``; prints and returns the JSON summary."""
-    import os
+def parse(overrides: list[str]):
+    from fp8rl.backends.mini.__main__ import parse_config
 
+    return parse_config(overrides)[0]
+
+
+def load(cfg, cache: str):
+    """``(train_set, tokenizer, warm-started base model)`` of ``cfg``."""
     from fp8rl.backends.mini.sft import warm_start
     from fp8rl.backends.mini.task import make_splits
     from fp8rl.backends.mini.tokenizer import CharTokenizer
@@ -330,37 +377,103 @@ def measure(args: argparse.Namespace, cfg) -> dict:
     mini, tok = cfg.mini, CharTokenizer()
     train_set, _ = make_splits(mini.data_seed, mini.n_train, mini.n_eval, min_terms=mini.min_terms,
                                max_terms=mini.max_terms, max_operand=mini.max_operand)
-    base, _ = warm_start(cfg.model.slot, train_set, tok, mini, args.cache)
-    load_before = os.getloadavg()
-    ours_rounds: list[list[dict]] = []
-    trl_rounds: list[list[dict]] = []
-    length: int | None = None
-    keep = slice(args.warmup, None)
-    with tempfile.TemporaryDirectory() as tmp:
-        trl = Trl(cfg, base, train_set, tok, tmp)
+    base, _ = warm_start(cfg.model.slot, train_set, tok, mini, cache)
+    return train_set, tok, base
+
+
+def serve(conn, system: str, overrides: list[str], threads: int, cache: str, repo: str) -> None:
+    """A system's process: set up as its users run it, then run rounds on request.
+
+    Requests: ``(batches, length)``; replies: the rows of ``Ours/Trl.batches`` (or an error
+    string). ``system`` is one of ``SYSTEMS``."""
+    sys.path.insert(0, repo)
+    try:
+        from fp8rl.backends.mini.runtime import keep_freed_memory, torch_settings
+
+        cfg = parse(overrides)
+        if system == "ours":
+            # a mini run's torch settings, the allocator setting among them
+            settings = torch_settings(cfg.mini.deterministic, threads, cfg.mini.device)
+            kept = True
+        else:
+            torch.set_num_threads(threads)
+            settings = contextlib.nullcontext()
+            kept = keep_freed_memory() if system == "trl_kept" else False
+        with settings, tempfile.TemporaryDirectory() as tmp:
+            train_set, tok, base = load(cfg, cache)
+            trl = None if system == "ours" else Trl(cfg, base, train_set, tok, tmp)
+            conn.send({"allocator": "kept (runtime.keep_freed_memory)" if kept else "glibc defaults",
+                       "threads": torch.get_num_threads()})
+            while (req := conn.recv()) is not None:
+                n, length = req
+                conn.send(Ours(cfg, base, cache).batches(n) if trl is None else trl.batches(n, length))
+    except BaseException as e:  # reported by the parent, which stops
+        import traceback
+
+        conn.send(f"{system}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        raise
+
+
+def measure(args: argparse.Namespace, cfg, overrides: list[str], systems: list[str]) -> dict:
+    """The rounds of ``main``, one process per system; prints and returns the JSON summary."""
+    import multiprocessing
+    import os
+
+    repo = str(Path(__file__).resolve().parents[1])
+    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no allocator setting inherited
+    procs, conns, setup = {}, {}, {}
+
+    def ask(name: str, request):
+        conns[name].send(request)
+        reply = conns[name].recv()
+        if isinstance(reply, str):
+            raise SystemExit(reply)
+        return reply
+
+    try:
+        for name in systems:
+            conns[name], child = ctx.Pipe()
+            procs[name] = ctx.Process(target=serve, args=(child, name, overrides, args.threads, args.cache, repo),
+                                      daemon=True)
+            procs[name].start()
+        for name in systems:
+            setup[name] = conns[name].recv()
+            if isinstance(setup[name], str):
+                raise SystemExit(setup[name])
+        load_before = os.getloadavg()
+        rounds: dict[str, list[list[dict]]] = {name: [] for name in systems}
+        length: int | None = None
+        keep = slice(args.warmup, None)
         for r in range(args.rounds):
-            for system in (("ours", "trl") if r % 2 == 0 else ("trl", "ours")):
-                if system == "ours":
-                    ours_rounds.append(Ours(cfg, base, args.cache).batches(args.warmup + args.batches)[keep])
-                    if length is None and args.trl_length == "fixed":  # round 1 runs ours first
-                        length = round(statistics.mean(b["completion_len"] for b in ours_rounds[0]))
-                else:
-                    trl_rounds.append(trl.batches(args.warmup + args.batches, length)[keep])
-            o, t = ours_rounds[-1], trl_rounds[-1]
-            print(f"round {r + 1}/{args.rounds} ({'ours first' if r % 2 == 0 else 'TRL first'}): "
-                  f"ours {median(o, 'total_s'):.4f} s, TRL {median(t, 'total_s'):.4f} s per generation batch "
-                  f"(x{median(t, 'total_s') / median(o, 'total_s'):.3f}; cpu "
-                  f"x{median(t, 'cpu_s') / median(o, 'cpu_s'):.3f}), load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+            for name in systems[r % len(systems):] + systems[: r % len(systems)]:
+                rounds[name].append(ask(name, (args.warmup + args.batches, length))[keep])
+                if name == "ours" and length is None and args.trl_length == "fixed":  # round 1: ours first
+                    length = round(statistics.mean(b["completion_len"] for b in rounds["ours"][0]))
+            o = median(rounds["ours"][-1], "total_s")
+            peers = ", ".join(f"{name} {median(rounds[name][-1], 'total_s'):.4f} s "
+                              f"(x{median(rounds[name][-1], 'total_s') / o:.3f}; cpu "
+                              f"x{median(rounds[name][-1], 'cpu_s') / median(rounds['ours'][-1], 'cpu_s'):.3f})"
+                              for name in systems[1:])
+            print(f"round {r + 1}/{args.rounds}: ours {o:.4f} s, {peers} per generation batch, "
+                  f"load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+        for name in systems:
+            conns[name].send(None)
+    finally:
+        for proc in procs.values():
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
     out = {
         "settings": {"slot": cfg.model.slot, "arm": args.arm, "prompts x samples":
                      f"{cfg.prompts_per_step} x {cfg.algorithm.n_samples_per_prompt}",
                      "updates_per_batch": cfg.num_mini_batches, "max_response_len": cfg.max_response_len,
                      "threads": args.threads, "rounds": args.rounds,
-                     "batches_measured_per_system": sum(len(x) for x in ours_rounds)},
+                     "batches_measured_per_system": sum(len(x) for x in rounds["ours"])},
         "machine": machine(),
+        "processes": setup,
         "load_avg_1_5_15": {"before": [round(x, 2) for x in load_before],
                             "after": [round(x, 2) for x in os.getloadavg()]},
-        **summarize(ours_rounds, trl_rounds, length),
+        **summarize(rounds, length),
     }
     print(json.dumps(out, indent=1))
     return out
