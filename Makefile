@@ -4,6 +4,10 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 # On CPU-only machines torch must be installed before the project, or pip pulls a CUDA build.
 TORCH   ?= torch==2.13.0
+# The transformers release the golden numbers were recorded with (tests/mini/test_mini_golden.py:
+# they are stored per torch CPU level and transformers version, and skip for any other): pinned
+# here so that a fresh clone checks them. The package itself accepts any 5.x (pyproject.toml).
+TRANSFORMERS ?= transformers==5.24.0
 
 .PHONY: install install-run test test-slow test-all lint bench clean install-integration test-integration paper-smoke notebooks
 
@@ -14,7 +18,7 @@ $(BIN)/python:
 # What running needs (make reproduce): torch, then the project and its runtime dependencies.
 $(VENV)/.installed-run: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e . $(TRANSFORMERS)
 	touch $@
 
 # What the tests need on top (pytest, ruff, Ray, W&B, notebooks, the pinned OpenRLHF sources).
