@@ -57,6 +57,7 @@ def _stopped_cell(root: Path) -> RunDir:
     return rd
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_a_damaged_checkpoint_is_named_with_its_fix_and_the_fix_works(tmp_path):
     root = tmp_path / "runs"
     rd = _stopped_cell(root)

@@ -109,6 +109,7 @@ def test_a_report_onto_a_full_disk_is_one_line(tmp_path):
         assert sorted(p.name for p in disk.iterdir()) == ["filler"]  # no staging directory left
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_a_disk_filling_mid_run_names_the_write_and_the_relaunch_resumes(tmp_path):
     with tmpfs(tmp_path / "disk", "24m") as disk:
         out = disk / "runs"

@@ -134,6 +134,7 @@ def _flip_exponent_bit(path: Path, *names) -> None:
         f.write(bytes([byte ^ 0x80]))
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_bit_rot_in_a_checkpoint_is_refused_and_the_advised_restart_ends_as_before(sweep):
     out, run, _, ref = sweep
     ckpt = run / "checkpoint" / "state.pt"
@@ -197,6 +198,7 @@ def test_a_checkpoint_written_before_digests_loads_with_a_note_and_crc_still_cat
 # --- the SFT warm-start cache ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_bit_rot_in_the_warm_start_cache_is_refused_and_retrains_the_same_weights(sweep):
     out, _, entry, _ = sweep
     model = entry / "model.pt"
@@ -275,6 +277,7 @@ def test_a_cache_entry_written_before_digests_loads_with_a_note(sweep, capfd):
 # --- a damaged status.json in a sweep -----------------------------------------------------------
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_a_damaged_status_is_reported_and_the_other_cells_run(sweep):
     out, run, _, ref = sweep
     status = run / "status.json"

@@ -45,6 +45,7 @@ def _started_writing(sweep: Path, out: Path) -> bool:
     return False
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_a_killed_report_leaves_no_partial_output_and_a_rerun_completes_it(tmp_path):
     sweep = tmp_path / "sweep"
     make_sweep(sweep, demo_specs(steps=60, seeds=(0,)), fast=True)
@@ -73,6 +74,7 @@ def test_a_killed_report_leaves_no_partial_output_and_a_rerun_completes_it(tmp_p
     assert not list(sweep.glob(f".{out.name}.partial-*"))  # the killed report's staging is gone
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_two_reports_into_one_out_both_complete(tmp_path):
     """Two reports started together into one ``--out``: neither removes the other's staging
     directory (each holds a lock on its own), both end 0, and ``--out`` holds one whole report."""

@@ -147,6 +147,7 @@ def test_kill_during_a_checkpoint_write_leaves_a_temp_file_the_relaunch_removes(
     _assert_same_as(RunDir(run_dir), reference)
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_an_event_file_stamped_an_hour_ahead_does_not_stall_the_resume(reference, cache, tmp_path):
     """A killed attempt on a node whose clock ran an hour ahead left its TensorBoard event file
     stamped an hour ahead: the relaunch (a subprocess of the CLI) used to sleep until then."""

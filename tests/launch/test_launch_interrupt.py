@@ -69,6 +69,7 @@ def _check_finished(sweep: Path) -> None:
         assert [r["step"] for r in rd.read_metrics()] == list(range(1, STEPS + 1)), c.run_dir
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_ctrl_c_stops_cells_at_a_checkpoint_and_the_printed_command_resumes(tmp_path):
     root = tmp_path / "runs"
     code, out = _interrupt(root, workers=2, signals=1)

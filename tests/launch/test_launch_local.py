@@ -45,6 +45,7 @@ def test_launch_local_sweep_runs_skips_and_reruns(launch, snapshot, tmp_path):
     assert [r["step"] for r in redo.read_metrics()] == [1, 2, 3, 4]  # nothing logged twice
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_launch_local_failing_cell_is_reported_and_others_finish(launch, tmp_path, monkeypatch, capsys):
     """A cell that fails at run time is FAILED with its reason and the others finish. The failing
     cell asks for CUDA on a machine without it; the expand-time device check (``fp8rl.launch.checks``,
@@ -122,6 +123,7 @@ def _numbers(sweep):
     return out
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_workers_run_cells_side_by_side_with_the_same_numbers(launch, tmp_path):
     """The local launcher's worker pool changes when cells run, not what they compute."""
     one, two = tmp_path / "one", tmp_path / "two"
@@ -142,6 +144,7 @@ def test_workers_must_be_a_positive_count(launch, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_pool_prepares_each_warm_start_once_before_the_cells(launch, tmp_path):
     """Two cells of one model slot on two workers: the SFT warm start is trained once (a
     preparation task is queued first; a cell that reaches the cache's lock first trains it and

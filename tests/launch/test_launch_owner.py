@@ -40,6 +40,7 @@ def _steps(rd: RunDir) -> list[int]:
     return [r["step"] for r in rd.read_metrics()]
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_two_concurrent_launches_log_every_step_once(tmp_path):
     root = tmp_path / "runs"
     args = ["+sweep=smoke", "steps=12", "workers=1", "progress=false", f"output_dir={root}"]

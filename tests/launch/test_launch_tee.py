@@ -74,6 +74,7 @@ def _check_preempted_then_done(sweep: Path, resume: str) -> None:
         assert [r["step"] for r in rd.read_metrics()] == list(range(1, STEPS + 1))
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_ctrl_c_under_make_reproduce_piped_to_tee(tmp_path):
     root = tmp_path / "runs"
     args = shlex.join([*FAST, f"output_dir={root}"])
@@ -88,6 +89,7 @@ def test_ctrl_c_under_make_reproduce_piped_to_tee(tmp_path):
     _check_preempted_then_done(root / "main_table", f"{resume} -o install-run BIN={BIN}")
 
 
+@pytest.mark.slow  # whole launches in real processes, 10-30 s: the slow tier, which CI runs
 def test_the_printed_resume_command_works_from_a_shell_without_the_venv(tmp_path):
     root = tmp_path / "runs"
     one = [a for a in FAST if not a.startswith(("clip=", "workers="))] + ["clip=vanilla", "workers=1"]
