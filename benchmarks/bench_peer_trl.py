@@ -9,7 +9,7 @@ its own (``multiprocessing`` spawn), as each is run by its users, and the parent
 them round by round. Identical settings, taken from one ``MiniRunConfig``:
 
 - the **model**: the same warm-started tiny Qwen3 (``Qwen3ForCausalLM``, fp32 master weights),
-  one deep copy per system; TRL's copy uses transformers' default SDPA attention (as a TRL user
+  which each process loads from the warm-start cache (TRL: a fresh deep copy per round); TRL's copy uses transformers' default SDPA attention (as a TRL user
   gets it; ours runs its own Qwen3 forward, ``fp8rl.backends.mini.qwen3``, with fused SDPA in
   the engine and eager attention in the trainer);
 - the **prompts**: the arithmetic task's training prompts with ``<bos>``; TRL gets a
@@ -57,8 +57,8 @@ first ``--warmup`` batches of each round are dropped. Printed: per round the med
 ratios; overall the medians over all measured batches with their interquartile range, and
 ``speedup`` = TRL's median / ours per generation batch (> 1: we are faster), with the per-round
 ratios' minimum and maximum as its spread, and the per-round ratios' median with a
-distribution-free 95% interval (order statistics; from 6 rounds on) (``speedup_vs_trl_kept``: the same against
-``trl_kept``); the same for CPU time (each process's own); the machine (CPU, cores, torch and
+distribution-free 95% interval (order statistics; from 6 rounds on); ``speedup_vs_trl_kept``:
+the same against ``trl_kept``; the same for CPU time (each process's own); the machine (CPU, cores, torch and
 TRL versions), each process's allocator setting, and the load average before and after.
 ``--arm`` picks our arm
 from ``sweeps/fp8/`` (default ``fp32``: TRL runs the fp32 model in fp32, so ``fp32`` is the

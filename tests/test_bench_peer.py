@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import bench_peer_trl as bench  # noqa: E402
+import bench_peer_trl as bench
 
 
 def coverage(n: int, lo: int, hi: int) -> float:
