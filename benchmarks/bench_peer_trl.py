@@ -273,14 +273,15 @@ def median_ci95(values: list[float]) -> list[float] | None:
     return None if k == 0 else [xs[k - 1], xs[n - k]]
 
 
-#: the systems a run can measure: ours, TRL at glibc's defaults, TRL with our allocator setting
-SYSTEMS = ("ours", "trl", "trl_kept")
+#: the TRL processes of each ``--trl-allocator`` choice: ``trl`` at glibc's defaults, ``trl_kept``
+#: with our allocator setting (beside ``ours``, always measured)
+PEERS = {"default": ("trl",), "kept": ("trl_kept",), "both": ("trl", "trl_kept")}
 
 
 def summarize(rounds: dict[str, list[list[dict]]], length: int | None) -> dict:
     """Medians, interquartile ranges and the speedups with their per-round spread.
 
-    ``rounds``: per system (``SYSTEMS``), per round, the measured batches' rows."""
+    ``rounds``: per system (``ours`` and ``PEERS``' names), per round, the measured batches' rows."""
     flat = {name: [r for rows in per for r in rows] for name, per in rounds.items()}
     ours = flat["ours"]
 
@@ -318,11 +319,12 @@ def main(argv: list[str]) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", type=int, default=8, help="measured generation batches per round and system")
     p.add_argument("--warmup", type=int, default=2, help="batches dropped at the start of each round")
-    p.add_argument("--rounds", type=int, default=4, help="rounds, the order of the systems rotating")
+    p.add_argument("--rounds", type=int, default=12,
+                   help="rounds, the order of the systems rotating (6 or more for the median's interval)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--trl-length", choices=("fixed", "natural"), default="fixed",
                    help="fixed: TRL completions exactly our measured mean length; natural: until <eos>")
-    p.add_argument("--trl-allocator", choices=("default", "kept", "both"), default="both",
+    p.add_argument("--trl-allocator", choices=tuple(PEERS), default="both",
                    help="TRL at glibc's defaults (as its users run it), with our allocator setting, or both")
     p.add_argument("--arm", default="fp32",
                    help="our arm, a sweeps/fp8/ name (default fp32: TRL's model computes in fp32 here)")
@@ -331,11 +333,7 @@ def main(argv: list[str]) -> dict:
     args = p.parse_args(argv)
     if args.rounds < 1 or args.batches < 1 or args.warmup < 0:
         raise SystemExit("--rounds and --batches must be >= 1 and --warmup >= 0")
-    arm_file = Path(__file__).resolve().parents[1] / "sweeps" / "fp8" / f"{args.arm}.yaml"
-    if not arm_file.is_file():
-        raise SystemExit(f"--arm {args.arm!r}: no sweeps/fp8/{args.arm}.yaml; use an FP8 arm name such as "
-                         "fp32, bf16, tensorwise, blockwise")
-    overrides = config_overrides(args)
+    overrides = config_overrides(args.arm, args.threads, args.cache, args.overrides)
     cfg = parse(overrides)
     from fp8rl.backends.mini.runtime import torch_settings
 
@@ -343,23 +341,25 @@ def main(argv: list[str]) -> dict:
     # load it; this process then only waits for them
     with torch_settings(cfg.mini.deterministic, args.threads, cfg.mini.device):
         load(cfg, args.cache)
-    systems = ["ours", *{"default": ["trl"], "kept": ["trl_kept"], "both": ["trl", "trl_kept"]}[args.trl_allocator]]
-    return measure(args, cfg, overrides, systems)
+    return measure(args, cfg, overrides, ["ours", *PEERS[args.trl_allocator]])
 
 
-def config_overrides(args: argparse.Namespace) -> list[str]:
-    """The ``MiniRunConfig`` overrides of a run: the arm, one learning rate, the issue's batch."""
+def config_overrides(arm: str, threads: int, cache: str, extra: list[str]) -> list[str]:
+    """The ``MiniRunConfig`` overrides of a run: the arm (a ``sweeps/fp8/`` name), one learning
+    rate, the issue's batch, the thread count and the cache, then ``extra``."""
     import yaml
 
-    arm_file = Path(__file__).resolve().parents[1] / "sweeps" / "fp8" / f"{args.arm}.yaml"
-    arm = [f"fp8.{k}={v}" for k, v in yaml.safe_load(arm_file.read_text()).items()]
+    arm_file = Path(__file__).resolve().parents[1] / "sweeps" / "fp8" / f"{arm}.yaml"
+    if not arm_file.is_file():
+        raise SystemExit(f"--arm {arm!r}: no sweeps/fp8/{arm}.yaml; use an FP8 arm name such as "
+                         "fp32, bf16, tensorwise, blockwise")
+    arm_kv = [f"fp8.{k}={v}" for k, v in yaml.safe_load(arm_file.read_text()).items()]
     # one learning rate for every parameter, as TRL trains (the mini regime's per-group rates
     # cost nothing extra, but like for like); a key=value override replaces these
     same_lr = ["lr_lm_head=null", "lr_final_norm=null"]
     # the settings of issue 33: 8 prompts x 8 completions (the mini default is 16 prompts)
     issue = ["prompts_per_step=8"]
-    return [*arm, *same_lr, *issue, f"mini.num_threads={args.threads}", f"mini.cache_dir={args.cache}",
-            *args.overrides]
+    return [*arm_kv, *same_lr, *issue, f"mini.num_threads={threads}", f"mini.cache_dir={cache}", *extra]
 
 
 def parse(overrides: list[str]):
@@ -385,21 +385,19 @@ def serve(conn, system: str, overrides: list[str], threads: int, cache: str, rep
     """A system's process: set up as its users run it, then run rounds on request.
 
     Requests: ``(batches, length)``; replies: the rows of ``Ours/Trl.batches`` (or an error
-    string). ``system`` is one of ``SYSTEMS``."""
+    string). ``system``: ``ours`` or a name of ``PEERS``."""
     sys.path.insert(0, repo)
     try:
         from fp8rl.backends.mini.runtime import keep_freed_memory, torch_settings
 
         cfg = parse(overrides)
-        if system == "ours":
-            # a mini run's torch settings, the allocator setting among them
+        if system == "ours":  # a mini run's torch settings, the allocator setting among them
             settings = torch_settings(cfg.mini.deterministic, threads, cfg.mini.device)
-            kept = True
         else:
             torch.set_num_threads(threads)
             settings = contextlib.nullcontext()
-            kept = keep_freed_memory() if system == "trl_kept" else False
         with settings, tempfile.TemporaryDirectory() as tmp:
+            kept = keep_freed_memory() if system in ("ours", "trl_kept") else False
             train_set, tok, base = load(cfg, cache)
             trl = None if system == "ours" else Trl(cfg, base, train_set, tok, tmp)
             conn.send({"allocator": "kept (runtime.keep_freed_memory)" if kept else "glibc defaults",

@@ -92,16 +92,10 @@ def instrument(trainer, clock: PhaseClock) -> None:
 
 
 def config(argv_overrides: list[str], arm: str, threads: int, cache: str):
-    """The ``MiniRunConfig`` of ``bench_peer_trl.py`` for ``arm`` (8 prompts, one learning rate)."""
-    import yaml
+    """The ``MiniRunConfig`` of ``bench_peer_trl.py`` for ``arm`` (its very overrides)."""
+    from bench_peer_trl import config_overrides, parse
 
-    from fp8rl.backends.mini.__main__ import parse_config
-
-    arm_file = Path(__file__).resolve().parents[1] / "sweeps" / "fp8" / f"{arm}.yaml"
-    arm_kv = [f"fp8.{k}={v}" for k, v in yaml.safe_load(arm_file.read_text()).items()]
-    cfg, _, _ = parse_config([*arm_kv, "lr_lm_head=null", "lr_final_norm=null", "prompts_per_step=8",
-                              f"mini.num_threads={threads}", f"mini.cache_dir={cache}", *argv_overrides])
-    return cfg
+    return parse(config_overrides(arm, threads, cache, argv_overrides))
 
 
 def main(argv: list[str]) -> dict:
