@@ -15,6 +15,7 @@ ARMS = {
     "tensorwise": ("tensorwise", "tensorwise"),
     "rowwise": ("rowwise", "rowwise"),
     "blockwise": ("blockwise", "blockwise"),
+    "mxfp8": ("mxfp8", "mxfp8"),
 }
 
 

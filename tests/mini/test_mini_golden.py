@@ -5,8 +5,10 @@ of a run that does not opt in bit for bit as it was, so that a published run rep
 tests run four tiny cells (the ``tiny`` fixture: SFT warm start, 3 steps, evaluations at steps
 0 and 3) in arms that cover the code paths: fp32 and BF16 compute, the FP8 trainer and
 rollout (tensorwise with Calibrated Clipping in its default ``same_batch`` mode and in the
-``sampled`` mode at a share of 1/8 with the shadow diagnostics, rowwise with TIS), and compare every value of ``metrics.jsonl`` and ``eval.jsonl`` except ``perf/*``
-(wall times) with ``golden_numerics.json``, exactly.
+``sampled`` mode at a share of 1/8 with the shadow diagnostics, rowwise with TIS, blockwise,
+and MXFP8 with its power-of-two scales and 32-wide blocks, ragged on the mini model's widths),
+and compare every value of ``metrics.jsonl`` and ``eval.jsonl`` except ``perf/*`` (wall times)
+with ``golden_numerics.json``, exactly.
 
 The numbers depend on the machine's kernels (AVX2 and AVX-512 GEMMs round differently) and on
 torch and transformers, so they are stored per fingerprint (:func:`fingerprint`); on a machine
@@ -35,6 +37,8 @@ CELLS = {
     "bf16-vanilla": ("bf16", "vanilla", {}),
     "tensorwise-calibrated-same_batch": ("tensorwise", "calibrated", {"calibration_mode": "same_batch"}),
     "rowwise-tis": ("rowwise", "tis", {}),
+    "blockwise-vanilla": ("blockwise", "vanilla", {}),
+    "mxfp8-calibrated-same_batch": ("mxfp8", "calibrated", {"calibration_mode": "same_batch"}),
     "tensorwise-calibrated-sampled": ("tensorwise", "calibrated", {"calibration_mode": "sampled",
                                                                    "sample_fraction": 0.125,
                                                                    "shadow_diagnostics": True}),
