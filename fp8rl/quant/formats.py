@@ -12,6 +12,7 @@ adding them is a new registry entry, not a code change.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,16 @@ class Fp8Format:
     def max(self) -> float:
         """Largest finite value (448 for E4M3, 57344 for E5M2)."""
         return float(torch.finfo(self.dtype).max)
+
+    @property
+    def mantissa_bits(self) -> int:
+        """Explicit mantissa bits (3 for E4M3, 2 for E5M2)."""
+        return -int(math.log2(torch.finfo(self.dtype).eps))
+
+    @property
+    def min_normal_exp(self) -> int:
+        """Exponent of the smallest normal value (-6 for E4M3, -14 for E5M2)."""
+        return int(math.log2(torch.finfo(self.dtype).smallest_normal))
 
     def short_str(self) -> str:
         return self.name
