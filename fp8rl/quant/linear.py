@@ -39,7 +39,7 @@ from fp8rl.quant.lowp import matmul as lowp_matmul
 from fp8rl.quant.quantize import dequantize, fake_quantize, quantize
 from fp8rl.quant.recipes import OperandConfig, Recipe
 
-__all__ = ["Fp8Linear", "fp8_linear", "fp8_mm", "has_scaled_mm_kernel", "scaled_gemm"]
+__all__ = ["Fp8Linear", "SharedInput", "fp8_linear", "fp8_mm", "has_scaled_mm_kernel", "scaled_gemm"]
 
 _KERNEL_GRANULARITIES = (PerTensor, PerRow)
 
@@ -145,15 +145,60 @@ class _Operand:
         return None
 
 
+class SharedInput:
+    """The emulated FP8 operands of one input that several layers read, quantized once.
+
+    A decoder layer feeds one tensor to its q, k and v projections and another to gate and up;
+    with the same recipe each of them would quantize that tensor identically, for its forward
+    GEMM and again, transposed, for its weight gradient. Layers called through ``forward_with``
+    with one ``SharedInput`` quantize it once per GEMM role instead: the very tensors each would
+    compute, so the numbers are unchanged (``tests/quant/test_shared_input.py``).
+
+    It is bound to the last input it saw, by identity, and holds it, so no other tensor can take
+    that identity while it is bound; a new input starts a new set of operands. The caller must
+    not modify the input in place between the layers' calls (``LeanQwen3`` calls them back to
+    back on a fresh tensor).
+    """
+
+    __slots__ = ("operands", "x")
+
+    def __init__(self) -> None:
+        self.x: torch.Tensor | None = None
+        self.operands: dict = {}
+
+    def for_input(self, x: torch.Tensor) -> dict:
+        """The operand cache of ``x``: ``{(role, recipe or key): tensor}``, empty for a new input."""
+        if self.x is not x:
+            self.x, self.operands = x, {}
+        return self.operands
+
+
+def _operand(t: torch.Tensor, cfg: OperandConfig, recipe: Recipe, source: _Operand | None,
+             shared: dict | None, role: str) -> torch.Tensor:
+    """A GEMM operand's emulated FP8 value: from ``shared`` (another layer quantized the same
+    input for the same role), from ``source`` (the same tensor transposed), or quantized now."""
+    key = (role, recipe)
+    if shared is not None and key in shared:
+        return shared[key]
+    q = source.transposed_for(cfg) if source is not None else None
+    q = _fake_quantize(t, cfg, recipe) if q is None else q
+    if shared is not None:
+        shared[key] = q
+    return q
+
+
 def _gemm(recipe: Recipe, gemm: str, a: torch.Tensor, b: torch.Tensor, emulate: bool,
           *, a_from: _Operand | None = None, b_from: _Operand | None = None,
+          a_shared: dict | None = None, b_shared: dict | None = None,
           ) -> tuple[torch.Tensor, _Operand | None, _Operand | None]:
     """One of the three GEMMs, ``a @ b.T``, in FP8 or high precision per the recipe.
 
     Emulated, an operand whose ``*_from`` holds the same tensor transposed, quantized with the
     same transpose-invariant config (per-tensor, square blocks), is taken from there instead of
-    being quantized again: the same numbers, one quantization less. Returns the result and the
-    two emulated operands (``None`` when the GEMM ran in high precision or on a kernel).
+    being quantized again: the same numbers, one quantization less; an operand with a
+    ``*_shared`` cache (``SharedInput.for_input``) is taken from, or put into, that cache.
+    Returns the result and the two emulated operands (``None`` when the GEMM ran in high
+    precision or on a kernel).
     """
     if not getattr(recipe, gemm):
         return lowp_matmul(a, b.t()), None, None
@@ -162,10 +207,8 @@ def _gemm(recipe: Recipe, gemm: str, a: torch.Tensor, b: torch.Tensor, emulate: 
     if not (emulate or not has_scaled_mm_kernel(a_cfg.granularity, b_cfg.granularity)):
         out = fp8_mm(a, a_cfg, b, b_cfg, pow2_scales=recipe.pow2_scales, emulate=False)
         return out, None, None
-    qa = a_from.transposed_for(a_cfg) if a_from is not None else None
-    qb = b_from.transposed_for(b_cfg) if b_from is not None else None
-    qa = _fake_quantize(a, a_cfg, recipe) if qa is None else qa
-    qb = _fake_quantize(b, b_cfg, recipe) if qb is None else qb
+    qa = _operand(a, a_cfg, recipe, a_from, a_shared, f"{gemm}.a")
+    qb = _operand(b, b_cfg, recipe, b_from, b_shared, f"{gemm}.b")
     return (qa @ qb.t()).to(a.dtype), _Operand(a_cfg, qa), _Operand(b_cfg, qb)
 
 
@@ -179,11 +222,12 @@ class _Fp8LinearFn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, recipe: Recipe, emulate: bool):
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, recipe: Recipe, emulate: bool,
+                shared: dict | None):
         ctx.save_for_backward(x, weight)
-        ctx.recipe, ctx.emulate = recipe, emulate
+        ctx.recipe, ctx.emulate, ctx.shared = recipe, emulate, shared
         x2 = x.reshape(-1, x.shape[-1])  # [M, K]
-        y, ctx.x_q, ctx.w_q = _gemm(recipe, "fprop", x2, weight, emulate)  # [M, N]
+        y, ctx.x_q, ctx.w_q = _gemm(recipe, "fprop", x2, weight, emulate, a_shared=shared)  # [M, N]
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -200,10 +244,11 @@ class _Fp8LinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             # wgrad: grad_W [N, K] = grad_y.T [N, M] @ x [M, K]; contraction over tokens M
             x2 = x.reshape(-1, x.shape[-1])
-            grad_w, _, _ = _gemm(recipe, "wgrad", g2.t(), x2.t(), emulate, a_from=g_q, b_from=ctx.x_q)
+            grad_w, _, _ = _gemm(recipe, "wgrad", g2.t(), x2.t(), emulate, a_from=g_q, b_from=ctx.x_q,
+                                 b_shared=ctx.shared)
             grad_w = grad_w.to(weight.dtype)
-        ctx.x_q = ctx.w_q = None
-        return grad_x, grad_w, None, None
+        ctx.x_q = ctx.w_q = ctx.shared = None
+        return grad_x, grad_w, None, None, None
 
 
 def fp8_linear(
@@ -213,18 +258,20 @@ def fp8_linear(
     recipe: Recipe,
     *,
     emulate: bool = False,
+    shared: SharedInput | None = None,
 ) -> torch.Tensor:
     """Functional FP8 linear: ``x [..., K] @ weight[N, K].T + bias[N]`` -> ``[..., N]``.
 
     Computes in ``x``'s dtype: with BF16 activations and an fp32 master weight, the weight is
     cast to BF16 first (differentiably) and quantized from there, as under BF16 mixed precision
-    (FSDP / DeepSpeed hand the layer a BF16 weight); GEMM outputs are BF16.
+    (FSDP / DeepSpeed hand the layer a BF16 weight); GEMM outputs are BF16. ``shared``: the
+    input's operands are shared with the other layers that read it (``SharedInput``).
     """
     if not recipe.enabled:
         return lowp_linear(x, weight, bias)
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
-    y = _Fp8LinearFn.apply(x, weight, recipe, emulate)
+    y = _Fp8LinearFn.apply(x, weight, recipe, emulate, None if shared is None else shared.for_input(x))
     return y if bias is None else y + bias.to(y.dtype)
 
 
@@ -252,6 +299,11 @@ class Fp8Linear(nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return fp8_linear(input, self.weight, self.bias, self.recipe, emulate=self.emulate)
+
+    def forward_with(self, input: torch.Tensor, shared: SharedInput) -> torch.Tensor:
+        """``forward``, the input's emulated FP8 operands shared through ``shared`` with the other
+        layers that read the same input (the same numbers, fewer quantizations)."""
+        return fp8_linear(input, self.weight, self.bias, self.recipe, emulate=self.emulate, shared=shared)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}, emulate={self.emulate}"

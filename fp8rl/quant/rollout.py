@@ -52,7 +52,7 @@ from fp8rl.quant.convert import (
     swap_linears,
 )
 from fp8rl.quant.granularity import MX, PerBlock, PerRow, PerTensor
-from fp8rl.quant.linear import has_scaled_mm_kernel, scaled_gemm
+from fp8rl.quant.linear import SharedInput, has_scaled_mm_kernel, scaled_gemm
 from fp8rl.quant.quantize import dequantize, fake_quantize, quantize
 from fp8rl.quant.recipes import Recipe, get_recipe
 
@@ -207,12 +207,27 @@ class Fp8InferenceLinear(nn.Module):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._forward(x, None)
+
+    @torch.no_grad()
+    def forward_with(self, x: torch.Tensor, shared: SharedInput) -> torch.Tensor:
+        """``forward``, the emulated FP8 input shared through ``shared`` with the other layers that
+        read the same input (a decoder layer's q/k/v, gate/up): quantized once, the same numbers."""
+        return self._forward(x, shared)
+
+    def _forward(self, x: torch.Tensor, shared: SharedInput | None) -> torch.Tensor:
         icfg, wcfg = self.recipe.input, _weight_cfg(self.recipe)
         x2 = x.reshape(-1, x.shape[-1])
         if self.emulate or not has_scaled_mm_kernel(icfg.granularity, wcfg.granularity):  # type: ignore[union-attr]
             # scaled_gemm's emulated path (fake_quantize == dequantize(quantize(x)), bit for
             # bit) with the weight dequantized once per sync
-            xq = fake_quantize(x2, icfg.granularity, icfg.fmt, pow2_scale=self.recipe.pow2_scales)  # type: ignore[union-attr]
+            ops = None if shared is None else shared.for_input(x)
+            key = ("rollout.input", icfg, self.recipe.pow2_scales)
+            xq = None if ops is None else ops.get(key)
+            if xq is None:
+                xq = fake_quantize(x2, icfg.granularity, icfg.fmt, pow2_scale=self.recipe.pow2_scales)  # type: ignore[union-attr]
+                if ops is not None:
+                    ops[key] = xq
             y = (xq @ self.dequantized_weight().t()).to(x.dtype)
         else:
             qx, sx = quantize(x2, icfg.granularity, icfg.fmt, pow2_scale=self.recipe.pow2_scales)  # type: ignore[union-attr]

@@ -47,6 +47,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from fp8rl.quant.linear import SharedInput
 from fp8rl.quant.lowp import linear as lowp_linear
 from fp8rl.quant.lowp import matmul as lowp_matmul
 
@@ -293,6 +294,19 @@ def _fwd(module: torch.nn.Module, weights_rounded: bool = False, dtype: torch.dt
     return module.forward
 
 
+def _fwd_shared(modules: list[torch.nn.Module], f) -> list:
+    """``[f(m) for m in modules]`` for layers that read one input, except that FP8 layers whose
+    forward would be called as is (``f`` gives ``m.forward``: no hooks, FP8 not switched off)
+    are called through ``forward_with`` and one :class:`~fp8rl.quant.linear.SharedInput`: each
+    quantizes the input as it would alone, so the first quantization serves them all."""
+    fwds = [f(m) for m in modules]
+    if all(callable(getattr(m, "forward_with", None)) and "forward" not in vars(m) and fw == m.forward
+           for m, fw in zip(modules, fwds, strict=True)):
+        shared = SharedInput()
+        return [functools.partial(m.forward_with, shared=shared) for m in modules]
+    return fwds
+
+
 class _Layer:
     """One decoder layer's forward functions and norm parameters."""
 
@@ -310,8 +324,9 @@ class _Layer:
         def f(m: torch.nn.Module):
             return _fwd(m, weights_rounded, dtype)
 
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = f(attn.q_proj), f(attn.k_proj), f(attn.v_proj), f(attn.o_proj)
-        self.gate_proj, self.up_proj, self.down_proj = f(mlp.gate_proj), f(mlp.up_proj), f(mlp.down_proj)
+        self.q_proj, self.k_proj, self.v_proj = _fwd_shared([attn.q_proj, attn.k_proj, attn.v_proj], f)
+        self.gate_proj, self.up_proj = _fwd_shared([mlp.gate_proj, mlp.up_proj], f)
+        self.o_proj, self.down_proj = f(attn.o_proj), f(mlp.down_proj)
         self.act = _fwd(mlp.act_fn)
 
 
