@@ -165,8 +165,12 @@ class LeanQwen3:
         self.cos_table, self.signed_sin_table = rope_tables(model.model.rotary_emb, max_positions)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
+        """A KV cache for this model. The fused attention of a BF16 model reads keys and values
+        in float32 (their exact values): the cache holds them in float32, converted once when
+        written instead of the whole prefix at every decode step."""
         w = self.model.lm_head.weight
-        return KVCache(len(self.layers), batch, self.kv_heads, capacity, self.head_dim, dtype=self.dtype,
+        dtype = torch.float32 if self.fused else self.dtype
+        return KVCache(len(self.layers), batch, self.kv_heads, capacity, self.head_dim, dtype=dtype,
                        device=w.device)
 
     @staticmethod
@@ -224,6 +228,8 @@ class LeanQwen3:
         x = F.embedding(input_ids, self.embed_weight.to(self.dtype) if low else self.embed_weight, self.padding_idx)
         if bias.dtype != self.dtype:
             bias = bias.to(self.dtype)
+        if self.fused and low:  # the fused BF16 attention's float32 inputs (exact), once for all layers
+            bias = bias.float()
         cos, sin = self.rope(position_ids) if rope is None else rope  # [B, 1, L, d]
         b, n = input_ids.shape
         hd, g = self.head_dim, self.groups
@@ -238,8 +244,8 @@ class LeanQwen3:
                 k, v = cache.append(i, k, v)
             if self.fused and not low:
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scaling, enable_gqa=g > 1)
-            elif self.fused:
-                o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias.float(),
+            elif self.fused:  # (k, v and bias are float32 already with a cache from new_cache)
+                o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias,
                                                    scale=self.scaling, enable_gqa=g > 1).to(q.dtype)
             else:
                 kh, s = k.shape[1], k.shape[2]
