@@ -171,10 +171,11 @@ def round_to_fp8_grid(y: torch.Tensor, fmt: Fp8Format = E4M3) -> torch.Tensor:
     the FP8 rounding, ties to even included, and subtracting ``c`` again is exact. The sign is
     copied back, so a negative value that rounds to zero gives ``-0.0``, as the FP8 ``-0`` does.
 
-    Seven elementwise passes, no lookup: 2-4x faster on CPU than the cast followed by the
-    256-entry table (``benchmarks/bench_quant.py``), bit for bit the same floats: checked
+    Seven elementwise passes and no FP8 tensor, bit for bit the floats of the cast: checked
     against PyTorch's cast on every float32 value with ``|y| <= fmt.max * (1 + 2^-20)`` for E4M3
-    and E5M2 (``tests/test_quantize_grid.py``). Above that it keeps rounding where the cast
+    and E5M2 (``tests/quant/test_quantize_grid.py``). In ``fake_quantize`` it replaces the cast
+    followed by the 256-entry table, which on a transposed operand (the weight gradient's) fell
+    back to PyTorch's element-by-element conversion (``benchmarks/bench_fake_quant.py``). Above that it keeps rounding where the cast
     saturates; ``fake_quantize``'s dynamic scales never get there (``|x * qscale| <= fmt.max`` up
     to one float32 rounding). Any strides; the result has ``y``'s layout.
 
@@ -351,17 +352,18 @@ def fake_quantize(
     # give: round_to_fp8_grid of x * qscale, computed as |x| * qscale (the |x| amax was taken
     # of; rounding is symmetric in the sign, and a BF16 |x| promotes to float32 exactly) with
     # x's sign copied back: two passes over the operand fewer.
+    if qscale.numel() == 1 and x2.is_contiguous() and fmt.dtype == torch.float8_e4m3fn and x.device.type == "cpu":
+        # one scale on a row-major operand: the FP8 cast, then the 256-entry table with the
+        # scale folded in, takes fewer passes (benchmarks/bench_fake_quant.py); the same floats
+        q = (xb.to(torch.float32) * qscale.reshape(())).to(fmt.dtype)
+        s = qscale.reshape(()) if divide else qscale.reshape(()).reciprocal()
+        return _scale_one(q, s, divide).reshape(x.shape)
     a = ax * qscale[:, None, :, None]
-    qf = _unblocked(_round_magnitudes_(a, fmt).copysign_(xb), *x2.shape)
-    rows, cols = x2.shape
-    gr, gc = qscale.shape
-    s = qscale if divide else qscale.reciprocal()
-    if gr * br == rows and gc * bc == cols:  # whole blocks: broadcast without materialising
-        qf, s = qf.reshape(gr, br, gc, bc), s[:, None, :, None]
-    else:
-        s = _expand_scale(s, rows, cols, br, bc)
-    out = qf / s if divide else qf * s
-    return out.reshape(x.shape)
+    qb = _round_magnitudes_(a, fmt).copysign_(xb)  # [gr, br, gc, bc]
+    s = (qscale if divide else qscale.reciprocal())[:, None, :, None]
+    # broadcast over the blocks (ragged ones zero-padded: the padding is cropped after)
+    out = qb / s if divide else qb * s
+    return _unblocked(out, *x2.shape).reshape(x.shape)
 
 
 def quantize_with_scale(
