@@ -1,0 +1,84 @@
+"""An emulated FP8 GEMM operand: ``fake_quantize`` against the cast-and-table path it replaced.
+
+    python benchmarks/bench_fake_quant.py               # the mini model's operand shapes, BF16
+    python benchmarks/bench_fake_quant.py --repeats 60
+
+``fake_quantize`` (what the mini trainer and rollout engine feed their emulated GEMMs) rounds
+to the FP8 grid in float32 arithmetic (``round_to_fp8_grid``). The baseline is the library's
+other path to the same floats, bit for bit (``tests/quant/test_quant_quantize.py``): the FP8
+cast (``quantize``), then the 256-entry table (``dequantize``), as ``fake_quantize`` computed
+them before. Both are timed interleaved in one loop (a noisy, shared machine slows both alike)
+on one thread, on the shapes of a 14b-slot mini cell (32 x 50-token micro-batches: 1,600
+rows; widths 80 and 240), contiguous and transposed (the weight-gradient GEMM quantizes its
+operands along the tokens), and on a decode step's 128 x 80, with a mini run's allocator setting
+(``keep_freed_memory``). Prints the medians and their
+ratio, baseline / ours (> 1: ours is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from fp8rl.backends.mini.runtime import keep_freed_memory
+from fp8rl.quant import MX, PerBlock, PerRow, PerTensor, dequantize, fake_quantize, quantize
+
+GRANULARITIES = {"tensor": PerTensor(), "row": PerRow(), "block1x128": PerBlock(1, 128), "mx32": MX(32)}
+#: (rows, cols, transposed): the mini 14b slot's operands
+SHAPES = [(1600, 240, False), (1600, 240, True), (1600, 80, True), (128, 80, False)]
+
+
+def operand(rows: int, cols: int, transposed: bool) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    if transposed:
+        return torch.randn(cols, rows, generator=g).to(torch.bfloat16).t()
+    return torch.randn(rows, cols, generator=g).to(torch.bfloat16)
+
+
+def measure(x: torch.Tensor, gran, repeats: int) -> dict:
+    def baseline():
+        q, s = quantize(x, gran)
+        return dequantize(q, s, gran)
+
+    def ours():
+        return fake_quantize(x, gran)
+
+    assert torch.equal(baseline().view(torch.int32), ours().contiguous().view(torch.int32))
+    times: dict[str, list[float]] = {"baseline": [], "ours": []}
+    for i in range(repeats + 3):
+        for name, fn in (("baseline", baseline), ("ours", ours)) if i % 2 else (("ours", ours), ("baseline", baseline)):
+            t = time.perf_counter()
+            fn()
+            if i >= 3:  # warm-up
+                times[name].append(time.perf_counter() - t)
+    b, o = statistics.median(times["baseline"]), statistics.median(times["ours"])
+    return {"baseline_us": b * 1e6, "ours_us": o * 1e6, "ratio": b / o}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=40)
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    keep_freed_memory()  # as a mini run sets its allocator (fp8rl.backends.mini.runtime)
+    print(f"# torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, one thread, "
+          f"median of {a.repeats} interleaved calls, BF16 input")
+    print("| operand | granularity | cast + table us | fake_quantize us | baseline / ours |")
+    print("|---|---|---|---|---|")
+    rows = []
+    for r, c, t in SHAPES:
+        x = operand(r, c, t)
+        for name, gran in GRANULARITIES.items():
+            m = {"operand": f"{r} x {c}{' transposed' if t else ''}", "granularity": name,
+                 **measure(x, gran, a.repeats)}
+            rows.append(m)
+            print(f"| {m['operand']} | {name} | {m['baseline_us']:.0f} | {m['ours_us']:.0f} | {m['ratio']:.2f} |",
+                  flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
