@@ -30,6 +30,8 @@ Deviations / choices:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -167,24 +169,31 @@ class SharedInput:
         self.operands: dict = {}
 
     def for_input(self, x: torch.Tensor) -> dict:
-        """The operand cache of ``x``: ``{(role, recipe or key): tensor}``, empty for a new input."""
+        """The operand cache of ``x``: ``{key: tensor}``, empty for a new input."""
         if self.x is not x:
             self.x, self.operands = x, {}
         return self.operands
+
+
+def cached_operand(cache: dict | None, key, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``cache[key]``, computed by ``make()`` and stored when absent; ``make()`` alone without a
+    cache (``SharedInput.for_input``)."""
+    if cache is None:
+        return make()
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
 
 
 def _operand(t: torch.Tensor, cfg: OperandConfig, recipe: Recipe, source: _Operand | None,
              shared: dict | None, role: str) -> torch.Tensor:
     """A GEMM operand's emulated FP8 value: from ``shared`` (another layer quantized the same
     input for the same role), from ``source`` (the same tensor transposed), or quantized now."""
-    key = (role, recipe)
-    if shared is not None and key in shared:
-        return shared[key]
-    q = source.transposed_for(cfg) if source is not None else None
-    q = _fake_quantize(t, cfg, recipe) if q is None else q
-    if shared is not None:
-        shared[key] = q
-    return q
+    def make() -> torch.Tensor:
+        q = source.transposed_for(cfg) if source is not None else None
+        return _fake_quantize(t, cfg, recipe) if q is None else q
+
+    return cached_operand(shared, (role, recipe), make)
 
 
 def _gemm(recipe: Recipe, gemm: str, a: torch.Tensor, b: torch.Tensor, emulate: bool,

@@ -129,20 +129,6 @@ def _block_scales(
     return ax, qscale, amax
 
 
-def _scaled_blocks(
-    x2: torch.Tensor, br: int, bc: int, fmt_max: float, pow2: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``x2 [R, C]`` in ``br x bc`` blocks, each times its quantization multiplier.
-
-    Returns ``(y, qscale, amax)``: ``y`` float32 ``[gr, br, gc, bc]`` (zero-padded to whole blocks),
-    ``|y| <= fmt_max`` up to one float32 rounding; ``qscale`` and ``amax`` ``[gr, gc]``.
-    """
-    xb = _blocked(x2, br, bc)  # [gr, br, gc, bc]
-    _, qscale, amax = _block_scales(xb, fmt_max, pow2)
-    # float32 multiply (as torchao); see the module docstring on saturation
-    return xb.to(torch.float32) * qscale[:, None, :, None], qscale, amax
-
-
 def _unblocked(yb: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """``[gr, br, gc, bc]`` back to ``[rows, cols]``, the padding cropped (contiguous then)."""
     y = yb.reshape(yb.shape[0] * yb.shape[1], yb.shape[2] * yb.shape[3])
@@ -157,8 +143,11 @@ def _quantize_blocks(
     ``qscale`` and ``amax`` are ``[gr, gc]``. Pure tensor code without data-dependent control
     flow, so ``torch.compile`` fuses it (``quantize(..., compile=True)``).
     """
-    y, qscale, amax = _scaled_blocks(x2, br, bc, fmt_max, pow2)
-    return _unblocked(y.to(dtype), *x2.shape), qscale, amax  # round-to-nearest-even cast
+    xb = _blocked(x2, br, bc)  # [gr, br, gc, bc]
+    _, qscale, amax = _block_scales(xb, fmt_max, pow2)
+    # float32 multiply (as torchao), round-to-nearest-even cast; see the module docstring on saturation
+    q = (xb.to(torch.float32) * qscale[:, None, :, None]).to(dtype)
+    return _unblocked(q, *x2.shape), qscale, amax
 
 
 def round_to_fp8_grid(y: torch.Tensor, fmt: Fp8Format = E4M3) -> torch.Tensor:
@@ -173,11 +162,13 @@ def round_to_fp8_grid(y: torch.Tensor, fmt: Fp8Format = E4M3) -> torch.Tensor:
 
     Seven elementwise passes and no FP8 tensor, bit for bit the floats of the cast: checked
     against PyTorch's cast on every float32 value with ``|y| <= fmt.max * (1 + 2^-20)`` for E4M3
-    and E5M2 (``tests/quant/test_quantize_grid.py``). In ``fake_quantize`` it replaces the cast
-    followed by the 256-entry table, which on a transposed operand (the weight gradient's) fell
-    back to PyTorch's element-by-element conversion (``benchmarks/bench_fake_quant.py``). Above that it keeps rounding where the cast
-    saturates; ``fake_quantize``'s dynamic scales never get there (``|x * qscale| <= fmt.max`` up
-    to one float32 rounding). Any strides; the result has ``y``'s layout.
+    and E5M2 (``tests/quant/test_quantize_grid.py``). Above that range it keeps rounding where
+    the cast saturates; ``fake_quantize``'s dynamic scales never get there (``|x * qscale| <=
+    fmt.max`` up to one float32 rounding). Any strides; the result has ``y``'s layout.
+
+    In ``fake_quantize`` it replaces the cast followed by the 256-entry table, which on a
+    transposed operand (the weight gradient's) fell back to PyTorch's element-by-element
+    conversion (``benchmarks/bench_fake_quant.py``).
 
     Args:
         y: float32 tensor, finite, ``|y| <= fmt.max * (1 + 2^-20)``.

@@ -52,7 +52,7 @@ from fp8rl.quant.convert import (
     swap_linears,
 )
 from fp8rl.quant.granularity import MX, PerBlock, PerRow, PerTensor
-from fp8rl.quant.linear import SharedInput, has_scaled_mm_kernel, scaled_gemm
+from fp8rl.quant.linear import SharedInput, cached_operand, has_scaled_mm_kernel, scaled_gemm
 from fp8rl.quant.quantize import dequantize, fake_quantize, quantize
 from fp8rl.quant.recipes import Recipe, get_recipe
 
@@ -221,13 +221,9 @@ class Fp8InferenceLinear(nn.Module):
         if self.emulate or not has_scaled_mm_kernel(icfg.granularity, wcfg.granularity):  # type: ignore[union-attr]
             # scaled_gemm's emulated path (fake_quantize == dequantize(quantize(x)), bit for
             # bit) with the weight dequantized once per sync
-            ops = None if shared is None else shared.for_input(x)
-            key = ("rollout.input", icfg, self.recipe.pow2_scales)
-            xq = None if ops is None else ops.get(key)
-            if xq is None:
-                xq = fake_quantize(x2, icfg.granularity, icfg.fmt, pow2_scale=self.recipe.pow2_scales)  # type: ignore[union-attr]
-                if ops is not None:
-                    ops[key] = xq
+            xq = cached_operand(
+                None if shared is None else shared.for_input(x), ("rollout.input", icfg, self.recipe.pow2_scales),
+                lambda: fake_quantize(x2, icfg.granularity, icfg.fmt, pow2_scale=self.recipe.pow2_scales))  # type: ignore[union-attr]
             y = (xq @ self.dequantized_weight().t()).to(x.dtype)
         else:
             qx, sx = quantize(x2, icfg.granularity, icfg.fmt, pow2_scale=self.recipe.pow2_scales)  # type: ignore[union-attr]
