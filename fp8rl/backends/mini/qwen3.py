@@ -57,7 +57,7 @@ class KVCache:
 
     ``append(layer, k, v)`` writes ``[B, kv_heads, L, head_dim]`` at the current length and
     returns views of the filled prefix; ``advance(L)`` (called once per forward, after the
-    last layer) moves the length on.
+    last layer) moves the length on; ``keep_rows(rows)`` drops the other batch rows.
     """
 
     def __init__(self, n_layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
@@ -77,6 +77,11 @@ class KVCache:
 
     def advance(self, n: int) -> None:
         self.length += n
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows ``rows`` (``[M]`` indices), in that order."""
+        self.k = [t.index_select(0, rows) for t in self.k]
+        self.v = [t.index_select(0, rows) for t in self.v]
 
 
 def causal_bias(attention_mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -150,6 +155,7 @@ class LeanQwen3:
             raise ValueError("LeanQwen3 reproduces transformers' eager Qwen3 forward only: "
                              + "; ".join(problems) + ". Call the model itself instead")
         self.model, self.dtype, self.fused = model, dtype, attention == "fused"
+        self.weights_rounded = weights_rounded
         attn = model.model.layers[0].self_attn
         self.head_dim, self.groups, self.scaling = attn.head_dim, attn.num_key_value_groups, attn.scaling
         self.kv_heads = cfg.num_key_value_heads
@@ -163,6 +169,13 @@ class LeanQwen3:
         self.final_norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
         self.lm_head = _fwd(model.lm_head, weights_rounded, dtype)
         self.cos_table, self.signed_sin_table = rope_tables(model.model.rotary_emb, max_positions)
+
+    def linear_layers(self) -> list[tuple[str, torch.nn.Module, object]]:
+        """``(name, module, forward)`` of every linear layer (LM head included): the function the
+        forward calls for it (``forward_with`` aside, which computes the same numbers)."""
+        return [(name, m, _fwd(m, self.weights_rounded, self.dtype))
+                for name, m in self.model.named_modules()
+                if isinstance(getattr(m, "in_features", None), int) and hasattr(m, "out_features")]
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """A KV cache for this model. The fused attention of a BF16 model reads keys and values

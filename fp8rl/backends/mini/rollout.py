@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from fp8rl.backends.mini.batch import position_ids
+from fp8rl.backends.mini.live_rows import LiveRows, rows_independent
 
 
 @dataclass
@@ -68,6 +69,7 @@ def generate(
     dtype: torch.dtype = torch.float32,
     weights_rounded: bool = False,
     attention: str = "eager",
+    compact: bool = True,
 ) -> RolloutBatch:
     """Sample responses for left-padded prompts with a KV cache.
 
@@ -77,6 +79,8 @@ def generate(
         generator: the ``torch.Generator`` that drives sampling (on the model's device).
         dtype, weights_rounded, attention: the compute dtype, whether the weights already hold
             its values, and the attention path (``qwen3.LeanQwen3``).
+        compact: let finished rows leave the computed batch where no number changes
+            (``live_rows``; ``False``: compute every row to the end, as before).
     Returns: ``RolloutBatch`` with ``T <= max_new_tokens`` columns.
     """
     if temperature <= 0:
@@ -86,7 +90,7 @@ def generate(
     toks, logps, valid, done = _decode(model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens,
                                        temperature=temperature, eos_id=eos_id, pad_id=pad_id,
                                        generator=generator, greedy=greedy, dtype=dtype,
-                                       weights_rounded=weights_rounded, attention=attention)
+                                       weights_rounded=weights_rounded, attention=attention, compact=compact)
     # stacked outside inference mode: the trainer gets ordinary tensors
     response_ids = torch.stack(toks, 1)
     response_mask = torch.stack(valid, 1).long()
@@ -101,13 +105,15 @@ def generate(
 def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
             max_new_tokens: int, temperature: float, eos_id: int, pad_id: int,
             generator: torch.Generator | None, greedy: bool, dtype: torch.dtype = torch.float32,
-            weights_rounded: bool = False, attention: str = "eager",
+            weights_rounded: bool = False, attention: str = "eager", compact: bool = False,
             ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     """The decode loop of ``generate`` under ``torch.inference_mode`` (no autograd bookkeeping):
     per-step ``[B]`` tokens, log-probs and validity, and the final ``[B]`` done flags.
 
     The forward is :class:`~fp8rl.backends.mini.qwen3.LeanQwen3` with a preallocated KV cache
     (the same numbers as ``model(...)`` with a ``DynamicCache``, with fewer operations).
+    ``compact``: finished rows leave the computed batch where that changes no number
+    (``live_rows``).
     """
     from fp8rl.backends.mini.qwen3 import LeanQwen3, causal_bias, decode_bias
 
@@ -123,12 +129,16 @@ def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
     # (then a step that reaches them raises, as before)
     steps_pos = next_pos + torch.arange(max_new_tokens, device=next_pos.device)  # [B, max_new]
     rope = lean.rope(steps_pos) if int(steps_pos.max()) < lean.cos_table.shape[0] else None
+    # finished rows leave the computed batch (live_rows.py): sampling keeps reading all B rows
+    # of ``full`` ([B, V]: a finished row keeps its last logits), so the random stream is the same
+    live = LiveRows(b, compact and LiveRows.eligible(b) and rows_independent(lean.linear_layers(), b, dtype))
+    full = logits[:, -1, :]
     done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
     pad = torch.full_like(done, pad_id, dtype=torch.long)
     zero = torch.zeros((), dtype=torch.float32, device=prompt_ids.device)
     toks, logps, valid = [], [], []
     for i in range(max_new_tokens):
-        last = logits[:, -1, :]  # [B, V]
+        last = full
         if last.dtype != torch.float32:
             last = last.float()
         if temperature != 1.0:  # x / 1.0 == x: skip the no-op division
@@ -145,11 +155,23 @@ def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
         done = done | (tok == eos_id)
         if bool(done.all()):
             break
+        sel = live.update(done)
+        if sel is not None:  # fewer rows from now on: gather what they carry
+            cache.keep_rows(sel)
+            full = full.clone()  # owned: the computed rows are written into it from now on
+            bias, next_pos = bias.index_select(0, sel), next_pos.index_select(0, sel)
+            if rope is not None:
+                rope = (rope[0].index_select(0, sel), rope[1].index_select(0, sel))
+        step_tok = tok if live.rows is None else tok.index_select(0, live.rows)
         if rope is None:
-            logits = lean(tok.unsqueeze(-1), bias[..., : p + i + 1], next_pos, cache)
+            logits = lean(step_tok.unsqueeze(-1), bias[..., : p + i + 1], next_pos, cache)
         else:
-            logits = lean(tok.unsqueeze(-1), bias[..., : p + i + 1], None, cache,
+            logits = lean(step_tok.unsqueeze(-1), bias[..., : p + i + 1], None, cache,
                           rope=(rope[0][:, :, i : i + 1], rope[1][:, :, i : i + 1]))
+        if live.rows is None:
+            full = logits[:, -1, :]
+        else:
+            full.index_copy_(0, live.rows, logits[:, -1, :])
         next_pos = next_pos + 1
     return toks, logps, valid, done
 
