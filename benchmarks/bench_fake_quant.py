@@ -13,22 +13,31 @@ rows; widths 80 and 240), contiguous and transposed (the weight-gradient GEMM qu
 operands along the tokens), and on a decode step's 128 x 80, with a mini run's allocator setting
 (``keep_freed_memory``). Prints the medians and their
 ratio, baseline / ours (> 1: ours is faster).
+
+A second table times the one-scale path (a row-major ``PerTensor`` E4M3 operand: the scale in
+Python floats, ``_fake_quantize_one_scale``) against ``fake_quantize``'s tensor path on the
+same operand (``_fake_quantize_tensor``, what it computed before): the same floats, checked.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 
 import torch
 
 from fp8rl.backends.mini.runtime import keep_freed_memory
-from fp8rl.quant import MX, PerBlock, PerRow, PerTensor, dequantize, fake_quantize, quantize
+from fp8rl.quant import E4M3, MX, PerBlock, PerRow, PerTensor, dequantize, fake_quantize, quantize
 
 GRANULARITIES = {"tensor": PerTensor(), "row": PerRow(), "block1x128": PerBlock(1, 128), "mx32": MX(32)}
 #: (rows, cols, transposed): the mini 14b slot's operands
 SHAPES = [(1600, 240, False), (1600, 240, True), (1600, 80, True), (128, 80, False)]
+#: (rows, cols, dtype): a tensorwise decode step's inputs (BF16 engine; 2,048 rows in an
+#: evaluation) and a trainer micro-batch's
+ONE_SCALE_SHAPES = [(128, 80, torch.bfloat16), (128, 240, torch.bfloat16), (2048, 80, torch.bfloat16),
+                    (1600, 240, torch.bfloat16), (128, 80, torch.float32)]
 
 
 def operand(rows: int, cols: int, transposed: bool) -> torch.Tensor:
@@ -38,10 +47,12 @@ def operand(rows: int, cols: int, transposed: bool) -> torch.Tensor:
     return torch.randn(rows, cols, generator=g).to(torch.bfloat16)
 
 
-def measure(x: torch.Tensor, gran, repeats: int) -> dict:
-    def baseline():
+def measure(x: torch.Tensor, gran, repeats: int, baseline=None) -> dict:
+    def cast_and_table():
         q, s = quantize(x, gran)
         return dequantize(q, s, gran)
+
+    baseline = baseline or cast_and_table
 
     def ours():
         return fake_quantize(x, gran)
@@ -77,6 +88,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rows.append(m)
             print(f"| {m['operand']} | {name} | {m['baseline_us']:.0f} | {m['ours_us']:.0f} | {m['ratio']:.2f} |",
                   flush=True)
+    print("\n| operand (row-major, one E4M3 scale) | tensor path us | one-scale path us | baseline / ours |")
+    print("|---|---|---|---|")
+    tensor_path = importlib.import_module("fp8rl.quant.quantize")._fake_quantize_tensor
+    for r, c, dtype in ONE_SCALE_SHAPES:
+        x = operand(r, c, False).to(dtype)
+        m = {"operand": f"{r} x {c} {str(dtype).removeprefix('torch.')}", "granularity": "tensor (one scale)",
+             **measure(x, PerTensor(), a.repeats, lambda x=x: tensor_path(x, PerTensor(), E4M3, False, False))}
+        rows.append(m)
+        print(f"| {m['operand']} | {m['baseline_us']:.0f} | {m['ours_us']:.0f} | {m['ratio']:.2f} |", flush=True)
     return rows
 
 

@@ -285,3 +285,60 @@ def test_blocks_longer_than_the_operand_equal_zero_padding(gran, shape):
     qp, sp = quantize(padded, gran)
     assert torch.equal(q.view(torch.uint8), qp[: shape[0], : shape[1]].view(torch.uint8))
     assert torch.equal(dequantize(q, s, gran), dequantize(qp, sp, gran)[: shape[0], : shape[1]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("divide", [False, True])
+def test_one_scale_fast_path_equals_the_tensor_path(dtype, divide):
+    """A row-major ``PerTensor`` E4M3 operand takes ``_fake_quantize_one_scale`` (the scale in
+    Python floats); its transposed view takes the tensor path: the same bits, over amaxes from
+    1e-30 to 1e30 (the EPS clamp included), signed zeros and subnormal inputs."""
+    import importlib
+
+    qmod = importlib.import_module("fp8rl.quant.quantize")  # (fp8rl.quant.quantize is also a function)
+    calls = []
+    fast = qmod._fake_quantize_one_scale
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return fast(*a, **kw)
+
+    g = torch.Generator().manual_seed(7)
+    bits = lambda t: t.contiguous().view(torch.int32)  # noqa: E731
+    scales = [0.0, 1e-30, 1e-13, 1e-6, 0.37, 1.0, 448.0, 3e5, 1e20]
+    if dtype != torch.float32:
+        scales = [s for s in scales if s == 0 or 1e-4 < s < 6e4]  # finite and normal in fp16
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(qmod, "_fake_quantize_one_scale", counted)
+        for i, scale in enumerate(scales):
+            x = (torch.randn(24, 40, generator=g) * scale).to(dtype)
+            x[0, :3] = torch.tensor([0.0, -0.0, 1e-40 * scale])
+            xt = x.t().contiguous().t()  # same values, column-major: the tensor path
+            n = len(calls)
+            out = fake_quantize(x, PerTensor(), E4M3, divide=divide)
+            assert len(calls) == n + 1
+            ref = fake_quantize(xt, PerTensor(), E4M3, divide=divide)
+            assert len(calls) == n + 1, "the transposed operand must take the tensor path"
+            assert torch.equal(bits(out), bits(ref)), (dtype, scale)
+            if not divide:
+                assert torch.equal(bits(out), bits(dequantize(*quantize(x, PerTensor(), E4M3), PerTensor())))
+            if i == 3:  # N-D operands too
+                x3 = x.reshape(4, 6, 40)
+                assert torch.equal(bits(fake_quantize(x3, PerTensor(), E4M3, divide=divide)), bits(ref).reshape(4, 6, 40))
+    with pytest.raises(NonFiniteError, match="non-finite"):
+        fake_quantize(torch.tensor([1.0, float("inf")]), PerTensor(), E4M3)
+
+
+def test_one_scale_in_python_floats_equals_the_tensor_formula():
+    """``_one_qscale`` against ``_block_scales``' float64 tensor formula on 100,000 amaxes spread
+    over float32's range, the EPS clamp included."""
+    import importlib
+
+    qmod = importlib.import_module("fp8rl.quant.quantize")
+    g = torch.Generator().manual_seed(11)
+    amax = torch.exp2(torch.empty(100_000, dtype=torch.float64).uniform_(-60, 60, generator=g)).float()
+    amax[:3] = torch.tensor([0.0, 1e-30, EPS])
+    for fmt in (E4M3, E5M2):
+        ref = (fmt.max / torch.clamp(amax.to(torch.float64), min=EPS)).to(torch.float32)
+        ours = torch.tensor([qmod._one_qscale(a, fmt.max) for a in amax.tolist()], dtype=torch.float32)
+        assert torch.equal(ours, ref)
