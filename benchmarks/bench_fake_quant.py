@@ -14,9 +14,11 @@ operands along the tokens), and on a decode step's 128 x 80, with a mini run's a
 (``keep_freed_memory``). Prints the medians and their
 ratio, baseline / ours (> 1: ours is faster).
 
-A second table times the one-scale path (a row-major ``PerTensor`` E4M3 operand: the scale in
-Python floats, ``_fake_quantize_one_scale``) against ``fake_quantize``'s tensor path on the
-same operand (``_fake_quantize_tensor``, what it computed before): the same floats, checked.
+A second table times ``fake_quantize``'s fast paths for row-major operands against its tensor
+path on the same operand (``_fake_quantize_tensor``, what it computed before; the same floats,
+checked): one E4M3 scale (``PerTensor``: the scale in Python floats, ``_fake_quantize_one_scale``)
+and blocks of one row that tile it (``_fake_quantize_rows``: per row, ``1 x 128`` on rows up to
+128 wide, MX on multiples of 32).
 """
 
 from __future__ import annotations
@@ -34,10 +36,14 @@ from fp8rl.quant import E4M3, MX, PerBlock, PerRow, PerTensor, dequantize, fake_
 GRANULARITIES = {"tensor": PerTensor(), "row": PerRow(), "block1x128": PerBlock(1, 128), "mx32": MX(32)}
 #: (rows, cols, transposed): the mini 14b slot's operands
 SHAPES = [(1600, 240, False), (1600, 240, True), (1600, 80, True), (128, 80, False)]
-#: (rows, cols, dtype): a tensorwise decode step's inputs (BF16 engine; 2,048 rows in an
-#: evaluation) and a trainer micro-batch's
-ONE_SCALE_SHAPES = [(128, 80, torch.bfloat16), (128, 240, torch.bfloat16), (2048, 80, torch.bfloat16),
-                    (1600, 240, torch.bfloat16), (128, 80, torch.float32)]
+#: (rows, cols, dtype, granularity): a decode step's inputs (BF16 engine; 2,048 rows in an
+#: evaluation; 64 and 192 wide in the 8b slot) and a trainer micro-batch's
+FAST_PATH_CASES = [(128, 80, torch.bfloat16, "tensor"), (128, 240, torch.bfloat16, "tensor"),
+                   (2048, 80, torch.bfloat16, "tensor"), (1600, 240, torch.bfloat16, "tensor"),
+                   (128, 80, torch.float32, "tensor"), (128, 80, torch.bfloat16, "row"),
+                   (2048, 80, torch.bfloat16, "row"), (1600, 240, torch.bfloat16, "row"),
+                   (128, 80, torch.bfloat16, "block1x128"), (128, 64, torch.bfloat16, "mx32"),
+                   (128, 192, torch.bfloat16, "mx32")]
 
 
 def operand(rows: int, cols: int, transposed: bool) -> torch.Tensor:
@@ -88,15 +94,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rows.append(m)
             print(f"| {m['operand']} | {name} | {m['baseline_us']:.0f} | {m['ours_us']:.0f} | {m['ratio']:.2f} |",
                   flush=True)
-    print("\n| operand (row-major, one E4M3 scale) | tensor path us | one-scale path us | baseline / ours |")
-    print("|---|---|---|---|")
+    print("\n| operand (row-major) | granularity | tensor path us | fast path us | baseline / ours |")
+    print("|---|---|---|---|---|")
     tensor_path = importlib.import_module("fp8rl.quant.quantize")._fake_quantize_tensor
-    for r, c, dtype in ONE_SCALE_SHAPES:
-        x = operand(r, c, False).to(dtype)
-        m = {"operand": f"{r} x {c} {str(dtype).removeprefix('torch.')}", "granularity": "tensor (one scale)",
-             **measure(x, PerTensor(), a.repeats, lambda x=x: tensor_path(x, PerTensor(), E4M3, False, False))}
+    for r, c, dtype, name in FAST_PATH_CASES:
+        x, gran = operand(r, c, False).to(dtype), GRANULARITIES[name]
+        pow2 = name == "mx32"
+        m = {"operand": f"{r} x {c} {str(dtype).removeprefix('torch.')}", "granularity": name,
+             **measure(x, gran, a.repeats, lambda x=x, g=gran, p=pow2: tensor_path(x, g, E4M3, p, False))}
         rows.append(m)
-        print(f"| {m['operand']} | {m['baseline_us']:.0f} | {m['ours_us']:.0f} | {m['ratio']:.2f} |", flush=True)
+        print(f"| {m['operand']} | {name} | {m['baseline_us']:.0f} | {m['ours_us']:.0f} | {m['ratio']:.2f} |",
+              flush=True)
     return rows
 
 

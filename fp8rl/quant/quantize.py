@@ -339,7 +339,33 @@ def fake_quantize(
     if (type(granularity) is PerTensor and not pow2_scale and fmt.dtype == torch.float8_e4m3fn
             and x.dtype in _ONE_SCALE_DTYPES and x.device.type == "cpu" and x.ndim and x.is_contiguous()):
         return _fake_quantize_one_scale(x, fmt, divide)
+    if type(granularity) is not PerTensor and x.dtype in _ONE_SCALE_DTYPES and x.device.type == "cpu" \
+            and x.ndim and x.is_contiguous():
+        x2, (br, bc) = _as_2d(x, granularity)
+        if br == 1 and x2.shape[1] % bc == 0:
+            return _fake_quantize_rows(x2, bc, fmt, pow2_scale or granularity.power_of_two, divide).view(x.shape)
     return _fake_quantize_tensor(x, granularity, fmt, pow2_scale, divide)
+
+
+def _fake_quantize_rows(x2: torch.Tensor, bc: int, fmt: Fp8Format, pow2: bool, divide: bool) -> torch.Tensor:
+    """``fake_quantize`` of a row-major ``[R, C]`` operand whose blocks are ``1 x bc`` and tile
+    its rows (``bc`` divides ``C``: per row, ``1 x 128`` on 128-wide rows, MX on multiples of 32).
+
+    The tensor path's operations on the same values, without its 4-D block view: the amax a
+    contiguous reduction along the row (a maximum is exact in any order), the same float64
+    scale formula, the same products; the finiteness check reads one maximum.
+    """
+    rows, cols = x2.shape
+    ax = x2.abs()
+    xb, axb = (x2, ax) if bc == cols else (x2.view(rows, cols // bc, bc), ax.view(rows, cols // bc, bc))
+    amax = axb.amax(dim=-1, keepdim=True)  # [R, 1] or [R, C / bc, 1]
+    if not math.isfinite(float(amax.max())):
+        _raise_non_finite(x2, "fake_quantize")
+    qscale = (fmt.max / torch.clamp(amax.to(torch.float64), min=EPS)).to(torch.float32)
+    if pow2:
+        qscale = torch.exp2(torch.floor(torch.log2(qscale)).clamp(-_E8M0_MAX_EXP, _E8M0_MAX_EXP))
+    qb = _round_magnitudes_(axb * qscale, fmt).copysign_(xb)
+    return qb / qscale if divide else qb * qscale.reciprocal()
 
 
 def _fake_quantize_tensor(x: torch.Tensor, granularity: Granularity, fmt: Fp8Format, pow2_scale: bool,

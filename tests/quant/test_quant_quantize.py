@@ -342,3 +342,45 @@ def test_one_scale_in_python_floats_equals_the_tensor_formula():
         ref = (fmt.max / torch.clamp(amax.to(torch.float64), min=EPS)).to(torch.float32)
         ours = torch.tensor([qmod._one_qscale(a, fmt.max) for a in amax.tolist()], dtype=torch.float32)
         assert torch.equal(ours, ref)
+
+
+@pytest.mark.parametrize("gname", ["row", "block1x128", "mx32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("divide", [False, True])
+@pytest.mark.parametrize("pow2", [False, True])
+def test_row_block_fast_path_equals_the_tensor_path(gname, dtype, divide, pow2):
+    """A row-major operand whose ``1 x bc`` blocks tile its rows takes ``_fake_quantize_rows``;
+    the same bits as the tensor path (``_fake_quantize_tensor``) on the same operand, with
+    row scales from 1e-30 to 1e20, zero rows and signed zeros; a ragged width takes the tensor
+    path."""
+    import importlib
+
+    qmod = importlib.import_module("fp8rl.quant.quantize")
+    g = GRANS[gname]
+    gen = torch.Generator().manual_seed(5)
+    calls = []
+    fast = qmod._fake_quantize_rows
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return fast(*a, **kw)
+
+    bits = lambda t: t.contiguous().view(torch.int32)  # noqa: E731
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(qmod, "_fake_quantize_rows", counted)
+        for shape in [(40, 128), (6, 5, 256), (33, 96 if gname == "mx32" else 128)]:
+            x = torch.randn(*shape, generator=gen) * torch.logspace(-30, 20, shape[-2])[:, None]
+            x = x.to(dtype) if dtype == torch.float32 else x.clamp(-1e30, 1e30).to(dtype)
+            x.view(-1, shape[-1])[0] = 0.0
+            x.view(-1, shape[-1])[1, :2] = torch.tensor([0.0, -0.0])
+            n = len(calls)
+            out = fake_quantize(x, g, E4M3, pow2_scale=pow2, divide=divide)
+            assert len(calls) == n + 1
+            ref = qmod._fake_quantize_tensor(x, g, E4M3, pow2, divide)
+            assert torch.equal(bits(out), bits(ref)), shape
+        ragged = torch.randn(8, 200, generator=gen)  # 200 = 1 x 128 + a ragged 72, or MX 6 x 32 + 8
+        n = len(calls)
+        fake_quantize(ragged, g, E4M3)
+        assert len(calls) == n + (gname == "row")
+        with pytest.raises(NonFiniteError, match="non-finite"):
+            fake_quantize(torch.tensor([[1.0, float("nan")]] * 2), g, E4M3)
