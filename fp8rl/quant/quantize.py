@@ -124,10 +124,16 @@ def _block_scales(
     # abs + amax: measured 4-14x faster than linalg.vector_norm(ord=inf) on CPU (torch 2.13,
     # one thread, the mini model's GEMM operands); the same maximum, bit for bit
     amax = ax.amax(dim=(1, 3))
+    return ax, _qscale(amax, fmt_max, pow2), amax
+
+
+def _qscale(amax: torch.Tensor, fmt_max: float, pow2: bool) -> torch.Tensor:
+    """float32 quantization scales ``fmt_max / max(amax, EPS)`` (computed in float64), rounded
+    down to a power of two when ``pow2``; ``amax``'s shape."""
     qscale = (fmt_max / torch.clamp(amax.to(torch.float64), min=EPS)).to(torch.float32)
     if pow2:
         qscale = torch.exp2(torch.floor(torch.log2(qscale)).clamp(-_E8M0_MAX_EXP, _E8M0_MAX_EXP))
-    return ax, qscale, amax
+    return qscale
 
 
 def _unblocked(yb: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -336,14 +342,14 @@ def fake_quantize(
     Raises:
         NonFiniteError: ``x`` contains inf or NaN.
     """
-    if (type(granularity) is PerTensor and not pow2_scale and fmt.dtype == torch.float8_e4m3fn
-            and x.dtype in _ONE_SCALE_DTYPES and x.device.type == "cpu" and x.ndim and x.is_contiguous()):
-        return _fake_quantize_one_scale(x, fmt, divide)
-    if type(granularity) is not PerTensor and x.dtype in _ONE_SCALE_DTYPES and x.device.type == "cpu" \
-            and x.ndim and x.is_contiguous():
-        x2, (br, bc) = _as_2d(x, granularity)
-        if br == 1 and x2.shape[1] % bc == 0:
-            return _fake_quantize_rows(x2, bc, fmt, pow2_scale or granularity.power_of_two, divide).view(x.shape)
+    if x.dtype in _FAST_DTYPES and x.device.type == "cpu" and x.ndim and x.is_contiguous():  # row-major
+        if type(granularity) is PerTensor:
+            if not pow2_scale and fmt.dtype == torch.float8_e4m3fn:
+                return _fake_quantize_one_scale(x, fmt, divide)
+        else:
+            x2, (br, bc) = _as_2d(x, granularity)
+            if br == 1 and x2.shape[1] % bc == 0:
+                return _fake_quantize_rows(x2, bc, fmt, pow2_scale or granularity.power_of_two, divide).view(x.shape)
     return _fake_quantize_tensor(x, granularity, fmt, pow2_scale, divide)
 
 
@@ -361,9 +367,7 @@ def _fake_quantize_rows(x2: torch.Tensor, bc: int, fmt: Fp8Format, pow2: bool, d
     amax = axb.amax(dim=-1, keepdim=True)  # [R, 1] or [R, C / bc, 1]
     if not math.isfinite(float(amax.max())):
         _raise_non_finite(x2, "fake_quantize")
-    qscale = (fmt.max / torch.clamp(amax.to(torch.float64), min=EPS)).to(torch.float32)
-    if pow2:
-        qscale = torch.exp2(torch.floor(torch.log2(qscale)).clamp(-_E8M0_MAX_EXP, _E8M0_MAX_EXP))
+    qscale = _qscale(amax, fmt.max, pow2)
     qb = _round_magnitudes_(axb * qscale, fmt).copysign_(xb)
     return qb / qscale if divide else qb * qscale.reciprocal()
 
@@ -394,7 +398,8 @@ def _fake_quantize_tensor(x: torch.Tensor, granularity: Granularity, fmt: Fp8For
     return _unblocked(out, *x2.shape).reshape(x.shape)
 
 
-_ONE_SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: input dtypes of the row-major fast paths
+_FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _fake_quantize_one_scale(x: torch.Tensor, fmt: Fp8Format, divide: bool) -> torch.Tensor:

@@ -141,7 +141,7 @@ class _Layer(torch.nn.Module):
 ])
 def test_probe_finds_rows_that_share_numbers(forward, independent):
     layer = _Layer()
-    assert rows_independent([("l", layer, forward)], 128, torch.float32) is independent
+    assert rows_independent([(layer, forward)], 128, torch.float32) is independent
 
 
 def test_probe_on_the_engines_layers(model):

@@ -102,12 +102,12 @@ _PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @torch.inference_mode()
-def rows_independent(layers: list[tuple[str, torch.nn.Module, object]], batch: int, dtype: torch.dtype) -> bool:
+def rows_independent(layers: list[tuple[torch.nn.Module, object]], batch: int, dtype: torch.dtype) -> bool:
     """Whether every layer forward gives each row the same bits inside any multiple of
     :data:`ROW_GRANULE` rows up to ``batch`` as inside the whole batch.
 
     Args:
-        layers: ``(name, module, forward)``: the engine's linear layers and the functions its
+        layers: ``(module, forward)``: the engine's linear layers and the functions its
             forward calls for them (``qwen3._fwd``'s choice).
         batch: the decode batch size; dtype: the compute dtype.
 
@@ -117,7 +117,7 @@ def rows_independent(layers: list[tuple[str, torch.nn.Module, object]], batch: i
     """
     counts = sorted({m for m in (ROW_GRANULE, 2 * ROW_GRANULE, 3 * ROW_GRANULE, batch // 2, batch - ROW_GRANULE)
                      if ROW_GRANULE <= m < batch and m % ROW_GRANULE == 0})
-    for _name, module, forward in layers:
+    for module, forward in layers:
         seen = _PROBED.setdefault(module, {})
         if (dtype, batch) not in seen:
             seen[(dtype, batch)] = _probe(forward, module.in_features, batch, counts, dtype, module.weight.device)

@@ -170,11 +170,11 @@ class LeanQwen3:
         self.lm_head = _fwd(model.lm_head, weights_rounded, dtype)
         self.cos_table, self.signed_sin_table = rope_tables(model.model.rotary_emb, max_positions)
 
-    def linear_layers(self) -> list[tuple[str, torch.nn.Module, object]]:
-        """``(name, module, forward)`` of every linear layer (LM head included): the function the
+    def linear_layers(self) -> list[tuple[torch.nn.Module, object]]:
+        """``(module, forward)`` of every linear layer (LM head included): the function the
         forward calls for it (``forward_with`` aside, which computes the same numbers)."""
-        return [(name, m, _fwd(m, self.weights_rounded, self.dtype))
-                for name, m in self.model.named_modules()
+        return [(m, _fwd(m, self.weights_rounded, self.dtype))
+                for m in self.model.modules()
                 if isinstance(getattr(m, "in_features", None), int) and hasattr(m, "out_features")]
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
