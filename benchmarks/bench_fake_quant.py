@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   flush=True)
     print("\n| operand (row-major) | granularity | tensor path us | fast path us | baseline / ours |")
     print("|---|---|---|---|---|")
-    tensor_path = importlib.import_module("fp8rl.quant.quantize")._fake_quantize_tensor
+    tensor_path = importlib.import_module("fp8rl.quant.fake")._fake_quantize_tensor
     for r, c, dtype, name in FAST_PATH_CASES:
         x, gran = operand(r, c, False).to(dtype), GRANULARITIES[name]
         pow2 = name == "mx32"

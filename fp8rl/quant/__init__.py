@@ -50,6 +50,7 @@ from fp8rl.quant.convert import (
     resolve_impl,
     to_torchao_config,
 )
+from fp8rl.quant.fake import fake_quantize
 from fp8rl.quant.formats import E4M3, E5M2, FORMATS, Fp8Format
 from fp8rl.quant.granularity import GRANULARITIES, MX, Granularity, PerBlock, PerRow, PerTensor
 from fp8rl.quant.linear import Fp8Linear, fp8_linear, fp8_mm, scaled_gemm
@@ -57,7 +58,6 @@ from fp8rl.quant.quantize import (
     EPS,
     NonFiniteError,
     dequantize,
-    fake_quantize,
     fp8_to_float32,
     quantize,
     quantize_with_scale,

@@ -35,10 +35,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from fp8rl.quant.fake import fake_quantize
 from fp8rl.quant.granularity import Granularity, PerBlock, PerRow, PerTensor
 from fp8rl.quant.lowp import linear as lowp_linear
 from fp8rl.quant.lowp import matmul as lowp_matmul
-from fp8rl.quant.quantize import dequantize, fake_quantize, quantize
+from fp8rl.quant.quantize import dequantize, quantize
 from fp8rl.quant.recipes import OperandConfig, Recipe
 
 __all__ = ["Fp8Linear", "SharedInput", "fp8_linear", "fp8_mm", "has_scaled_mm_kernel", "scaled_gemm"]

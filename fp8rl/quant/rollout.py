@@ -51,9 +51,10 @@ from fp8rl.quant.convert import (
     default_module_filter,
     swap_linears,
 )
+from fp8rl.quant.fake import fake_quantize
 from fp8rl.quant.granularity import MX, PerBlock, PerRow, PerTensor
 from fp8rl.quant.linear import SharedInput, cached_operand, has_scaled_mm_kernel, scaled_gemm
-from fp8rl.quant.quantize import dequantize, fake_quantize, quantize
+from fp8rl.quant.quantize import dequantize, quantize
 from fp8rl.quant.recipes import Recipe, get_recipe
 
 __all__ = [

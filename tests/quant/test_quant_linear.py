@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from fp8rl.quant import RECIPES, Fp8Linear, convert_to_fp8, fp8_linear, get_recipe
-from fp8rl.quant.quantize import EPS, fake_quantize
+from fp8rl.quant.fake import fake_quantize
+from fp8rl.quant.quantize import EPS
 
 
 def _slow_dequant(t, g, fmt, pow2):

@@ -295,7 +295,7 @@ def test_one_scale_fast_path_equals_the_tensor_path(dtype, divide):
     1e-30 to 1e30 (the EPS clamp included), signed zeros and subnormal inputs."""
     import importlib
 
-    qmod = importlib.import_module("fp8rl.quant.quantize")  # (fp8rl.quant.quantize is also a function)
+    qmod = importlib.import_module("fp8rl.quant.fake")
     calls = []
     fast = qmod._fake_quantize_one_scale
 
@@ -334,7 +334,7 @@ def test_one_scale_in_python_floats_equals_the_tensor_formula():
     over float32's range, the EPS clamp included."""
     import importlib
 
-    qmod = importlib.import_module("fp8rl.quant.quantize")
+    qmod = importlib.import_module("fp8rl.quant.fake")
     g = torch.Generator().manual_seed(11)
     amax = torch.exp2(torch.empty(100_000, dtype=torch.float64).uniform_(-60, 60, generator=g)).float()
     amax[:3] = torch.tensor([0.0, 1e-30, EPS])
@@ -355,7 +355,7 @@ def test_row_block_fast_path_equals_the_tensor_path(gname, dtype, divide, pow2):
     path."""
     import importlib
 
-    qmod = importlib.import_module("fp8rl.quant.quantize")
+    qmod = importlib.import_module("fp8rl.quant.fake")
     g = GRANS[gname]
     gen = torch.Generator().manual_seed(5)
     calls = []

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fp8rl.quant.fake import round_to_fp8_grid
 from fp8rl.quant.formats import E4M3, E5M2
-from fp8rl.quant.quantize import round_to_fp8_grid
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
