@@ -117,7 +117,7 @@ bench-peer: install-run
 	$(BIN)/python benchmarks/bench_peer_trl.py
 
 clean:
-	rm -rf $(VENV) $(IVENV) .pytest_cache
+	rm -rf $(VENV) $(IVENV) .pytest_cache .editable-install.lock
 
 # The project's local Slurm cluster for the `slurm` tests (root; see slurm/README.md):
 #   eval "$(make -s slurm-up)"   ...   make slurm-down
