@@ -19,6 +19,11 @@ path on the same operand (``_fake_quantize_tensor``, what it computed before; th
 checked): one E4M3 scale (``PerTensor``: the scale in Python floats, ``_fake_quantize_one_scale``)
 and blocks of one row that tile it (``_fake_quantize_rows``: per row, ``1 x 128`` on rows up to
 128 wide, MX on multiples of 32).
+
+A third table times the path for transposed operands (``_fake_quantize_transposed``: the
+weight of a dgrad GEMM, the activation and gradient of a wgrad GEMM, with blocks that tile
+their rows: per row, MX, ``1 x 128`` on a multiple of 128 tokens) against the tensor path on
+the same operand (the same floats, checked; ragged operands take the tensor path).
 """
 
 from __future__ import annotations
@@ -44,6 +49,12 @@ FAST_PATH_CASES = [(128, 80, torch.bfloat16, "tensor"), (128, 240, torch.bfloat1
                    (2048, 80, torch.bfloat16, "row"), (1600, 240, torch.bfloat16, "row"),
                    (128, 80, torch.bfloat16, "block1x128"), (128, 64, torch.bfloat16, "mx32"),
                    (128, 192, torch.bfloat16, "mx32")]
+
+#: (rows, cols, granularity): a 14b-slot cell's transposed operands: a dgrad GEMM's 80 x 80
+#: weight, a wgrad GEMM's activations and gradients over 1,536-1,696 tokens (1,696 is ragged
+#: for 1 x 128: both sides take the tensor path there)
+TRANSPOSED_CASES = [(80, 80, "row"), (80, 1600, "row"), (240, 1600, "row"), (240, 1536, "block1x128"),
+                    (240, 1696, "block1x128"), (80, 1600, "mx32")]
 
 
 def operand(rows: int, cols: int, transposed: bool) -> torch.Tensor:
@@ -101,6 +112,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         x, gran = operand(r, c, False).to(dtype), GRANULARITIES[name]
         pow2 = name == "mx32"
         m = {"operand": f"{r} x {c} {str(dtype).removeprefix('torch.')}", "granularity": name,
+             **measure(x, gran, a.repeats, lambda x=x, g=gran, p=pow2: tensor_path(x, g, E4M3, p, False))}
+        rows.append(m)
+        print(f"| {m['operand']} | {name} | {m['baseline_us']:.0f} | {m['ours_us']:.0f} | {m['ratio']:.2f} |",
+              flush=True)
+    print("\n| operand (transposed) | granularity | tensor path us | transposed path us | baseline / ours |")
+    print("|---|---|---|---|---|")
+    for r, c, name in TRANSPOSED_CASES:
+        x, gran = operand(r, c, True), GRANULARITIES[name]
+        pow2 = name == "mx32"
+        m = {"operand": f"{r} x {c} transposed", "granularity": name,
              **measure(x, gran, a.repeats, lambda x=x, g=gran, p=pow2: tensor_path(x, g, E4M3, p, False))}
         rows.append(m)
         print(f"| {m['operand']} | {name} | {m['baseline_us']:.0f} | {m['ours_us']:.0f} | {m['ratio']:.2f} |",

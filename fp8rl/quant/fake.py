@@ -7,10 +7,13 @@ scale formula) bit for bit, in fewer passes:
 
 - the rounding onto the FP8 grid is done in float32 arithmetic (:func:`round_to_fp8_grid`)
   instead of a cast to FP8 and back;
-- two fast paths for row-major CPU operands, taken where they give the same floats: one E4M3
-  scale computed in Python floats (``_fake_quantize_one_scale``) and blocks of one row that tile
-  it (``_fake_quantize_rows``: per row, ``1 x 128`` on rows up to 128 wide, MX on multiples of
-  32); every other operand takes the tensor path (``_fake_quantize_tensor``).
+- three fast paths for CPU operands, taken where they give the same floats: on row-major
+  ones, one E4M3 scale computed in Python floats (``_fake_quantize_one_scale``) and blocks of
+  one row that tile it (``_fake_quantize_rows``: per row, ``1 x 128`` on rows up to 128 wide,
+  MX on multiples of 32); on the transpose of a row-major tensor (the backward GEMMs'
+  operands), blocks of one row that tile it, computed in its memory order
+  (``_fake_quantize_transposed``); every other operand takes the tensor path
+  (``_fake_quantize_tensor``).
 
 Tested bit for bit against ``dequantize(quantize(...))`` and, for the fast paths, against the
 tensor path (``tests/quant/test_quant_quantize.py``, ``tests/quant/test_quantize_grid.py``);
@@ -98,7 +101,9 @@ def fake_quantize(
     Args:
         x: ``[..., C]`` float tensor (``C`` the contraction dimension); shapes as ``quantize``.
     Returns:
-        float32 tensor of ``x``'s shape (row-major).
+        float32 tensor of ``x``'s shape: row-major for a row-major ``x``; the transpose of a
+        row-major ``x`` with blocks of one row gives a column-major one (the tensor path's
+        layout there too).
     Raises:
         NonFiniteError: ``x`` contains inf or NaN.
     """
@@ -110,6 +115,11 @@ def fake_quantize(
             x2, (br, bc) = _as_2d(x, granularity)
             if br == 1 and x2.shape[1] % bc == 0:
                 return _fake_quantize_rows(x2, bc, fmt, pow2_scale or granularity.power_of_two, divide).view(x.shape)
+    elif (x.dtype in _FAST_DTYPES and x.device.type == "cpu" and x.ndim == 2 and x.t().is_contiguous()
+          and type(granularity) is not PerTensor):  # the transpose of a row-major operand
+        _, (br, bc) = _as_2d(x, granularity)
+        if br == 1 and x.shape[1] % bc == 0:
+            return _fake_quantize_transposed(x, bc, fmt, pow2_scale or granularity.power_of_two, divide)
     return _fake_quantize_tensor(x, granularity, fmt, pow2_scale, divide)
 
 
@@ -130,6 +140,39 @@ def _fake_quantize_rows(x2: torch.Tensor, bc: int, fmt: Fp8Format, pow2: bool, d
     qscale = _qscale(amax, fmt.max, pow2)
     qb = _round_magnitudes_(axb * qscale, fmt).copysign_(xb)
     return qb / qscale if divide else qb * qscale.reciprocal()
+
+
+def _fake_quantize_transposed(x2: torch.Tensor, bc: int, fmt: Fp8Format, pow2: bool, divide: bool) -> torch.Tensor:
+    """``fake_quantize`` with ``1 x bc`` blocks that tile the rows of ``x2 [R, C]``, the
+    transpose of a row-major ``[C, R]`` tensor: the weight of a dgrad GEMM (``W.t()``), the
+    activation and the gradient of a wgrad GEMM (``x.t()``, ``grad_y.t()``), per row
+    (``rowwise``), MX, or ``1 x 128`` where 128 divides the token count.
+
+    Works in the operand's own memory order: a block of ``x2``'s row ``r`` is a run of ``bc``
+    rows of column ``r`` of ``y = x2.t()``, so the amaxes are reductions over ``y``'s rows
+    (vectorised across its columns) and every elementwise pass runs over contiguous memory, in
+    place on ``|y|``, viewed as ``[C / bc, bc, R]``. The tensor path works on strided 4-D
+    views instead: the same operations on the same values (``x`` converted to float32 first,
+    exactly, where the tensor path promotes it in each product), so the same floats, in the
+    tensor path's layout (column-major), so the GEMM that reads them runs as before. A ragged
+    operand (``bc`` not dividing ``C``) takes the tensor path, which was as fast there
+    (``benchmarks/bench_fake_quant.py``).
+
+    Returns:
+        float32 ``[R, C]``, column-major.
+    """
+    rows, cols = x2.shape
+    y = x2.t()  # [C, R], row-major
+    y = y if y.dtype == torch.float32 else y.float()
+    a = y.abs()  # becomes the result, in place
+    ab, yb = a.view(cols // bc, bc, rows), y.view(cols // bc, bc, rows)
+    amax = ab.amax(dim=1, keepdim=True)  # [C / bc, 1, R]
+    if not math.isfinite(float(amax.max())):
+        _raise_non_finite(x2, "fake_quantize")
+    qscale = _qscale(amax, fmt.max, pow2)
+    _round_magnitudes_(ab.mul_(qscale), fmt).copysign_(yb)
+    ab.div_(qscale) if divide else ab.mul_(qscale.reciprocal())
+    return a.t()
 
 
 def _fake_quantize_tensor(x: torch.Tensor, granularity: Granularity, fmt: Fp8Format, pow2_scale: bool,

@@ -384,3 +384,48 @@ def test_row_block_fast_path_equals_the_tensor_path(gname, dtype, divide, pow2):
         assert len(calls) == n + (gname == "row")
         with pytest.raises(NonFiniteError, match="non-finite"):
             fake_quantize(torch.tensor([[1.0, float("nan")]] * 2), g, E4M3)
+
+
+@pytest.mark.parametrize("gname", ["row", "block1x128", "mx32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("divide", [False, True])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda f: f.name)
+def test_transposed_operand_path_equals_the_tensor_path(gname, dtype, divide, fmt):
+    """The transpose of a row-major operand (a backward GEMM's) whose ``1 x bc`` blocks tile its
+    rows takes ``_fake_quantize_transposed``: the same bits and the same strides (column-major)
+    as the tensor path on the same operand, with row scales from 1e-30 to 1e20, zero rows and
+    signed zeros; a ragged one (1 x 128 over 200 tokens) takes the tensor path."""
+    import importlib
+
+    qmod = importlib.import_module("fp8rl.quant.fake")
+    g = GRANS[gname]
+    gen = torch.Generator().manual_seed(9)
+    calls = []
+    fast = qmod._fake_quantize_transposed
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return fast(*a, **kw)
+
+    bits = lambda t: t.contiguous().view(torch.int32)  # noqa: E731
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(qmod, "_fake_quantize_transposed", counted)
+        for rows, cols in [(40, 128), (80, 256), (33, 96 if gname == "mx32" else 128), (7, 1)]:
+            y = torch.randn(cols, rows, generator=gen) * torch.logspace(-30, 20, rows)[None, :]
+            y = y.to(dtype) if dtype == torch.float32 else y.clamp(-1e30, 1e30).to(dtype)
+            y[:, 0] = 0.0
+            y[:2, 1 % rows] = torch.tensor([0.0, -0.0])[: min(2, cols)]
+            x = y.t()  # [rows, cols], column-major
+            n = len(calls)
+            out = fake_quantize(x, g, fmt, divide=divide)
+            assert len(calls) == n + (cols > 1)  # one column: x is row-major too (the row path)
+            ref = qmod._fake_quantize_tensor(x, g, fmt, False, divide)
+            assert out.dtype == torch.float32 and out.shape == x.shape
+            assert torch.equal(bits(out), bits(ref)), (rows, cols)
+            assert out.stride() == ref.stride(), (out.stride(), ref.stride())
+        ragged = torch.randn(200, 8, generator=gen).to(dtype).t()  # 200 = 128 + 72, or 6 x 32 + 8
+        n = len(calls)
+        fake_quantize(ragged, g, fmt)
+        assert len(calls) == n + (gname == "row")
+        with pytest.raises(NonFiniteError, match="non-finite"):
+            fake_quantize(torch.tensor([[1.0, float("nan")]] * 2).t(), g, fmt)
