@@ -252,11 +252,10 @@ def test_fake_quantize_equals_dequantize_of_quantize(gname, fmt, shape):
             quantize(x, g, fmt)
         return
     q, s = quantize(x, g, fmt)
-    bits = lambda t: t.contiguous().view(torch.int32)  # noqa: E731  (bit for bit: -0.0 too)
-    assert torch.equal(bits(fake_quantize(x, g, fmt)), bits(dequantize(q, s, g)))
+    assert torch.equal(_bits(fake_quantize(x, g, fmt)), _bits(dequantize(q, s, g)))
     if x.ndim == 2:  # a transposed view, as the weight-gradient GEMM quantizes its operands
         xt = x.t().contiguous().t()
-        assert torch.equal(bits(fake_quantize(xt, g, fmt)), bits(dequantize(*quantize(xt, g, fmt), g)))
+        assert torch.equal(_bits(fake_quantize(xt, g, fmt)), _bits(dequantize(*quantize(xt, g, fmt), g)))
     # divide=True is torchao's arithmetic: q / qscale with qscale = fmt.max / amax (float32)
     x2 = x.reshape(-1, shape[-1])
     br, bc = g.block_shape(*x2.shape)
@@ -287,6 +286,24 @@ def test_blocks_longer_than_the_operand_equal_zero_padding(gran, shape):
     assert torch.equal(dequantize(q, s, gran), dequantize(qp, sp, gran)[: shape[0], : shape[1]])
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The float32 bit patterns of ``t`` (bit for bit: ``-0.0`` differs from ``0.0``)."""
+    return t.contiguous().view(torch.int32)
+
+
+def _count_calls(mp: pytest.MonkeyPatch, module, name: str) -> list:
+    """Wrap ``module.name`` (a fast path) so that each call appends to the returned list."""
+    calls: list = []
+    fast = getattr(module, name)
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return fast(*a, **kw)
+
+    mp.setattr(module, name, counted)
+    return calls
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("divide", [False, True])
 def test_one_scale_fast_path_equals_the_tensor_path(dtype, divide):
@@ -296,20 +313,13 @@ def test_one_scale_fast_path_equals_the_tensor_path(dtype, divide):
     import importlib
 
     qmod = importlib.import_module("fp8rl.quant.fake")
-    calls = []
-    fast = qmod._fake_quantize_one_scale
-
-    def counted(*a, **kw):
-        calls.append(1)
-        return fast(*a, **kw)
 
     g = torch.Generator().manual_seed(7)
-    bits = lambda t: t.contiguous().view(torch.int32)  # noqa: E731
     scales = [0.0, 1e-30, 1e-13, 1e-6, 0.37, 1.0, 448.0, 3e5, 1e20]
     if dtype != torch.float32:
         scales = [s for s in scales if s == 0 or 1e-4 < s < 6e4]  # finite and normal in fp16
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(qmod, "_fake_quantize_one_scale", counted)
+        calls = _count_calls(mp, qmod, "_fake_quantize_one_scale")
         for i, scale in enumerate(scales):
             x = (torch.randn(24, 40, generator=g) * scale).to(dtype)
             x[0, :3] = torch.tensor([0.0, -0.0, 1e-40 * scale])
@@ -319,12 +329,12 @@ def test_one_scale_fast_path_equals_the_tensor_path(dtype, divide):
             assert len(calls) == n + 1
             ref = fake_quantize(xt, PerTensor(), E4M3, divide=divide)
             assert len(calls) == n + 1, "the transposed operand must take the tensor path"
-            assert torch.equal(bits(out), bits(ref)), (dtype, scale)
+            assert torch.equal(_bits(out), _bits(ref)), (dtype, scale)
             if not divide:
-                assert torch.equal(bits(out), bits(dequantize(*quantize(x, PerTensor(), E4M3), PerTensor())))
+                assert torch.equal(_bits(out), _bits(dequantize(*quantize(x, PerTensor(), E4M3), PerTensor())))
             if i == 3:  # N-D operands too
                 x3 = x.reshape(4, 6, 40)
-                assert torch.equal(bits(fake_quantize(x3, PerTensor(), E4M3, divide=divide)), bits(ref).reshape(4, 6, 40))
+                assert torch.equal(_bits(fake_quantize(x3, PerTensor(), E4M3, divide=divide)), _bits(ref).reshape(4, 6, 40))
     with pytest.raises(NonFiniteError, match="non-finite"):
         fake_quantize(torch.tensor([1.0, float("inf")]), PerTensor(), E4M3)
 
@@ -358,16 +368,8 @@ def test_row_block_fast_path_equals_the_tensor_path(gname, dtype, divide, pow2):
     qmod = importlib.import_module("fp8rl.quant.fake")
     g = GRANS[gname]
     gen = torch.Generator().manual_seed(5)
-    calls = []
-    fast = qmod._fake_quantize_rows
-
-    def counted(*a, **kw):
-        calls.append(1)
-        return fast(*a, **kw)
-
-    bits = lambda t: t.contiguous().view(torch.int32)  # noqa: E731
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(qmod, "_fake_quantize_rows", counted)
+        calls = _count_calls(mp, qmod, "_fake_quantize_rows")
         for shape in [(40, 128), (6, 5, 256), (33, 96 if gname == "mx32" else 128)]:
             x = torch.randn(*shape, generator=gen) * torch.logspace(-30, 20, shape[-2])[:, None]
             x = x.to(dtype) if dtype == torch.float32 else x.clamp(-1e30, 1e30).to(dtype)
@@ -377,7 +379,7 @@ def test_row_block_fast_path_equals_the_tensor_path(gname, dtype, divide, pow2):
             out = fake_quantize(x, g, E4M3, pow2_scale=pow2, divide=divide)
             assert len(calls) == n + 1
             ref = qmod._fake_quantize_tensor(x, g, E4M3, pow2, divide)
-            assert torch.equal(bits(out), bits(ref)), shape
+            assert torch.equal(_bits(out), _bits(ref)), shape
         ragged = torch.randn(8, 200, generator=gen)  # 200 = 1 x 128 + a ragged 72, or MX 6 x 32 + 8
         n = len(calls)
         fake_quantize(ragged, g, E4M3)
@@ -400,16 +402,8 @@ def test_transposed_operand_path_equals_the_tensor_path(gname, dtype, divide, fm
     qmod = importlib.import_module("fp8rl.quant.fake")
     g = GRANS[gname]
     gen = torch.Generator().manual_seed(9)
-    calls = []
-    fast = qmod._fake_quantize_transposed
-
-    def counted(*a, **kw):
-        calls.append(1)
-        return fast(*a, **kw)
-
-    bits = lambda t: t.contiguous().view(torch.int32)  # noqa: E731
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(qmod, "_fake_quantize_transposed", counted)
+        calls = _count_calls(mp, qmod, "_fake_quantize_transposed")
         for rows, cols in [(40, 128), (80, 256), (33, 96 if gname == "mx32" else 128), (7, 1)]:
             y = torch.randn(cols, rows, generator=gen) * torch.logspace(-30, 20, rows)[None, :]
             y = y.to(dtype) if dtype == torch.float32 else y.clamp(-1e30, 1e30).to(dtype)
@@ -421,7 +415,7 @@ def test_transposed_operand_path_equals_the_tensor_path(gname, dtype, divide, fm
             assert len(calls) == n + (cols > 1)  # one column: x is row-major too (the row path)
             ref = qmod._fake_quantize_tensor(x, g, fmt, False, divide)
             assert out.dtype == torch.float32 and out.shape == x.shape
-            assert torch.equal(bits(out), bits(ref)), (rows, cols)
+            assert torch.equal(_bits(out), _bits(ref)), (rows, cols)
             assert out.stride() == ref.stride(), (out.stride(), ref.stride())
         ragged = torch.randn(200, 8, generator=gen).to(dtype).t()  # 200 = 128 + 72, or 6 x 32 + 8
         n = len(calls)
