@@ -86,6 +86,13 @@ def measure(x: torch.Tensor, gran, repeats: int, baseline=None) -> dict:
     return {"baseline_us": b * 1e6, "ours_us": o * 1e6, "ratio": b / o}
 
 
+def _add_row(rows: list[dict], m: dict) -> None:
+    """Keep ``m`` and print it as a table row."""
+    rows.append(m)
+    print(f"| {m['operand']} | {m['granularity']} | {m['baseline_us']:.0f} | {m['ours_us']:.0f} | {m['ratio']:.2f} |",
+          flush=True)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=40)
@@ -102,9 +109,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for name, gran in GRANULARITIES.items():
             m = {"operand": f"{r} x {c}{' transposed' if t else ''}", "granularity": name,
                  **measure(x, gran, a.repeats)}
-            rows.append(m)
-            print(f"| {m['operand']} | {name} | {m['baseline_us']:.0f} | {m['ours_us']:.0f} | {m['ratio']:.2f} |",
-                  flush=True)
+            _add_row(rows, m)
     print("\n| operand (row-major) | granularity | tensor path us | fast path us | baseline / ours |")
     print("|---|---|---|---|---|")
     tensor_path = importlib.import_module("fp8rl.quant.fake")._fake_quantize_tensor
@@ -113,9 +118,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         pow2 = name == "mx32"
         m = {"operand": f"{r} x {c} {str(dtype).removeprefix('torch.')}", "granularity": name,
              **measure(x, gran, a.repeats, lambda x=x, g=gran, p=pow2: tensor_path(x, g, E4M3, p, False))}
-        rows.append(m)
-        print(f"| {m['operand']} | {name} | {m['baseline_us']:.0f} | {m['ours_us']:.0f} | {m['ratio']:.2f} |",
-              flush=True)
+        _add_row(rows, m)
     print("\n| operand (transposed) | granularity | tensor path us | transposed path us | baseline / ours |")
     print("|---|---|---|---|---|")
     for r, c, name in TRANSPOSED_CASES:
@@ -123,9 +126,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         pow2 = name == "mx32"
         m = {"operand": f"{r} x {c} transposed", "granularity": name,
              **measure(x, gran, a.repeats, lambda x=x, g=gran, p=pow2: tensor_path(x, g, E4M3, p, False))}
-        rows.append(m)
-        print(f"| {m['operand']} | {name} | {m['baseline_us']:.0f} | {m['ours_us']:.0f} | {m['ratio']:.2f} |",
-              flush=True)
+        _add_row(rows, m)
     return rows
 
 

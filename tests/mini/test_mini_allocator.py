@@ -22,11 +22,10 @@ import pytest
 
 SCRIPT = """
 import ctypes, resource, sys, torch
-from fp8rl.backends.mini.runtime import keep_freed_memory
+from fp8rl.backends.mini.runtime import _M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD, keep_freed_memory
 torch.set_num_threads(1)
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 libc = ctypes.CDLL(None)
-assert libc.mallopt(M_MMAP_THRESHOLD, 128 << 10) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 128 << 10) == 1
+assert libc.mallopt(_M_MMAP_THRESHOLD, 128 << 10) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, 128 << 10) == 1
 applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 xs = [torch.ones(n) for n in (320_000, 160_000, 640_000, 1_000_000)]
 def once():  # a step's pattern: live temporaries of several sizes, a result replaced by the next
