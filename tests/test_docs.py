@@ -723,7 +723,7 @@ def test_design_lists_exactly_the_metric_names():
 
 
 def test_design_describes_every_file_of_the_run_directory():
-    from fp8rl.backends.mini.trainer import CHECKPOINT_FILE
+    from fp8rl.backends.mini.checkpoint import CHECKPOINT_FILE
     from fp8rl.runs import live, lock, manifest, rundir
 
     text = DESIGN.read_text(encoding="utf-8")

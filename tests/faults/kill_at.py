@@ -39,7 +39,8 @@ def _die(sig: signal.Signals) -> None:
 
 def install(point: str, sig: signal.Signals) -> None:
     """Patch the function where ``point`` lies so that it sends ``sig`` there."""
-    from fp8rl.backends.mini.trainer import CHECKPOINT_FILE, MiniTrainer
+    from fp8rl.backends.mini.checkpoint import CHECKPOINT_FILE
+    from fp8rl.backends.mini.trainer import MiniTrainer
     from fp8rl.runs import jsonl
     from fp8rl.runs.rundir import METRICS_FILE, RunDir
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fp8rl.backends.mini import run_mini
+from fp8rl.backends.mini import run_mini, trainer_eval
 from fp8rl.backends.mini import trainer as T
 from fp8rl.backends.mini.batch import left_pad
 from fp8rl.backends.mini.evaluate import evaluate
@@ -77,7 +77,7 @@ def _spy(monkeypatch) -> list[dict]:
     """Record every call of the evaluation: the engine's recipe, whether it holds FP8 layers, its
     weights, and the sampler's state (the seed) at the call."""
     calls: list[dict] = []
-    real = T.evaluate
+    real = trainer_eval.evaluate
 
     def spy(engine, problems, tok, *, generator, **kw):
         calls.append({"recipe": engine.recipe, "engine": engine, "fp8_layers": _has_fp8_layers(engine.model),
@@ -85,7 +85,7 @@ def _spy(monkeypatch) -> list[dict]:
                       "rng": generator.get_state().clone()})
         return real(engine, problems, tok, generator=generator, **kw)
 
-    monkeypatch.setattr(T, "evaluate", spy)
+    monkeypatch.setattr(trainer_eval, "evaluate", spy)
     return calls
 
 
@@ -228,8 +228,8 @@ def test_with_bf16_refuses_rows_of_another_evaluation():
     own = M.eval_row(2, DS, avg_at_k=0.5, pass_at_k=1.0, k=2, n=4)
     bf16 = M.eval_row(3, DS, avg_at_k=0.25, pass_at_k=0.5, k=2, n=4)
     with pytest.raises(ValueError, match="not the same evaluation"):
-        T.with_bf16(own, bf16)
-    row = T.with_bf16(own, {**bf16, "step": 2})
+        trainer_eval.with_bf16(own, bf16)
+    row = trainer_eval.with_bf16(own, {**bf16, "step": 2})
     assert row == {**own, BF16[M.EVAL_AVG]: 0.25, BF16[M.EVAL_PASS]: 0.5}
 
 

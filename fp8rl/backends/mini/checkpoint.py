@@ -1,5 +1,8 @@
 """The mini trainer's checkpoint file, ``<run-dir>/checkpoint/state.pt``: safe to write, safe to load.
 
+``CheckpointMixin`` (a mixin of ``MiniTrainer``) saves the trainer's state into it and restores it
+(``save_checkpoint``, ``load_checkpoint``); the functions below are the file's format and checks.
+
 **What it holds**: tensors (model, optimizer moments, the torch RNG state, a calibration
 pool) and plain data (ints, floats, strings, lists, tuples, dicts: step, counters, history,
 clip state, the Python RNG state), in ``torch.save``'s zip format. Nothing else, so it loads
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import random
 import shlex
 import sys
 import zipfile
@@ -44,6 +48,8 @@ import torch
 
 from fp8rl.runs.safe_io import atomic_write_with, refuse_symlink
 
+#: The checkpoint's file name in the run directory's ``checkpoint/``.
+CHECKPOINT_FILE = "state.pt"
 #: Keys every checkpoint holds (``MiniTrainer.save_checkpoint``).
 STATE_KEYS = ("step", "model", "optimizer", "clipper", "bad_steps", "skipped_updates", "history",
               "torch_rng", "python_rng")
@@ -200,3 +206,42 @@ def check_logged(metrics_path: Path, rows: list[dict], step: int, checkpoint: Pa
 def _first_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text[:200]}"
+
+
+class CheckpointMixin:
+    """``checkpoint_path``, ``save_checkpoint``, ``load_checkpoint`` of ``MiniTrainer``; needs
+    ``run_dir``, ``device``, ``policy``, ``optimizer``, ``clipper``, ``engine``, ``step``,
+    ``bad_steps``, ``skipped_updates`` and ``history`` on the instance."""
+
+    def checkpoint_path(self) -> Path | None:
+        return None if self.run_dir is None else Path(self.run_dir.checkpoint_dir) / CHECKPOINT_FILE
+
+    def save_checkpoint(self) -> None:
+        path = self.checkpoint_path()
+        if path is None:
+            return
+        state = {  # tensors and plain data only: loads with weights_only (checkpoint.py)
+            "step": self.step, "model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "clipper": self.clipper.state_dict(), "bad_steps": self.bad_steps,
+            "skipped_updates": self.skipped_updates, "history": self.history,
+            "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+        }
+        save_state(path, state)
+
+    def load_checkpoint(self) -> bool:
+        """Restore the latest checkpoint if there is one; True if restored. A damaged or foreign
+        ``state.pt`` is refused, never unpickled (``checkpoint.load_state``)."""
+        path = self.checkpoint_path()
+        if path is None or not (path.exists() or path.is_symlink()):
+            return False
+        state = load_state(path, self.device)
+        check_logged(self.run_dir.metrics_path, self.run_dir.read_metrics(), int(state["step"]), path)
+        self.policy.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.clipper.load_state_dict(state["clipper"])
+        self.step, self.bad_steps = int(state["step"]), int(state["bad_steps"])
+        self.skipped_updates, self.history = int(state["skipped_updates"]), list(state["history"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        self.engine.sync(self.policy)
+        return True

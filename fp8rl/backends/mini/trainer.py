@@ -81,8 +81,8 @@ from pathlib import Path
 import torch
 
 from fp8rl.backends.mini.batch import left_pad
+from fp8rl.backends.mini.checkpoint import CheckpointMixin
 from fp8rl.backends.mini.config import MiniRunConfig
-from fp8rl.backends.mini.evaluate import DATASET, cached_evaluation, evaluate
 from fp8rl.backends.mini.rollout import RolloutBatch, RolloutEngine
 from fp8rl.backends.mini.runtime import RunFailed, seed_for
 from fp8rl.backends.mini.scored import ScoredBatch, concat_batches
@@ -96,34 +96,14 @@ from fp8rl.backends.mini.stats import (
 )
 from fp8rl.backends.mini.task import Problem, make_splits
 from fp8rl.backends.mini.tokenizer import CharTokenizer
+from fp8rl.backends.mini.trainer_eval import BF16_EVAL_RECIPE, EvalMixin
 from fp8rl.backends.mini.updates import UpdateMixin
 from fp8rl.config import torch_dtype
 from fp8rl.rewards.exact import grade_exact
 from fp8rl.runs import metrics as M
 
-CHECKPOINT_FILE = "state.pt"
-#: Part of the step-0 evaluation cache key: bump when the engine or the evaluation computes
-#: different numbers for the same settings.
-EVAL0_VERSION = 1
-#: The rollout recipe of the BF16 evaluation engine (``eval_bf16/`` keys).
-BF16_EVAL_RECIPE = "bf16"
 
-
-def with_bf16(own: dict, bf16: dict) -> dict:
-    """``own`` (an engine's ``eval.jsonl`` row) plus ``bf16``'s metric keys renamed ``eval/`` ->
-    ``eval_bf16/`` (the BF16 engine's row of the same step, data set, k and n)."""
-    same = (M.STEP, M.EVAL_DATASET, M.EVAL_K, M.EVAL_N)
-    if any(own[f] != bf16[f] for f in same):
-        raise ValueError(f"the BF16 evaluation row is not the same evaluation: {[bf16[f] for f in same]} "
-                         f"against {[own[f] for f in same]} ({same})")
-    out = dict(own)
-    for key, value in bf16.items():
-        if key.startswith(M.EVAL_PREFIX):
-            out[M.EVAL_BF16_PREFIX + key[len(M.EVAL_PREFIX):]] = value
-    return out
-
-
-class MiniTrainer(UpdateMixin):
+class MiniTrainer(EvalMixin, UpdateMixin, CheckpointMixin):
     """Builds the task, the warm-started policy, the rollout engine and the clip method of a
     ``MiniRunConfig``, and runs the loop. ``run_dir`` is an ``fp8rl.runs.RunDir`` (or None:
     nothing is written, no checkpoint, e.g. for benchmarks). ``bf16_eval=False`` leaves out the
@@ -275,79 +255,6 @@ class MiniTrainer(UpdateMixin):
             if not bool(torch.isfinite(p).all()):
                 raise RunFailed(f"parameter {name} became non-finite; the run diverged")
 
-    def evaluate_start(self) -> dict:
-        """The step-0 evaluation: the warm start seen through this run's rollout engine and
-        through a BF16 engine.
-
-        Every cell of a sweep with the same warm start, engine (rollout recipe, emulation,
-        compute dtype), evaluation settings and seed computes the same numbers for that engine,
-        so the first computes them and stores them beside the warm start; the others read them
-        (``evaluate.cached_evaluation``; exact: the evaluation is deterministic given that key).
-        The cache holds one engine's row per entry, keyed by that engine's recipe: the BF16 part
-        of an FP8 arm's row is the entry of the BF16 engine, the one a BF16 arm of the sweep
-        computes for its own evaluation (same warm start weights, same engine, same seed).
-        """
-        cache = Path(self.sft_meta["path"])
-        own = cached_evaluation(cache, self._eval0_spec(self.cfg.fp8.rollout_recipe),
-                                lambda: self._engine_row(0, self.engine))
-        if not self.bf16_eval:
-            return own
-        bf16 = own if self._bf16_engine_is_own() else cached_evaluation(
-            cache, self._eval0_spec(BF16_EVAL_RECIPE), lambda: self._engine_row(0, self.bf16_eval_engine()))
-        return with_bf16(own, bf16)
-
-    def _eval0_spec(self, rollout_recipe: str) -> dict:
-        """The step-0 cache key of the engine with ``rollout_recipe`` (everything its numbers depend on)."""
-        cfg = self.cfg
-        return {"version": EVAL0_VERSION, "rollout_recipe": rollout_recipe, "emulate": cfg.fp8.emulate,
-                "compute_dtype": cfg.fp8.compute_dtype, "eval_k": cfg.eval_k,
-                "eval_temperature": cfg.eval_temperature, "eval_greedy": cfg.eval_greedy,
-                "max_response_len": cfg.max_response_len, "seed": cfg.seed, "device": self.device.type,
-                # the kernels compute the bits: a cache shared by machines with other CPUs (a
-                # cluster's file system) or another torch must not hand one's rows to the other
-                "kernels": f"torch {torch.__version__} / {torch.backends.cpu.get_cpu_capability()}"}
-
-    def evaluate(self, step: int) -> dict:
-        """Held-out accuracy of the current policy through its rollout engine (``eval/`` keys) and
-        through a BF16 engine on the same weights (``eval_bf16/``). Paired: every evaluation of the
-        run, with either engine, samples with the same seed, so differences between steps are the
-        policy's and differences between the engines are the engines'."""
-        own = self._engine_row(step, self.engine)
-        if not self.bf16_eval:
-            return own
-        bf16 = own if self._bf16_engine_is_own() else self._engine_row(step, self.bf16_eval_engine())
-        return with_bf16(own, bf16)
-
-    def _bf16_engine_is_own(self) -> bool:
-        """Whether the rollout engine is already the BF16 engine (no FP8 rollout recipe): then its
-        evaluation is the BF16 evaluation, reused instead of computed twice."""
-        from fp8rl.quant.recipes import get_recipe
-
-        return not get_recipe(self.cfg.fp8.rollout_recipe).enabled
-
-    def bf16_eval_engine(self) -> RolloutEngine:
-        """The BF16 evaluation engine (the ``bf16`` rollout recipe at the run's compute dtype, its own
-        weight copy), synced from the policy's current weights on every call; the rollout engine
-        itself where that is a BF16 engine already."""
-        if self._bf16_engine is None:
-            return self.engine
-        self._bf16_engine.sync(self.policy)
-        return self._bf16_engine
-
-    def _engine_row(self, step: int, engine: RolloutEngine) -> dict:
-        """One engine's evaluation of the current policy as an ``eval.jsonl`` row (``eval/`` keys)."""
-        cfg = self.cfg
-        gen = torch.Generator(device=self.device).manual_seed(seed_for(cfg.seed, "eval"))
-        res = evaluate(engine, self.eval_set, self.tok, k=cfg.eval_k, temperature=cfg.eval_temperature,
-                       max_new_tokens=cfg.max_response_len, generator=gen, device=self.device,
-                       greedy=cfg.eval_greedy)
-        row = M.eval_row(step, DATASET, avg_at_k=res["avg@k"], pass_at_k=res["pass@k"],
-                         k=res["k"], n=res["n"])
-        row[f"eval/{DATASET}/garbled_frac"] = res["garbled_frac"]
-        if "greedy" in res:
-            row[M.eval_key(DATASET, "greedy")] = res["greedy"]
-        return row
-
     def write_samples(self, step: int, batch: ScoredBatch, n: int = 8) -> None:
         if self.run_dir is None:
             return
@@ -359,45 +266,6 @@ class MiniTrainer(UpdateMixin):
             "answer": batch.problems[i].answer, "reward": float(batch.rewards[i]),
             "correct": bool(batch.correct[i]), "garbled": bool(batch.garbled[i])}) + "\n"
             for i in range(min(n, len(batch)))))
-
-    # ----- checkpoints --------------------------------------------------------------------------
-
-    def checkpoint_path(self) -> Path | None:
-        return None if self.run_dir is None else Path(self.run_dir.checkpoint_dir) / CHECKPOINT_FILE
-
-    def save_checkpoint(self) -> None:
-        path = self.checkpoint_path()
-        if path is None:
-            return
-        from fp8rl.backends.mini.checkpoint import save_state
-
-        state = {  # tensors and plain data only: loads with weights_only (checkpoint.py)
-            "step": self.step, "model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "clipper": self.clipper.state_dict(), "bad_steps": self.bad_steps,
-            "skipped_updates": self.skipped_updates, "history": self.history,
-            "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
-        }
-        save_state(path, state)
-
-    def load_checkpoint(self) -> bool:
-        """Restore the latest checkpoint if there is one; True if restored. A damaged or foreign
-        ``state.pt`` is refused, never unpickled (``checkpoint.load_state``)."""
-        from fp8rl.backends.mini.checkpoint import check_logged, load_state
-
-        path = self.checkpoint_path()
-        if path is None or not (path.exists() or path.is_symlink()):
-            return False
-        state = load_state(path, self.device)
-        check_logged(self.run_dir.metrics_path, self.run_dir.read_metrics(), int(state["step"]), path)
-        self.policy.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.clipper.load_state_dict(state["clipper"])
-        self.step, self.bad_steps = int(state["step"]), int(state["bad_steps"])
-        self.skipped_updates, self.history = int(state["skipped_updates"]), list(state["history"])
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
-        self.engine.sync(self.policy)
-        return True
 
     # ----- the loop -------------------------------------------------------------------------------
 
