@@ -43,7 +43,8 @@ One step (``MiniTrainer.train_step``) reads as the paper's pipeline:
 ``clip.shadow_diagnostics``): ``shadow.py`` says which steps and mini-batches are measured,
 which bounds each mini-batch's loss uses in each ``clip.calibration_mode``, and what is logged.
 The shadow's cost is ``perf/shadow_s``. The update itself (old log-probs, mini-batches) is
-``updates.py``.
+``updates.py``, the evaluations (which engines, the step-0 cache) ``trainer_eval.py``, saving and
+restoring the trainer's state ``checkpoint.py``.
 
 Step numbering: logged steps are 1..``steps`` (step k = the k-th update); ``eval.jsonl`` has a
 row at step 0 (the warm-started model) and after every ``eval_every`` steps and the last. The
