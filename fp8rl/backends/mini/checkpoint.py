@@ -50,7 +50,7 @@ from fp8rl.runs.safe_io import atomic_write_with, refuse_symlink
 
 #: The checkpoint's file name in the run directory's ``checkpoint/``.
 CHECKPOINT_FILE = "state.pt"
-#: Keys every checkpoint holds (``MiniTrainer.save_checkpoint``).
+#: Keys every checkpoint holds (``CheckpointMixin.save_checkpoint``).
 STATE_KEYS = ("step", "model", "optimizer", "clipper", "bad_steps", "skipped_updates", "history",
               "torch_rng", "python_rng")
 #: The key of a checkpoint's tensor digest (absent in checkpoints written before digests).
@@ -220,7 +220,7 @@ class CheckpointMixin:
         path = self.checkpoint_path()
         if path is None:
             return
-        state = {  # tensors and plain data only: loads with weights_only (checkpoint.py)
+        state = {  # tensors and plain data only: loads with weights_only (load_state)
             "step": self.step, "model": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
             "clipper": self.clipper.state_dict(), "bad_steps": self.bad_steps,
             "skipped_updates": self.skipped_updates, "history": self.history,
