@@ -24,11 +24,19 @@ A third table times the path for transposed operands (``_fake_quantize_transpose
 weight of a dgrad GEMM, the activation and gradient of a wgrad GEMM, with blocks that tile
 their rows: per row, MX, ``1 x 128`` on a multiple of 128 tokens) against the tensor path on
 the same operand (the same floats, checked; ragged operands take the tensor path).
+
+The second and third tables time PyTorch code on both sides (the native kernels off). A fourth
+times the native kernels (``fp8rl.quant.native``: C, two passes over the operand) against that
+PyTorch code (``fake_quantize`` with the kernels off: the fast paths above, or the tensor path
+where none applies), on every operand of the three tables; the same floats and strides,
+checked. The first table's ``fake_quantize`` is whatever the process uses (the header says
+whether the native kernels are on).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import statistics
 import time
@@ -36,7 +44,17 @@ import time
 import torch
 
 from fp8rl.backends.mini.runtime import keep_freed_memory
-from fp8rl.quant import E4M3, MX, PerBlock, PerRow, PerTensor, dequantize, fake_quantize, quantize
+from fp8rl.quant import (
+    E4M3,
+    MX,
+    PerBlock,
+    PerRow,
+    PerTensor,
+    dequantize,
+    fake_quantize,
+    native,
+    quantize,
+)
 
 GRANULARITIES = {"tensor": PerTensor(), "row": PerRow(), "block1x128": PerBlock(1, 128), "mx32": MX(32)}
 #: (rows, cols, transposed): the mini 14b slot's operands
@@ -57,6 +75,24 @@ TRANSPOSED_CASES = [(80, 80, "row"), (80, 1600, "row"), (240, 1600, "row"), (240
                     (240, 1696, "block1x128"), (80, 1600, "mx32")]
 
 
+@contextlib.contextmanager
+def torch_code():
+    """``fake_quantize`` without the native kernels (its PyTorch code) inside the block."""
+    on = native.enabled
+    native.enabled = lambda: False
+    try:
+        yield
+    finally:
+        native.enabled = on
+
+
+def without_native(fn):
+    def run():
+        with torch_code():
+            return fn()
+    return run
+
+
 def operand(rows: int, cols: int, transposed: bool) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     if transposed:
@@ -64,17 +100,20 @@ def operand(rows: int, cols: int, transposed: bool) -> torch.Tensor:
     return torch.randn(rows, cols, generator=g).to(torch.bfloat16)
 
 
-def measure(x: torch.Tensor, gran, repeats: int, baseline=None) -> dict:
+def measure(x: torch.Tensor, gran, repeats: int, baseline=None, ours=None) -> dict:
     def cast_and_table():
         q, s = quantize(x, gran)
         return dequantize(q, s, gran)
 
     baseline = baseline or cast_and_table
 
-    def ours():
+    def ours_default():
         return fake_quantize(x, gran)
 
-    assert torch.equal(baseline().view(torch.int32), ours().contiguous().view(torch.int32))
+    ours = ours or ours_default
+
+    b, o = baseline(), ours()
+    assert torch.equal(b.contiguous().view(torch.int32), o.contiguous().view(torch.int32))
     times: dict[str, list[float]] = {"baseline": [], "ours": []}
     for i in range(repeats + 3):
         for name, fn in (("baseline", baseline), ("ours", ours)) if i % 2 else (("ours", ours), ("baseline", baseline)):
@@ -93,6 +132,20 @@ def _add_row(rows: list[dict], m: dict) -> None:
           flush=True)
 
 
+def measure_native(x: torch.Tensor, gran, pow2: bool, repeats: int) -> dict:
+    """The native kernels against ``fake_quantize``'s PyTorch code on ``x``: same bits, same strides."""
+    def ours():
+        return fake_quantize(x, gran, E4M3, pow2_scale=pow2)
+
+    baseline = without_native(ours)
+    assert baseline().stride() == ours().stride()
+    calls = sum(native.calls.values())
+    m = measure(x, gran, repeats, baseline, ours)
+    if sum(native.calls.values()) == calls:
+        raise AssertionError(f"the native kernels did not run on {tuple(x.shape)} {gran}")
+    return m
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=40)
@@ -100,7 +153,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     torch.set_num_threads(1)
     keep_freed_memory()  # as a mini run sets its allocator (fp8rl.backends.mini.runtime)
     print(f"# torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, one thread, "
-          f"median of {a.repeats} interleaved calls, BF16 input")
+          f"median of {a.repeats} interleaved calls, BF16 input; native kernels {native.status()}")
     print("| operand | granularity | cast + table us | fake_quantize us | baseline / ours |")
     print("|---|---|---|---|---|")
     rows = []
@@ -110,14 +163,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             m = {"operand": f"{r} x {c}{' transposed' if t else ''}", "granularity": name,
                  **measure(x, gran, a.repeats)}
             _add_row(rows, m)
-    print("\n| operand (row-major) | granularity | tensor path us | fast path us | baseline / ours |")
+    print("\n| operand (row-major) | granularity | tensor path us | torch fast path us | baseline / ours |")
     print("|---|---|---|---|---|")
     tensor_path = importlib.import_module("fp8rl.quant.fake")._fake_quantize_tensor
     for r, c, dtype, name in FAST_PATH_CASES:
         x, gran = operand(r, c, False).to(dtype), GRANULARITIES[name]
         pow2 = name == "mx32"
         m = {"operand": f"{r} x {c} {str(dtype).removeprefix('torch.')}", "granularity": name,
-             **measure(x, gran, a.repeats, lambda x=x, g=gran, p=pow2: tensor_path(x, g, E4M3, p, False))}
+             **measure(x, gran, a.repeats, lambda x=x, g=gran, p=pow2: tensor_path(x, g, E4M3, p, False),
+                       without_native(lambda x=x, g=gran, p=pow2: fake_quantize(x, g, E4M3, pow2_scale=p)))}
         _add_row(rows, m)
     print("\n| operand (transposed) | granularity | tensor path us | transposed path us | baseline / ours |")
     print("|---|---|---|---|---|")
@@ -125,7 +179,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         x, gran = operand(r, c, True), GRANULARITIES[name]
         pow2 = name == "mx32"
         m = {"operand": f"{r} x {c} transposed", "granularity": name,
-             **measure(x, gran, a.repeats, lambda x=x, g=gran, p=pow2: tensor_path(x, g, E4M3, p, False))}
+             **measure(x, gran, a.repeats, lambda x=x, g=gran, p=pow2: tensor_path(x, g, E4M3, p, False),
+                       without_native(lambda x=x, g=gran, p=pow2: fake_quantize(x, g, E4M3, pow2_scale=p)))}
+        _add_row(rows, m)
+    if not native.enabled():
+        print(f"\nnative kernels {native.status()}: no fourth table")
+        return rows
+    print("\n| operand | granularity | PyTorch code us | native kernels us | baseline / ours |")
+    print("|---|---|---|---|---|")
+    cases = [(operand(r, c, t), f"{r} x {c}{' transposed' if t else ''}", n) for r, c, t in SHAPES for n in GRANULARITIES]
+    cases += [(operand(r, c, False).to(d), f"{r} x {c} {str(d).removeprefix('torch.')}", n) for r, c, d, n in FAST_PATH_CASES]
+    cases += [(operand(r, c, True), f"{r} x {c} transposed", n) for r, c, n in TRANSPOSED_CASES]
+    for x, label, name in cases:
+        m = {"operand": label, "granularity": name, "table": "native",
+             **measure_native(x, GRANULARITIES[name], name == "mx32", a.repeats)}
         _add_row(rows, m)
     return rows
 

@@ -15,8 +15,16 @@ scale formula) bit for bit, in fewer passes:
   (``_fake_quantize_transposed``); every other operand takes the tensor path
   (``_fake_quantize_tensor``).
 
+Ahead of all of them, where they are built (``fp8rl.quant.native``: two C functions, compiled
+on first use): float32 and BFloat16 CPU operands that are row-major (any blocks) or the
+transpose of a row-major tensor (one scale, or blocks of one row) go to the native kernels
+(``_fake_quantize_native``), which compute the same floats in the same layout as the path the
+operand would otherwise take, in two passes over it. ``FP8RL_NATIVE=0`` (or no C compiler)
+leaves the PyTorch code below.
+
 Tested bit for bit against ``dequantize(quantize(...))`` and, for the fast paths, against the
-tensor path (``tests/quant/test_quant_quantize.py``, ``tests/quant/test_quantize_grid.py``);
+tensor path (``tests/quant/test_quant_quantize.py``, ``tests/quant/test_quantize_grid.py``); the
+native kernels against the PyTorch code, bits and strides (``tests/quant/test_quant_native.py``);
 timed by ``benchmarks/bench_fake_quant.py``.
 """
 
@@ -27,6 +35,7 @@ import struct
 
 import torch
 
+from fp8rl.quant import native
 from fp8rl.quant.formats import E4M3, Fp8Format
 from fp8rl.quant.granularity import Granularity, PerTensor
 from fp8rl.quant.quantize import (
@@ -107,6 +116,21 @@ def fake_quantize(
     Raises:
         NonFiniteError: ``x`` contains inf or NaN.
     """
+    if x.dtype in _NATIVE_DTYPES and x.device.type == "cpu" and x.ndim and native.enabled():
+        pow2 = pow2_scale or granularity.power_of_two
+        if x.is_contiguous():  # row-major: the tensor path's and the fast paths' layout
+            x2, (br, bc) = _as_2d(x, granularity)
+            return _fake_quantize_native(x2, br, bc, fmt, pow2, divide, x).view(x.shape)
+        if x.ndim == 2 and x.t().is_contiguous():  # the transpose of a row-major y = x.t()
+            _, (br, bc) = _as_2d(x, granularity)
+            if type(granularity) is PerTensor:  # one block; column-major, as the tensor path
+                return _fake_quantize_native(x.t(), x.shape[1], x.shape[0], fmt, pow2, divide, x).t()
+            if br == 1:  # blocks of one row of x: of one column of y
+                out = _fake_quantize_native(x.t(), bc, 1, fmt, pow2, divide, x).t()
+                # the layouts of the other paths (and so of the GEMM that reads the result):
+                # column-major where the blocks tile the rows (_fake_quantize_transposed),
+                # row-major where the tensor path pads a ragged block and crops
+                return out if x.shape[1] % bc == 0 else out.contiguous()
     if x.dtype in _FAST_DTYPES and x.device.type == "cpu" and x.ndim and x.is_contiguous():  # row-major
         if type(granularity) is PerTensor:
             if not pow2_scale and fmt.dtype == torch.float8_e4m3fn:
@@ -121,6 +145,29 @@ def fake_quantize(
         if br == 1 and x.shape[1] % bc == 0:
             return _fake_quantize_transposed(x, bc, fmt, pow2_scale or granularity.power_of_two, divide)
     return _fake_quantize_tensor(x, granularity, fmt, pow2_scale, divide)
+
+
+def _fake_quantize_native(x2: torch.Tensor, br: int, bc: int, fmt: Fp8Format, pow2: bool, divide: bool,
+                          operand: torch.Tensor) -> torch.Tensor:
+    """``fake_quantize`` of a row-major ``[R, C]`` operand with ``br x bc`` blocks by the C
+    kernels of ``fp8rl.quant.native``: float32 ``[R, C]``, row-major, the tensor path's bits.
+
+    Without a power of two, one call computes the block amaxes, the scales (``_qscale``'s
+    float64 formula, which ``_one_qscale`` also computes) and the values; with one (MX), the
+    scales come from ``_qscale`` itself (its ``log2`` is PyTorch's) between two calls.
+    ``operand``: the caller's tensor (``x2`` is a view of it or of its transpose), named in the
+    error on non-finite input."""
+    if not pow2:  # one call: the scales too (the formula of _qscale and _one_qscale, in C)
+        out = native.full(x2, br, bc, fmt, divide, EPS)
+        if out is None:
+            _raise_non_finite(operand, "fake_quantize")
+        return out
+    amax = native.block_amax(x2, br, bc)  # [gr, gc]
+    if not math.isfinite(float(amax.max())):
+        _raise_non_finite(operand, "fake_quantize")
+    qscale = _qscale(amax, fmt.max, pow2)
+    dq = qscale if divide else qscale.reciprocal()
+    return native.apply(x2, br, bc, qscale, dq, divide, fmt.min_normal_exp, fmt.mantissa_bits)
 
 
 def _fake_quantize_rows(x2: torch.Tensor, bc: int, fmt: Fp8Format, pow2: bool, divide: bool) -> torch.Tensor:
@@ -203,6 +250,8 @@ def _fake_quantize_tensor(x: torch.Tensor, granularity: Granularity, fmt: Fp8For
 
 #: input dtypes of the row-major fast paths
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: input dtypes of the native kernels (``fp8rl.quant.native``)
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _fake_quantize_one_scale(x: torch.Tensor, fmt: Fp8Format, divide: bool) -> torch.Tensor:

@@ -8,7 +8,8 @@ rollout (tensorwise with Calibrated Clipping in its default ``same_batch`` mode 
 ``sampled`` mode at a share of 1/8 with the shadow diagnostics, rowwise with TIS, blockwise,
 and MXFP8 with its power-of-two scales and 32-wide blocks, ragged on the mini model's widths),
 and compare every value of ``metrics.jsonl`` and ``eval.jsonl`` except ``perf/*`` (wall times)
-with ``golden_numerics.json``, exactly.
+with ``golden_numerics.json``, exactly; the FP8 cells also check that they ran the native
+``fake_quantize`` kernels (``fp8rl.quant.native``) where those are built.
 
 The numbers depend on the machine's kernels (AVX2 and AVX-512 GEMMs round differently) and on
 torch and transformers, so they are stored per fingerprint (:func:`fingerprint`); on a machine
@@ -104,9 +105,14 @@ def test_logged_numbers_are_unchanged(tiny, name):
     if fp not in recorded or name not in recorded[fp]:
         pytest.skip(f"no golden numbers recorded for this machine ({fp}); record them from a commit known "
                     "to be right: FP8RL_RECORD_GOLDEN=1 PYTHONPATH=$PWD python -m pytest tests/mini/test_mini_golden.py")
+    from fp8rl.quant import native
+
+    before = sum(native.calls.values())
     got = cell_numbers(make_cell(tiny, name))
     diff = first_difference(recorded[fp][name], got)
     assert diff is None, f"{name}: the logged numbers changed: {diff}"
+    if CELLS[name][0] not in ("fp32", "bf16") and native.enabled():  # what computed them
+        assert sum(native.calls.values()) > before, f"{name}: the FP8 cell did not run the native kernels"
 
 
 def test_a_changed_number_is_reported():

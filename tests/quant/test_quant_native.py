@@ -1,0 +1,198 @@
+"""The native ``fake_quantize`` kernels (``fp8rl.quant.native``) against the PyTorch code they
+replace: the same bits and the same strides on every path, that they ran, their errors, and
+what happens without them (no compiler, ``FP8RL_NATIVE=0``).
+
+The reference is ``fake_quantize`` with the kernels off (its PyTorch fast paths, themselves
+tested against the tensor path and ``dequantize(quantize(...))`` in
+``test_quant_quantize.py``) and the tensor path ``_fake_quantize_tensor`` itself; whole runs
+are covered by the golden numbers (``tests/mini/test_mini_golden.py``), which also check that
+an FP8 cell called the kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fp8rl.quant import (
+    E4M3,
+    E5M2,
+    MX,
+    NonFiniteError,
+    PerBlock,
+    PerRow,
+    PerTensor,
+    fake_quantize,
+    native,
+)
+
+fake = importlib.import_module("fp8rl.quant.fake")
+
+GRANS = {"tensor": PerTensor(), "row": PerRow(), "block1x128": PerBlock(1, 128),
+         "block128x128": PerBlock(128, 128), "mx32": MX(32)}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+def _pytorch_code(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(native, "enabled", lambda: False)
+
+
+def _calls() -> int:
+    return sum(native.calls.values())
+
+
+def _reference(x, g, fmt, pow2, divide):
+    with pytest.MonkeyPatch.context() as mp:
+        _pytorch_code(mp)
+        return fake_quantize(x, g, fmt, pow2_scale=pow2, divide=divide)
+
+
+def _operand(shape, dtype, seed):
+    """Rows scaled from 1e-30 to 1e20 (BF16 keeps float32's range), a zero row, signed zeros, a
+    subnormal."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    x = torch.randn(rows, shape[-1], generator=gen) * torch.logspace(-30, 20, rows)[:, None]
+    x[0] = 0.0
+    if rows > 1:
+        x[1, : min(3, shape[-1])] = torch.tensor([0.0, -0.0, -1e-40])[: min(3, shape[-1])]
+    return x.to(dtype).reshape(shape)
+
+
+def test_the_kernels_are_built_on_this_machine():
+    """CI and the mini runs expect them: a machine without a C compiler falls back silently
+    (the same floats, slower), which this test turns into a visible failure."""
+    if os.environ.get("FP8RL_NATIVE") == "0":
+        pytest.skip("FP8RL_NATIVE=0: the kernels are off on purpose")
+    assert native.enabled(), native.status()
+    assert native.status() == "on"
+
+
+@pytest.mark.parametrize("gname", list(GRANS))
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda f: f.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("divide", [False, True], ids=["mul", "div"])
+@pytest.mark.parametrize("pow2", [False, True], ids=["", "pow2"])
+def test_same_bits_and_strides_as_the_pytorch_code(gname, fmt, dtype, divide, pow2):
+    """Row-major operands (2-D, N-D, ragged widths, one column, one row) and transposes of
+    row-major ones (blocks that tile the rows, ragged ones, one scale): the bits and strides of
+    ``fake_quantize`` with the kernels off, the kernels called each time."""
+    g = GRANS[gname]
+    shapes = [(40, 128), (33, 200), (130, 200), (7, 1), (1, 20), (300, 64), (6, 5, 256)]
+    for i, shape in enumerate(shapes):
+        x = _operand(shape, dtype, i)
+        operands = [x] if len(shape) != 2 else [x, _operand(shape[::-1], dtype, 50 + i).t()]
+        for xx in operands:
+            if isinstance(g, PerBlock) and g.rows > 1 and xx.ndim != 2:
+                continue
+            n = _calls()
+            out = fake_quantize(xx, g, fmt, pow2_scale=pow2, divide=divide)
+            ref = _reference(xx, g, fmt, pow2, divide)
+            where = (tuple(xx.shape), xx.stride())
+            assert torch.equal(_bits(out), _bits(ref)), where
+            assert out.stride() == ref.stride(), (where, out.stride(), ref.stride())
+            row_major = xx.is_contiguous()
+            takes = row_major or isinstance(g, PerTensor) or g.block_shape(*xx.shape)[0] == 1
+            assert _calls() > n if takes else _calls() == n, where
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda f: f.name)
+@pytest.mark.parametrize("gname", ["tensor", "row"])
+def test_every_finite_bfloat16_value(fmt, gname):
+    """All 65,280 finite BF16 bit patterns (signed zeros and subnormals included), 255 per row,
+    against the tensor path: one scale for all, and a scale per row."""
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    x = bits.view(torch.bfloat16)
+    x = x[torch.isfinite(x)].reshape(-1, 255)
+    for divide in (False, True):
+        out = fake_quantize(x, GRANS[gname], fmt, divide=divide)
+        ref = fake._fake_quantize_tensor(x, GRANS[gname], fmt, False, divide)
+        assert torch.equal(_bits(out), _bits(ref))
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+@pytest.mark.parametrize("gname", ["tensor", "row", "block128x128", "mx32"])
+def test_non_finite_input_raises_with_its_index(bad, gname):
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.ones(6, 64, dtype=dtype)
+        x[4, 9] = bad
+        for xx in (x, x.t().contiguous().t()):
+            n = _calls()
+            with pytest.raises(NonFiniteError, match=r"non-finite value \((-?inf|nan)\) at index \(4, 9\)"):
+                fake_quantize(xx, GRANS[gname], E4M3)
+            assert _calls() > n or not xx.is_contiguous()
+
+
+def test_other_dtypes_and_devices_keep_the_pytorch_code():
+    """float16 and float64 operands (and anything not on the CPU) are not the kernels'."""
+    for dtype in (torch.float16, torch.float64):
+        x = torch.randn(16, 64, dtype=dtype)
+        n = _calls()
+        out = fake_quantize(x, PerRow(), E4M3)
+        assert _calls() == n
+        assert torch.equal(_bits(out), _bits(_reference(x, PerRow(), E4M3, False, False)))
+    assert not native.supports(torch.randn(4, 4, dtype=torch.float16))
+    assert not native.supports(torch.randn(4, 4).t())
+
+
+def _child(code: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+
+
+_CHILD = """
+import torch
+from fp8rl.quant import fake_quantize, PerRow, native
+x = torch.randn(64, 80, generator=torch.Generator().manual_seed(1)).bfloat16()
+out = fake_quantize(x, PerRow())
+print(native.status())
+print(sum(native.calls.values()))
+torch.save(out, {path!r})
+"""
+
+
+def test_without_the_kernels_the_same_floats(tmp_path):
+    """``FP8RL_NATIVE=0`` and a compiler that fails (an empty cache, ``CC=false``): the
+    status says why, nothing is called, and the result is the kernels' bit for bit."""
+    runs = {"on": {}, "off": {"FP8RL_NATIVE": "0"},
+            "no compiler": {"CC": "false", "FP8RL_NATIVE_CACHE": str(tmp_path / "empty")}}
+    outs = {}
+    for name, env in runs.items():
+        path = tmp_path / f"{name}.pt"
+        proc = _child(_CHILD.format(path=str(path)), env)
+        assert proc.returncode == 0, proc.stderr
+        status, calls = proc.stdout.split("\n")[:2]
+        outs[name] = torch.load(path)
+        if name == "on":
+            assert status == "on" and int(calls) > 0
+        else:
+            assert status.startswith("off (") and int(calls) == 0, status
+    assert "FP8RL_NATIVE=0" in _child(_CHILD.format(path=str(tmp_path / "x.pt")), runs["off"]).stdout
+    assert "could not build with 'false'" in _child(_CHILD.format(path=str(tmp_path / "y.pt")),
+                                                    runs["no compiler"]).stdout
+    assert not (tmp_path / "empty").exists() or not list((tmp_path / "empty").glob("*.so"))
+    assert torch.equal(_bits(outs["on"]), _bits(outs["off"]))
+    assert torch.equal(_bits(outs["on"]), _bits(outs["no compiler"]))
+
+
+def test_the_library_is_built_once_and_reused(tmp_path, monkeypatch):
+    """A second build with the same source and flags reuses the cached library (no compiler
+    run); another compiler gets its own."""
+    monkeypatch.setenv("FP8RL_NATIVE_CACHE", str(tmp_path))
+    cc = os.environ.get("CC") or "cc"
+    first = native._build(cc)
+    stamp = first.stat().st_mtime_ns
+    assert native._build(cc) == first and first.stat().st_mtime_ns == stamp
+    monkeypatch.setattr(native.subprocess, "run", lambda *a, **k: pytest.fail("compiled again"))
+    assert native._build(cc) == first
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
