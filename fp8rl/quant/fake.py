@@ -35,7 +35,7 @@ import struct
 
 import torch
 
-from fp8rl.quant import native
+import fp8rl.quant.native as native
 from fp8rl.quant.formats import E4M3, Fp8Format
 from fp8rl.quant.granularity import Granularity, PerTensor
 from fp8rl.quant.quantize import (
