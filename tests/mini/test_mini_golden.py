@@ -9,7 +9,8 @@ rollout (tensorwise with Calibrated Clipping in its default ``same_batch`` mode 
 and MXFP8 with its power-of-two scales and 32-wide blocks, ragged on the mini model's widths),
 and compare every value of ``metrics.jsonl`` and ``eval.jsonl`` except ``perf/*`` (wall times)
 with ``golden_numerics.json``, exactly; the FP8 cells also check that they ran the native
-``fake_quantize`` kernels (``fp8rl.quant.native``) where those are built.
+``fake_quantize`` kernels (``fp8rl.quant.native``) where those are built, and two cells with
+8 x 8 rollouts that their rollouts prefilled each prompt once (``shared_prefill.py``).
 
 The numbers depend on the machine's kernels (AVX2 and AVX-512 GEMMs round differently) and on
 torch and transformers, so they are stored per fingerprint (:func:`fingerprint`); on a machine
@@ -43,7 +44,13 @@ CELLS = {
     "tensorwise-calibrated-sampled": ("tensorwise", "calibrated", {"calibration_mode": "sampled",
                                                                    "sample_fraction": 0.125,
                                                                    "shadow_diagnostics": True}),
+    # 8 prompts x 8 samples: 64-row rollouts, whose 8 distinct prompts are prefilled once
+    # (shared_prefill.py; the cells above have 16 rows, too few to share)
+    "bf16-vanilla-64rows": ("bf16", "vanilla", {}),
+    "rowwise-tis-64rows": ("rowwise", "tis", {}),
 }
+#: cells with more than the tiny fixture's 4 x 4 rollout rows (their run settings)
+WIDE = {"bf16-vanilla-64rows", "rowwise-tis-64rows"}
 
 
 def fingerprint() -> str:
@@ -79,7 +86,8 @@ def cell_numbers(cfg) -> dict:
 
 def make_cell(tiny, name: str):
     arm, clip, opts = CELLS[name]
-    return tiny(arm, clip, clip_opts=opts or None, steps=3, eval_every=3, samples_every=0)
+    wide = {"prompts_per_step": 8, "algorithm": {"n_samples_per_prompt": 8}} if name in WIDE else {}
+    return tiny(arm, clip, clip_opts=opts or None, steps=3, eval_every=3, samples_every=0, **wide)
 
 
 def first_difference(want: dict, got: dict) -> str | None:
@@ -105,14 +113,18 @@ def test_logged_numbers_are_unchanged(tiny, name):
     if fp not in recorded or name not in recorded[fp]:
         pytest.skip(f"no golden numbers recorded for this machine ({fp}); record them from a commit known "
                     "to be right: FP8RL_RECORD_GOLDEN=1 PYTHONPATH=$PWD python -m pytest tests/mini/test_mini_golden.py")
+    from fp8rl.backends.mini import shared_prefill
     from fp8rl.quant import native
 
     before = sum(native.calls.values())
+    shared_prefill.VERDICTS.clear()  # the cell's own checks of its shared prefills
     got = cell_numbers(make_cell(tiny, name))
     diff = first_difference(recorded[fp][name], got)
     assert diff is None, f"{name}: the logged numbers changed: {diff}"
     if CELLS[name][0] not in ("fp32", "bf16") and native.enabled():  # what computed them
         assert sum(native.calls.values()) > before, f"{name}: the FP8 cell did not run the native kernels"
+    if name in WIDE:  # what computed them: its rollouts prefilled each prompt once
+        assert True in shared_prefill.VERDICTS.values(), f"{name}: no rollout shared its prefill"
 
 
 def test_a_changed_number_is_reported():

@@ -111,18 +111,21 @@ def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
     per-step ``[B]`` tokens, log-probs and validity, and the final ``[B]`` done flags.
 
     The forward is :class:`~fp8rl.backends.mini.qwen3.LeanQwen3` with a preallocated KV cache
-    (the same numbers as ``model(...)`` with a ``DynamicCache``, with fewer operations).
+    (the same numbers as ``model(...)`` with a ``DynamicCache``, with fewer operations); each
+    distinct prompt is prefilled once where that gives the same bits (``shared_prefill``).
     ``compact``: finished rows leave the computed batch where that changes no number
     (``live_rows``).
     """
+    from fp8rl.backends.mini import shared_prefill
     from fp8rl.backends.mini.qwen3 import LeanQwen3, causal_bias, decode_bias
 
     b, p = prompt_ids.shape
     lean = LeanQwen3(model, model.config.max_position_embeddings, dtype=dtype, weights_rounded=weights_rounded,
                      attention=attention)
-    cache = lean.new_cache(b, p + max_new_tokens)
     bias = decode_bias(prompt_mask, max_new_tokens, dtype)  # [B, 1, 1, P + max_new]
-    logits = lean(prompt_ids, causal_bias(prompt_mask, dtype), position_ids(prompt_mask), cache)
+    # each distinct prompt prefilled once where that gives the same bits (shared_prefill.py)
+    full, cache = shared_prefill.prefill(lean, prompt_ids, prompt_mask, p + max_new_tokens,
+                                         causal_bias(prompt_mask, dtype), position_ids(prompt_mask))
     next_pos = prompt_mask.sum(-1, keepdim=True)  # [B, 1] position of the first response token
     # the rotary cos/sin of every decode position, gathered once (step i slices column i): the
     # values the step would gather itself; skipped if the last positions fall off the table
@@ -132,7 +135,6 @@ def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
     # finished rows leave the computed batch (live_rows.py): sampling keeps reading all B rows
     # of ``full`` ([B, V]: a finished row keeps its last logits), so the random stream is the same
     live = LiveRows(b, compact and LiveRows.eligible(b) and rows_independent(lean.linear_layers(), b, dtype))
-    full = logits[:, -1, :]
     done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
     pad = torch.full_like(done, pad_id, dtype=torch.long)
     zero = torch.zeros((), dtype=torch.float32, device=prompt_ids.device)
