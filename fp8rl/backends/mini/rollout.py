@@ -116,7 +116,7 @@ def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
     ``compact``: finished rows leave the computed batch where that changes no number
     (``live_rows``).
     """
-    from fp8rl.backends.mini import shared_prefill
+    import fp8rl.backends.mini.shared_prefill as shared_prefill
     from fp8rl.backends.mini.qwen3 import LeanQwen3, causal_bias, decode_bias
 
     b, p = prompt_ids.shape
