@@ -10,6 +10,9 @@ so the same script faulted 0, 2,624 or 164,400 times from run to run (0 in one C
 runs therefore first pin glibc's documented start values (a 128 KiB mmap threshold and trim
 threshold, fixed): from there every such block is a fresh ``mmap`` faulted in again on every
 allocation (166,250 faults here), and :func:`keep_freed_memory` must turn that into reuse (0).
+A run that still faults (1,875 faults once, in a CI run with the Slurm tests beside it) is
+measured again, up to three times, and the least count is judged: without the setting every
+run faults about 166,000 times, so the retry cannot hide a broken setting.
 """
 
 from __future__ import annotations
@@ -53,9 +56,14 @@ def _faults(mode: str) -> tuple[bool, int]:
 def test_freed_blocks_are_reused_instead_of_faulted_in_again():
     _, pinned = _faults("pinned")
     applied, kept = _faults("keep")
+    tries = [kept]
+    while kept >= 50 and len(tries) < 3:  # a stray arena's pages (module docstring): measured again
+        applied, kept = _faults("keep")
+        tries.append(kept)
+    kept = min(tries)
     assert pinned > 500, pinned  # glibc's start thresholds: pages handed back and faulted in again
     assert applied
-    assert kept < 50, (kept, pinned)  # reused: next to none
+    assert kept < 50, (tries, pinned)  # reused: next to none
 
 
 def test_setting_is_idempotent():
