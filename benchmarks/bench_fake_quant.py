@@ -36,7 +36,6 @@ whether the native kernels are on).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import statistics
 import time
@@ -75,20 +74,9 @@ TRANSPOSED_CASES = [(80, 80, "row"), (80, 1600, "row"), (240, 1600, "row"), (240
                     (240, 1696, "block1x128"), (80, 1600, "mx32")]
 
 
-@contextlib.contextmanager
-def torch_code():
-    """``fake_quantize`` without the native kernels (its PyTorch code) inside the block."""
-    on = native.enabled
-    native.enabled = lambda: False
-    try:
-        yield
-    finally:
-        native.enabled = on
-
-
 def without_native(fn):
     def run():
-        with torch_code():
+        with native.disabled():
             return fn()
     return run
 

@@ -46,12 +46,8 @@ def without(switch: str):
     if switch == "native":
         from fp8rl.quant import native
 
-        on = native.enabled
-        native.enabled = lambda: False
-        try:
+        with native.disabled():
             yield
-        finally:
-            native.enabled = on
     else:
         from fp8rl.backends.mini import shared_prefill
 

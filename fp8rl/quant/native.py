@@ -42,12 +42,14 @@ on the tensor code.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -222,8 +224,24 @@ def _load() -> ctypes.CDLL | None:
 
 
 def enabled() -> bool:
-    """Whether ``fake_quantize`` uses the native kernels in this process (built on first call)."""
-    return _load() is not None
+    """Whether ``fake_quantize`` uses the native kernels in this process (built on first call;
+    ``False`` inside :func:`disabled`)."""
+    return not _held_off and _load() is not None
+
+
+_held_off = 0
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """``fake_quantize`` runs its PyTorch code inside the block (the same floats: for
+    comparisons and benchmarks)."""
+    global _held_off
+    _held_off += 1
+    try:
+        yield
+    finally:
+        _held_off -= 1
 
 
 def status() -> str:

@@ -196,3 +196,20 @@ def test_the_library_is_built_once_and_reused(tmp_path, monkeypatch):
     monkeypatch.setattr(native.subprocess, "run", lambda *a, **k: pytest.fail("compiled again"))
     assert native._build(cc) == first
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
+
+
+def test_disabled_runs_the_pytorch_code_inside_the_block():
+    if os.environ.get("FP8RL_NATIVE") == "0":
+        pytest.skip("FP8RL_NATIVE=0: the kernels are off on purpose")
+    x = _operand((64, 80), torch.bfloat16, 7)
+    n = _calls()
+    out = fake_quantize(x, PerRow(), E4M3)
+    assert _calls() == n + 1
+    with native.disabled():
+        with native.disabled():
+            assert not native.enabled()
+        assert not native.enabled()
+        ref = fake_quantize(x, PerRow(), E4M3)
+    assert _calls() == n + 1
+    assert native.enabled()
+    assert torch.equal(_bits(out), _bits(ref))
