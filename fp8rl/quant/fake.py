@@ -167,7 +167,7 @@ def _fake_quantize_native(x2: torch.Tensor, br: int, bc: int, fmt: Fp8Format, po
         _raise_non_finite(operand, "fake_quantize")
     qscale = _qscale(amax, fmt.max, pow2)
     dq = qscale if divide else qscale.reciprocal()
-    return native.apply(x2, br, bc, qscale, dq, divide, fmt.min_normal_exp, fmt.mantissa_bits)
+    return native.apply(x2, br, bc, qscale, dq, divide, fmt)
 
 
 def _fake_quantize_rows(x2: torch.Tensor, bc: int, fmt: Fp8Format, pow2: bool, divide: bool) -> torch.Tensor:

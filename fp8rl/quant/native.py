@@ -250,8 +250,8 @@ def status() -> str:
 
 
 def supports(x2: torch.Tensor) -> bool:
-    """Whether :func:`fake_quantize_2d` takes ``x2``: a row-major CPU float32 or BFloat16
-    ``[R, C]`` tensor, with the kernels built."""
+    """Whether the kernels take ``x2``: a row-major CPU float32 or BFloat16 ``[R, C]`` tensor,
+    with the kernels built and not :func:`disabled`."""
     return (x2.dtype in (torch.float32, torch.bfloat16) and x2.device.type == "cpu" and x2.ndim == 2
             and x2.is_contiguous() and enabled())
 
@@ -295,18 +295,18 @@ def full(x2: torch.Tensor, br: int, bc: int, fmt, divide: bool, eps: float) -> t
 
 
 def apply(x2: torch.Tensor, br: int, bc: int, qscale: torch.Tensor, dq: torch.Tensor, divide: bool,
-          min_normal_exp: int, mantissa_bits: int) -> torch.Tensor:
+          fmt) -> torch.Tensor:
     """float32 row-major ``[R, C]``: ``round_to_fp8_grid(|x| * qscale)`` with ``x``'s sign, times
     ``dq`` (or divided by it when ``divide``), per ``br x bc`` block of ``x2 [R, C]``.
 
     Args:
         qscale, dq: float32 ``[ceil(R / br), ceil(C / bc)]`` contiguous (a 0-d / 1-element
             tensor for one block).
-        min_normal_exp, mantissa_bits: the FP8 format's (``Fp8Format``).
+        fmt: the FP8 format (``Fp8Format``).
     """
     rows, cols = x2.shape
     out = torch.empty(rows, cols, dtype=torch.float32)
-    min_bits, shift = (min_normal_exp + 127) << 23, (23 - mantissa_bits) << 23
+    min_bits, shift = _grid(fmt)
     _lib.fq_apply(x2.data_ptr(), int(x2.dtype == torch.bfloat16), rows, cols, br, bc,
                   qscale.data_ptr(), dq.data_ptr(), int(divide), min_bits, shift, out.data_ptr())
     calls["fq_apply"] += 1
