@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from fp8rl.backends.mini.config import MiniRunConfig
+from fp8rl.backends.mini.numerics import fingerprint as numerics_fingerprint
 from fp8rl.backends.mini.runtime import torch_settings
 from fp8rl.backends.mini.trainer import MiniTrainer, config_dict
 from fp8rl.config import IDENTITY_EXCLUDE, IDENTITY_LATE_DEFAULTS
@@ -113,6 +114,8 @@ def run_mini(cfg: MiniRunConfig, overrides: Iterable[str] = (), *, progress: boo
         device = torch.device(cfg.mini.device)
         desc = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()}"
         extra = {"backend": "mini"}
+        if device.type == "cpu":  # what decides the run's bits (numerics.py): analysis groups runs by it
+            extra["numerics"] = dict(numerics_fingerprint())
         if rd.resume_changes:  # keys outside the identity that this resume changed
             extra["changed_on_resume"] = rd.resume_changes
         rd.write_provenance(extra, device=desc)

@@ -43,6 +43,7 @@ from fp8rl.backends.mini.checkpoint import (
 )
 from fp8rl.backends.mini.config import MAX_POSITIONS, MiniSettings
 from fp8rl.backends.mini.model import MINI_MODELS, build_model
+from fp8rl.backends.mini.numerics import numerics_key
 from fp8rl.backends.mini.sft_partial import SftPartial
 from fp8rl.backends.mini.task import Problem
 from fp8rl.backends.mini.tokenizer import CharTokenizer
@@ -73,6 +74,9 @@ def sft_key(slot: str, mini: MiniSettings, tok: CharTokenizer) -> str:
         # CPU kernels split reductions by thread count: 1 and 2 threads give weights ~1e-7 apart
         # (measured; docs/launch.md), so a warm start is cached per effective thread count
         "threads": mini.num_threads or torch.get_num_threads(),
+        # the machine's kernels compute the bits (numerics.py): a cache shared by machines with
+        # other CPUs, ATen levels or torch builds must not hand one's weights to the other
+        "numerics": numerics_key(mini.device),
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from fp8rl.backends.mini.evaluate import DATASET, cached_evaluation, evaluate
+from fp8rl.backends.mini.numerics import numerics_key
 from fp8rl.backends.mini.rollout import RolloutEngine
 from fp8rl.backends.mini.runtime import seed_for
 from fp8rl.runs import metrics as M
@@ -76,7 +77,7 @@ class EvalMixin:
                 "max_response_len": cfg.max_response_len, "seed": cfg.seed, "device": self.device.type,
                 # the kernels compute the bits: a cache shared by machines with other CPUs (a
                 # cluster's file system) or another torch must not hand one's rows to the other
-                "kernels": f"torch {torch.__version__} / {torch.backends.cpu.get_cpu_capability()}"}
+                "kernels": numerics_key(self.device.type)}
 
     def evaluate(self, step: int) -> dict:
         """Held-out accuracy of the current policy through its rollout engine (``eval/`` keys) and
