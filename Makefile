@@ -59,6 +59,21 @@ test-slow: install
 test-all: install
 	@$(call timed,make test-all,$(PYTEST_N) -m 'not integration' --durations=15)
 
+# The default suite under each kernel level torch supports on x86-64 (ATEN_CPU_CAPABILITY) and with
+# the native kernels off (FP8RL_NATIVE=0): no test may lean on one machine's kernels (tests/README.md).
+# Golden comparisons skip, saying so, where a level has no recorded numbers. Run before each
+# release; about four times `make test`. PORTABILITY=... runs a subset of the settings.
+PORTABILITY ?= ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=avx512 FP8RL_NATIVE=0
+.PHONY: test-portability record-golden
+test-portability: install
+	@rc=0; for setting in $(PORTABILITY); do echo "=== make test-portability: $$setting"; \
+	  env $$setting $(MAKE) --no-print-directory test || rc=1; done; exit $$rc
+
+# This machine's golden numbers (tests/mini/golden_numerics.json, keyed by its numerics fingerprint):
+# only from a commit whose numbers are known to be right, never from the change under test.
+record-golden: install
+	FP8RL_RECORD_GOLDEN=1 $(BIN)/python -m pytest -q tests/mini/test_mini_golden.py -k logged
+
 # Every notebook of analysis/notebooks, executed headless on the published runs
 # (docs/results/mini/runs/entropy_granularity); fails on any cell error (analysis/run_notebooks.py).
 # The executed copies (outputs included) go to build/notebooks/.

@@ -2,24 +2,34 @@
 
 A speed change (fewer operations, cached tables, no NaN fill) must leave every logged number
 of a run that does not opt in bit for bit as it was, so that a published run replays. These
-tests run four tiny cells (the ``tiny`` fixture: SFT warm start, 3 steps, evaluations at steps
-0 and 3) in arms that cover the code paths: fp32 and BF16 compute, the FP8 trainer and
-rollout (tensorwise with Calibrated Clipping in its default ``same_batch`` mode and in the
-``sampled`` mode at a share of 1/8 with the shadow diagnostics, rowwise with TIS, blockwise,
-and MXFP8 with its power-of-two scales and 32-wide blocks, ragged on the mini model's widths),
+tests run the golden cells of ``tiny_cells.py`` (SFT warm start, 3 steps, evaluations at steps 0
+and 3; fp32 and BF16 compute, the FP8 trainer and rollout at every granularity, TIS, Calibrated
+Clipping in its ``same_batch`` and ``sampled`` modes, 64-row rollouts that share their prefill)
 and compare every value of ``metrics.jsonl`` and ``eval.jsonl`` except ``perf/*`` (wall times)
 with ``golden_numerics.json``, exactly; the FP8 cells also check that they ran the native
-``fake_quantize`` kernels (``fp8rl.quant.native``) where those are built, and two cells with
-8 x 8 rollouts that their rollouts prefilled each prompt once (``shared_prefill.py``).
+``fake_quantize`` kernels where those are built, and the 64-row cells that their rollouts
+prefilled each prompt once.
 
-The numbers depend on the machine's kernels (AVX2 and AVX-512 GEMMs round differently) and on
-torch and transformers, so they are stored per fingerprint (:func:`fingerprint`); on a machine
-with no recorded numbers the tests skip and say how to record them. Record them from a commit
-whose numbers are right (before the change under test), never from the change itself::
+**Which machine's numbers.** The bits depend on the machine: torch's ATen kernel level and the
+code path MKL takes for the fp32 GEMMs (chosen by CPU vendor and ISA), besides torch and
+transformers (``fp8rl/backends/mini/numerics.py`` says what was measured). So numbers are stored
+per numerics fingerprint, whose key holds a digest of a probe of those kernels' output bits. On a
+machine whose key has no numbers the comparison skips with one line naming the key and the
+command that records them, and what runs everywhere still guards the numerics:
 
-    FP8RL_RECORD_GOLDEN=1 PYTHONPATH=$PWD python -m pytest -q tests/mini/test_mini_golden.py
+- every golden cell, run twice in fresh processes, logs identical numbers (and the fingerprint
+  is the same in both: the probe is stable);
+- the FP8 GEMM emulation holds the float32 accumulation bound against a float64 reference
+  (``tests/quant/test_quant_linear.py``), and the quantizers are exact to the bit on every value
+  (``tests/quant/test_quant_quantize.py``, ``test_quantize_grid.py``): both hold on any CPU.
 
-(recording writes this machine's entry and keeps the others).
+Record from a commit whose numbers are right (before the change under test), never from the
+change itself (``make record-golden``, which runs)::
+
+    FP8RL_RECORD_GOLDEN=1 python -m pytest -q tests/mini/test_mini_golden.py
+
+(recording writes this machine's entry and keeps the others; ``FP8RL_GOLDEN_FILE`` points it at
+another file).
 """
 
 from __future__ import annotations
@@ -27,104 +37,107 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from tiny_cells import CELLS, WIDE, _canon, cell_numbers, first_difference, golden_config
 
-GOLDEN = Path(__file__).with_name("golden_numerics.json")
+from fp8rl.backends.mini import numerics
 
-#: cell name -> (arm, clip arm, clip options)
-CELLS = {
-    "fp32-vanilla": ("fp32", "vanilla", {}),
-    "bf16-vanilla": ("bf16", "vanilla", {}),
-    "tensorwise-calibrated-same_batch": ("tensorwise", "calibrated", {"calibration_mode": "same_batch"}),
-    "rowwise-tis": ("rowwise", "tis", {}),
-    "blockwise-vanilla": ("blockwise", "vanilla", {}),
-    "mxfp8-calibrated-same_batch": ("mxfp8", "calibrated", {"calibration_mode": "same_batch"}),
-    "tensorwise-calibrated-sampled": ("tensorwise", "calibrated", {"calibration_mode": "sampled",
-                                                                   "sample_fraction": 0.125,
-                                                                   "shadow_diagnostics": True}),
-    # 8 prompts x 8 samples: 64-row rollouts, whose 8 distinct prompts are prefilled once
-    # (shared_prefill.py; the cells above have 16 rows, too few to share)
-    "bf16-vanilla-64rows": ("bf16", "vanilla", {}),
-    "rowwise-tis-64rows": ("rowwise", "tis", {}),
-}
-#: cells with more than the tiny fixture's 4 x 4 rollout rows (their run settings)
-WIDE = {"bf16-vanilla-64rows", "rowwise-tis-64rows"}
+GOLDEN = Path(os.environ.get("FP8RL_GOLDEN_FILE") or Path(__file__).with_name("golden_numerics.json"))
+TINY_CELLS = Path(__file__).with_name("tiny_cells.py")
+REPO = Path(__file__).resolve().parents[2]
+RECORD_HINT = "FP8RL_RECORD_GOLDEN=1 python -m pytest -q tests/mini/test_mini_golden.py (make record-golden)"
 
 
-def fingerprint() -> str:
-    """What the numbers depend on besides the code: torch's CPU kernel level, torch and
-    transformers versions."""
-    import torch
-    import transformers
-
-    return f"torch {torch.__version__} / {torch.backends.cpu.get_cpu_capability()} / transformers {transformers.__version__}"
+def _recorded() -> dict:
+    return json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {"probe_source": None, "machines": {}}
 
 
-def _canon(value):
-    """JSON-comparable: NaN as a string (NaN != NaN), everything else as logged."""
-    if isinstance(value, float) and math.isnan(value):
-        return "nan"
-    return value
+def _recorded_for_this_machine() -> dict | None:
+    return _recorded()["machines"].get(numerics.fingerprint()["key"])
 
 
-def cell_numbers(cfg) -> dict:
-    """Run ``cfg`` and return its logged numbers without ``perf/*``."""
-    from fp8rl.backends.mini import run_mini
-    from fp8rl.runs import RunDir
-
-    summary = run_mini(cfg)
-    assert summary["state"] == "DONE", summary
-    rd = RunDir(summary["run_dir"])
-
-    def strip(rows):
-        return [{k: _canon(v) for k, v in r.items() if not k.startswith("perf/")} for r in rows]
-
-    return {"metrics": strip(rd.read_metrics()), "eval": strip(rd.read_eval())}
+def _describe(fp: dict) -> str:
+    cpu = fp["cpu"] or {}
+    return f"{fp['key']} (MKL: {fp['mkl'] or 'none'}; CPU: {cpu.get('vendor')} {cpu.get('model')})"
 
 
-def make_cell(tiny, name: str):
-    arm, clip, opts = CELLS[name]
-    wide = {"prompts_per_step": 8, "algorithm": {"n_samples_per_prompt": 8}} if name in WIDE else {}
-    return tiny(arm, clip, clip_opts=opts or None, steps=3, eval_every=3, samples_every=0, **wide)
-
-
-def first_difference(want: dict, got: dict) -> str | None:
-    for part in ("metrics", "eval"):
-        if len(want[part]) != len(got[part]):
-            return f"{part}: {len(got[part])} rows, recorded {len(want[part])}"
-        for i, (w, g) in enumerate(zip(want[part], got[part], strict=True)):
-            for k in sorted(set(w) | set(g)):
-                if w.get(k, "<missing>") != g.get(k, "<missing>"):
-                    return f"{part} row {i} (step {w.get('step')}) {k}: got {g.get(k, '<missing>')!r}, " \
-                           f"recorded {w.get(k, '<missing>')!r}"
-    return None
+def _record(name: str, numbers: dict) -> None:
+    fp = numerics.fingerprint()
+    data = _recorded()
+    data["probe_source"] = numerics.probe_source_digest()
+    entry = data["machines"].setdefault(fp["key"], {"cells": {}})
+    entry["machine"] = {k: fp[k] for k in ("aten", "mkl", "cpu", "torch", "transformers")}
+    entry["cells"][name] = numbers
+    GOLDEN.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 @pytest.mark.parametrize("name", list(CELLS))
-def test_logged_numbers_are_unchanged(tiny, name):
-    recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
-    fp = fingerprint()
+def test_logged_numbers_are_unchanged(sft_cache, tmp_path, name):
+    cfg = golden_config(sft_cache, tmp_path / "runs", name)
     if os.environ.get("FP8RL_RECORD_GOLDEN") == "1":
-        recorded.setdefault(fp, {})[name] = cell_numbers(make_cell(tiny, name))
-        GOLDEN.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
-        pytest.skip(f"recorded {name} for {fp}")
-    if fp not in recorded or name not in recorded[fp]:
-        pytest.skip(f"no golden numbers recorded for this machine ({fp}); record them from a commit known "
-                    "to be right: FP8RL_RECORD_GOLDEN=1 PYTHONPATH=$PWD python -m pytest tests/mini/test_mini_golden.py")
+        _record(name, cell_numbers(cfg))
+        pytest.skip(f"recorded {name} for {numerics.fingerprint()['key']}")
+    entry = _recorded_for_this_machine()
+    if entry is None or name not in entry["cells"]:
+        pytest.skip(f"no golden numbers for this machine's numerics fingerprint {_describe(numerics.fingerprint())}; "
+                    f"fresh-process determinism is checked instead; record them from a commit known to be right: "
+                    f"{RECORD_HINT}")
     from fp8rl.backends.mini import shared_prefill
     from fp8rl.quant import native
 
     before = sum(native.calls.values())
     shared_prefill.VERDICTS.clear()  # the cell's own checks of its shared prefills
-    got = cell_numbers(make_cell(tiny, name))
-    diff = first_difference(recorded[fp][name], got)
+    got = cell_numbers(cfg)
+    diff = first_difference(entry["cells"][name], got)
     assert diff is None, f"{name}: the logged numbers changed: {diff}"
     if CELLS[name][0] not in ("fp32", "bf16") and native.enabled():  # what computed them
         assert sum(native.calls.values()) > before, f"{name}: the FP8 cell did not run the native kernels"
     if name in WIDE:  # what computed them: its rollouts prefilled each prompt once
         assert True in shared_prefill.VERDICTS.values(), f"{name}: no rollout shared its prefill"
+
+
+def _fresh_process(cache: Path, runs: Path, out: Path) -> dict:
+    proc = subprocess.run([sys.executable, str(TINY_CELLS), "--cache", str(cache), "--runs", str(runs),
+                           "--out", str(out)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_every_golden_cell_logs_the_same_numbers_in_two_fresh_processes(tmp_path):
+    """Runs everywhere, recorded numbers or not: the first process trains the SFT warm start into an
+    empty cache, the second loads it; every cell's numbers must be equal, and the numerics
+    fingerprint the same in both. Where this machine has recorded numbers they must equal them too."""
+    cache = tmp_path / "sft"
+    a = _fresh_process(cache, tmp_path / "a", tmp_path / "a.json")
+    b = _fresh_process(cache, tmp_path / "b", tmp_path / "b.json")
+    assert a["fingerprint"]["key"] == b["fingerprint"]["key"] == numerics.fingerprint()["key"]
+    assert set(a["cells"]) == set(b["cells"]) == set(CELLS)
+    for name in CELLS:
+        assert a["cells"][name]["metrics"], name  # it trained and logged
+        diff = first_difference(a["cells"][name], b["cells"][name])
+        assert diff is None, f"{name}: a second fresh process logged other numbers: {diff}"
+    entry = _recorded_for_this_machine()
+    for name in (entry or {}).get("cells", {}):
+        diff = first_difference(entry["cells"][name], a["cells"][name])
+        assert diff is None, f"{name}: the logged numbers changed: {diff}"
+
+
+def test_the_probe_is_the_one_the_numbers_were_recorded_with():
+    """The fingerprint's probe keys every recorded machine: editing it re-keys them all, which would
+    turn every comparison into a skip. Change the probe only together with re-recording every entry
+    (bump ``numerics.PROBE_VERSION``)."""
+    data = _recorded()
+    assert data["machines"], "no golden numbers recorded at all"
+    assert data["probe_source"] == numerics.probe_source_digest(), (
+        "fp8rl/backends/mini/numerics.py's probe changed since the golden numbers were recorded: bump "
+        f"PROBE_VERSION and re-record each machine's entry ({RECORD_HINT})")
+    for key in data["machines"]:
+        assert f"probe v{numerics.PROBE_VERSION}:" in key, key
 
 
 def test_a_changed_number_is_reported():
