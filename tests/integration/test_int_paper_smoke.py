@@ -243,7 +243,10 @@ def test_tis_ran_on_the_engines_log_probs_in_every_micro_batch(runs):
             assert ((rollout - old).abs()[m] > 1e-6).float().mean() > 0.5, where
             want = torch.where(m, torch.exp(old - rollout).clamp(max=cap), torch.zeros((), dtype=torch.float64))
             torch.testing.assert_close(w.double(), want, rtol=1e-5, atol=1e-6, msg=lambda e, where=where: f"{where}: {e}")
-            assert (w.double() - 1).abs()[m].max() > 1e-3, where  # a correction, not weights of 1
+            # a correction, not weights of 1: some weight differs from 1 by more than the float
+            # tolerance the weights were compared at just above (how far depends on the CPU's
+            # kernels: on one AVX-512 machine the largest deviation in a micro-batch was 4e-4)
+            assert (w.double() - 1).abs()[m].max() > 1e-5 + 1e-6, where
             r, adv = d["ratio"].double(), d["advantages"].double()
             ppo = torch.where(m, torch.maximum(-adv * r, -adv * r.clamp(d["low"], d["high"])),
                               torch.zeros((), dtype=torch.float64))

@@ -88,9 +88,44 @@ def test_sampled_shadows_only_its_subset_and_rules_it_with_the_bounds_in_force(t
             else:
                 assert res["bounds_first"] is None
             in_force = res["bounds"]  # the rest: the subset's estimate; the next window's subset too
-        m = int(plan.eligible.sum())  # rows with any A != 0
-        assert rows[step]["clip/sample_seqs"] == len(subset) == max(1, int(0.25 * m + 0.5))
-    assert subsets[0] != subsets[1]  # re-drawn each step
+        m = int(plan.eligible.sum())  # rows with any A != 0 (0 on a step whose groups all agree)
+        assert rows[step]["clip/sample_seqs"] == len(subset) == share_rule(m)
+    if all(int(p.eligible.sum()) > 1 for p in plans):
+        assert subsets[0] != subsets[1]  # re-drawn each step
+
+
+def share_rule(m: int, share: float = 0.25) -> int:
+    """The measured sequences of a step with ``m`` eligible ones: round(share * m), at least one
+    when there is any, none when there is none (``sampling.draw_subset``)."""
+    return 0 if m == 0 else max(1, int(share * m + 0.5))
+
+
+def test_a_step_without_any_nonzero_advantage_measures_nothing_and_keeps_the_bounds(tiny, monkeypatch):
+    """Constructed, not found: step 1's advantages are all zero (every group all right or all
+    wrong), so no sequence is eligible: none is shadowed or measured, the bounds in force stay,
+    and step 2 (real advantages) draws and calibrates as usual."""
+    cfg = tiny("tensorwise", "calibrated", steps=2, num_mini_batches=2, clip_opts=SAMPLED)
+    trainer = MiniTrainer(cfg, None, sft_cache=cfg.mini.cache_dir)
+    real_adv = trainer.advantages
+    plans = []
+    real_begin = trainer.clipper.begin_step
+
+    def begin(step, **kw):
+        plans.append(real_begin(step, **kw))
+        return plans[-1]
+
+    monkeypatch.setattr(trainer.clipper, "begin_step", begin)
+    monkeypatch.setattr(trainer, "advantages", lambda batch: torch.zeros_like(real_adv(batch)))
+    log = _forward_log(trainer, monkeypatch)
+    row = trainer.train_step(1)
+    assert int(plans[0].eligible.sum()) == 0 and not plans[0].measured.any() and not plans[0].shadowed.any()
+    assert row["clip/sample_seqs"] == 0
+    assert not any(is_off for is_off, _ in log)  # no BF16 shadow forward at all
+    assert (row[M.CLIP_LOW], row[M.CLIP_HIGH]) == pytest.approx((0.6, 1.8))  # the initial bounds stay
+    monkeypatch.setattr(trainer, "advantages", real_adv)
+    row2 = trainer.train_step(2)
+    m = int(plans[1].eligible.sum())
+    assert row2["clip/sample_seqs"] == share_rule(m)
 
 
 @pytest.mark.parametrize("mode", [SAMPLED, {"calibration_mode": "same_batch"}])
