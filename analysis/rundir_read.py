@@ -173,9 +173,11 @@ def run_origin(p: Path) -> dict:
     """What a run's ``provenance.json`` and ``config.yaml`` say about where its numbers come from:
 
     - ``code``: the commit (``git.sha``, 7 digits, ``+dirty`` for a modified tree);
-    - ``cpu``: the CPU numerics, ``"<model> (<flags>), <n> thread(s)"`` (``cpu.flags`` of
-      provenance: the vector extensions that pick oneDNN/MKL kernels; ``mini.num_threads`` of the
-      config: the summation order); a GPU run (``device`` not ``cpu``) is named by its device;
+    - ``cpu``: the CPU numerics, ``"<model> (<flags>), <n> thread(s)[, numerics <level> <probe>]"``
+      (``cpu.flags`` of provenance: the vector extensions that pick oneDNN/MKL kernels;
+      ``mini.num_threads`` of the config: the summation order; ``extra.numerics`` where the run
+      recorded its numerics fingerprint: torch's kernel level and the probe of the kernels' bits);
+      a GPU run (``device`` not ``cpu``) is named by its device;
     - ``steps_configured``: the config's ``steps`` (None when absent).
 
     Absent or unreadable files give :data:`NOT_RECORDED` (never an error): a run made before
@@ -200,6 +202,11 @@ def run_origin(p: Path) -> dict:
         cpu = NOT_RECORDED
     if cpu != NOT_RECORDED and threads is not None and not (device and not device.startswith("cpu")):
         cpu += f", {threads} thread{'s' if threads != 1 else ''}"
+    extra = prov.get("extra") if isinstance(prov.get("extra"), dict) else {}
+    numerics = extra.get("numerics") if isinstance(extra.get("numerics"), dict) else {}
+    if cpu != NOT_RECORDED and numerics.get("aten") and numerics.get("probe"):
+        # what decides the bits (fp8rl/backends/mini/numerics.py): runs of two fingerprints are other samples
+        cpu += f", numerics {numerics['aten']} {numerics['probe']}"
     steps = cfg.get("steps")
     return {"code": code, "cpu": cpu,
             "steps_configured": int(steps) if isinstance(steps, int) and not isinstance(steps, bool) else None}
