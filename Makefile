@@ -69,6 +69,16 @@ test-portability: install
 	@rc=0; for setting in $(PORTABILITY); do echo "=== make test-portability: $$setting"; \
 	  env $$setting $(MAKE) --no-print-directory test || rc=1; done; exit $$rc
 
+# The numerics-sensitive tests at every ATen kernel level (CI runs this): the
+# golden numbers of each level where this machine's fingerprint matches a recorded one, the
+# fingerprint's own checks, and the GEMM bound that holds on any CPU (about 40 s a level on 2 cores).
+KERNEL_LEVELS ?= default avx2 avx512
+.PHONY: test-kernel-levels
+test-kernel-levels: install
+	@rc=0; for level in $(KERNEL_LEVELS); do echo "=== ATEN_CPU_CAPABILITY=$$level"; \
+	  ATEN_CPU_CAPABILITY=$$level $(PYTEST_N) -rs tests/mini/test_mini_golden.py \
+	    tests/mini/test_mini_numerics.py tests/quant/test_quant_linear.py || rc=1; done; exit $$rc
+
 # This machine's golden numbers (tests/mini/golden_numerics.json, keyed by its numerics fingerprint):
 # only from a commit whose numbers are known to be right, never from the change under test.
 record-golden: install

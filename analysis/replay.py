@@ -29,7 +29,7 @@ from pathlib import Path
 from fp8rl.runs.jsonl import read_jsonl
 
 __all__ = ["PUBLISHED", "RunReplay", "SweepReplay", "compare_runs", "compare_sweeps", "published_copy",
-           "verdict_lines"]
+           "report_lines", "verdict_lines"]
 
 #: Where the published mini sweeps' run directories live in this repository.
 PUBLISHED = Path(__file__).resolve().parents[1] / "docs" / "results" / "mini" / "runs"
@@ -142,6 +142,22 @@ def verdict_lines(rep: SweepReplay, reference: str, *, where: str = "these runs"
     if rep.unmatched:
         lines.append(f"{len(rep.unmatched)} run(s) have no run of the same configuration there.")
     return lines
+
+
+def report_lines(sweep_dirs) -> tuple[list[str], bool]:
+    """report.md's lines on whether each sweep's runs log the published numbers, for the sweeps of
+    ``sweep_dirs`` that have a published copy (and are not that copy), and whether any compared run
+    logged other numbers."""
+    lines: list[str] = []
+    differs = False
+    for sd in sweep_dirs:
+        ref = published_copy(Path(sd))
+        if ref is not None:
+            rep = compare_sweeps(Path(sd), ref)
+            differs |= rep.equal < len(rep.runs)
+            rel = f"the published copy (docs/results/mini/runs/{ref.name})"
+            lines += ["", *verdict_lines(rep, rel, where=f"the runs of {Path(sd).name}")]
+    return lines, differs
 
 
 def main(argv: list[str] | None = None) -> int:

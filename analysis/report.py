@@ -68,7 +68,7 @@ from analysis.pooling import (
     unfinished,
     unfinished_note,
 )
-from analysis.replay import compare_sweeps, published_copy, verdict_lines
+from analysis.replay import report_lines
 from analysis.staging import write_staged
 from analysis.summary import findings
 from analysis.surge import SurgeRule
@@ -215,6 +215,10 @@ def write_report(
     sweeps = ", ".join(sorted(coll.runs["sweep"].astype(str).unique())) if n else "(none)"
     summary = findings(coll, paired=paired.data, diagnostics=diag.data, mechanism=mech.data,
                        paired_bf16=bf16["paired_accuracy_bf16"].data if bf16 else None)
+    replay, replay_differs = report_lines(coll.sweep_dirs)
+    if replay_differs:
+        summary.append("- **These numbers are this machine's, not the published ones** (another numerics "
+                       "fingerprint draws other samples): see [which runs](#which-runs).")
     if len(coll.problems):
         summary.append(f"- {len(coll.problems)} cells are missing, failed or incomplete: "
                        "see [below](#missing-failed-and-incomplete-cells).")
@@ -234,7 +238,7 @@ def write_report(
         Section("Summary", summary),
         Section("Figures", _figure_lines(figs, pdf)),
         *(Section(t, lines) for t, lines in calibration_match_sections(done, tab_dir)),
-        Section("Which runs", provenance_lines(coll, pooled) + _replay_lines(coll)),
+        Section("Which runs", provenance_lines(coll, pooled) + replay),
         Section("Missing, failed and incomplete cells", problem_lines),
         Section("Tables", [f"Each table is also in `tables/` as Markdown, LaTeX (booktabs) and CSV: {index}."]),
     ]
@@ -253,18 +257,6 @@ def write_report(
     path = out / "report.md"
     path.write_text(render(f"Report: {sweeps}", sections), encoding="utf-8")
     return path
-
-
-def _replay_lines(coll: Collection) -> list[str]:
-    """Whether each sweep's runs log the published numbers (``analysis.replay``), where the repository
-    holds a published copy of that sweep and the report is not of that copy itself."""
-    lines: list[str] = []
-    for sd in coll.sweep_dirs:
-        ref = published_copy(Path(sd))
-        if ref is not None:
-            rel = f"the published copy (docs/results/mini/runs/{ref.name})"
-            lines += ["", *verdict_lines(compare_sweeps(Path(sd), ref), rel, where=f"the runs of {Path(sd).name}")]
-    return lines
 
 
 def _unfinished_lines(coll: Collection, table: str) -> list[str]:

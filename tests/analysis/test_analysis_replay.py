@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from analysis.replay import PUBLISHED, compare_runs, compare_sweeps, main, published_copy, verdict_lines
+from analysis.replay import (
+    PUBLISHED,
+    compare_runs,
+    compare_sweeps,
+    main,
+    published_copy,
+    verdict_lines,
+)
 
 SWEEP = "calibration_floor"  # the smallest published sweep (9 runs)
 
@@ -98,7 +105,10 @@ def test_report_says_whose_numbers_these_are(tmp_path, changed):
     if changed:
         _edit_metrics(_runs(copy)[0], lambda rows: rows[0].update({"actor/entropy": rows[0]["actor/entropy"] * 2}))
     text = write_report(collect(copy), tmp_path / "report", figures=[]).read_text()
+    summary = text.split("## Summary", 1)[1].split("\n## ", 1)[0]
     if changed:
         assert "these numbers are this machine's, not the published ones" in text
+        assert "These numbers are this machine's" in summary
     else:
         assert "log exactly the numbers of the published copy" in text
+        assert "this machine's" not in summary

@@ -238,8 +238,11 @@ def test_step0_cache_key_names_the_cpu_kernels(tiny, monkeypatch):
     or ``ATEN_CPU_CAPABILITY``) computes other bits: it must not read this level's entry."""
     from types import SimpleNamespace
 
+    from fp8rl.backends.mini.numerics import fingerprint
+
     me = SimpleNamespace(cfg=tiny("tensorwise", "vanilla"), device=torch.device("cpu"))
     here = T.MiniTrainer._eval0_spec(me, "tensorwise")
+    assert here["kernels"] == fingerprint()["key"]  # the kernel level and the probe of the kernels' bits
     assert torch.backends.cpu.get_cpu_capability() in here["kernels"]
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "another level")
+    monkeypatch.setattr(trainer_eval, "numerics_key", lambda device: "another machine's numerics")
     assert T.MiniTrainer._eval0_spec(me, "tensorwise") != here

@@ -109,22 +109,30 @@ def reference(tmp_path_factory):
     return root, meta["key"]
 
 
-def test_existing_cache_keys_are_unchanged():
-    """Caches written before resumable warm starts keep being found: the key is what it was."""
-    assert sft.sft_key("8b", _mini(), TOK) == "70dd0376ded61759"
+def test_the_cache_key_is_stable_and_names_the_machines_numerics(monkeypatch):
+    """The key is what it was for the same settings on the same numerics (a fixed stand-in for the
+    fingerprint here, which differs by machine), so caches keep being found; another machine's
+    numerics (another kernel level, MKL path or torch: ``numerics.py``) is another key, so a cache
+    shared between machines never hands one's warm start to the other."""
+    monkeypatch.setattr(sft, "numerics_key", lambda device: "torch 2.13.0+cpu / AVX2 / transformers 5.24.0 / probe v1:x")
+    assert sft.sft_key("8b", _mini(), TOK) == "1ee4fbcb38dcf6b2"
+    monkeypatch.setattr(sft, "numerics_key", lambda device: "torch 2.13.0+cpu / AVX512 / transformers 5.24.0 / probe v1:y")
+    assert sft.sft_key("8b", _mini(), TOK) != "1ee4fbcb38dcf6b2"
 
 
 def test_sigint_in_a_direct_run_mid_warm_start_resumes_to_the_same_bytes(tmp_path, counter):
     from fp8rl.backends.mini.__main__ import parse_config
     from fp8rl.backends.mini.run import prepare_warm_start, warm_start_key
 
-    steps = 80
+    # long enough that the interrupt lands inside the warm start on any machine: 80 steps took
+    # 0.7 s under ATen's AVX2 kernels on one, shorter than the test's poll and signal round trip
+    steps = 400
     args = [*RUN, f"mini.sft_steps={steps}", f"mini.cache_dir={tmp_path / 'cache'}", f"run_dir={tmp_path / 'run'}"]
     cfg = parse_config(args)[0]
     entry = Path(warm_start_key(cfg))
     code, out = interrupt_direct_run(args, lambda: progress_of(entry).get("step", 0) >= 10, poll=0.02)
     assert code == 130 and "Traceback" not in out, out
-    (stopped,) = re.findall(r"stopped on request at step (\d+)/80 of the SFT warm start; it resumes", out)
+    (stopped,) = re.findall(rf"stopped on request at step (\d+)/{steps} of the SFT warm start; it resumes", out)
     k = int(stopped)
     assert 10 <= k < steps, out
     assert not (entry / "model.pt").exists()
