@@ -7,7 +7,7 @@ Run it once per allocation, on the first node (in the batch script, not under sr
 head there, a worker on every other node (srun), a wait until every node and its GPUs have
 joined (deadline, clear failure), then CMD with RAY_ADDRESS set; exit status = CMD's. Ray is
 stopped on every exit path. With --gpus-per-node 0 it runs a CPU-only Ray (one-node tests).
-The logic lives in fp8rl.launch.ray_cluster.
+The logic lives in fp8rl.backends.openrlhf.ray_cluster.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fp8rl.launch.ray_cluster import RayBootstrapError, bootstrap
+    from fp8rl.backends.openrlhf.ray_cluster import RayBootstrapError, bootstrap
 
     argv = sys.argv[1:] if argv is None else argv
     if "--" in argv:

@@ -14,7 +14,6 @@
 - :mod:`fp8rl.launch.profiles`: cluster profiles (``slurm/profiles/*.yaml``);
 - :mod:`fp8rl.launch.progress`: the sweep-level progress display;
 - :mod:`fp8rl.launch.status`: the status table of a sweep (``experiments/status.py``);
-- :mod:`fp8rl.launch.ray_cluster`: the multi-node Ray bootstrap (``slurm/ray_bootstrap.py``).
 
 Importing this package does not import torch or submitit.
 """

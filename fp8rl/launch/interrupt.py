@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from fp8rl.procenv import python_command
 from fp8rl.runs import stop as _stop
 
 
@@ -83,27 +83,6 @@ class Interrupt:
 #: Set by the Makefile's targets that launch sweeps (``FP8RL_RESUME="make reproduce"``): the
 #: command that resumes from where the user stands is then that make command.
 RESUME_ENV = "FP8RL_RESUME"
-
-
-def python_command() -> str:
-    """How to start this interpreter from the user's shell: ``python`` when that name finds it
-    (its virtual environment is active, or it is the ``python`` on ``PATH``), else its path,
-    relative to the working directory when under it (``.venv/bin/python``). A virtual
-    environment's ``bin/python`` is named, not the system interpreter it links to: only the
-    former imports the project's dependencies."""
-    exe = os.path.abspath(sys.executable)
-    if sys.prefix != sys.base_prefix:  # a virtual environment: its own bin/python, links unresolved
-        venv_python = os.path.join(sys.prefix, "bin", "python")
-        exe = venv_python if os.path.exists(venv_python) else exe
-        active = os.environ.get("VIRTUAL_ENV")
-        if active and os.path.realpath(active) == os.path.realpath(sys.prefix) and shutil.which("python"):
-            return "python"
-    else:
-        found = shutil.which("python")
-        if found and os.path.realpath(found) == os.path.realpath(exe):
-            return "python"
-    rel = os.path.relpath(exe)
-    return rel if not rel.startswith("..") else exe
 
 
 def resume_command(argv: list[str] | None = None) -> str:

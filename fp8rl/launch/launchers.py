@@ -29,9 +29,9 @@ is written and raises ``SweepError`` when this machine cannot run the plan (the 
 launcher with a ``scheduler: local`` profile: fewer CUDA GPUs than a cell asks for).
 
 One GPU machine (a ``scheduler: local`` profile, ``fp8rl.launch.profiles``): the cells run one
-after another in this process; while a cell runs, :data:`~fp8rl.launch.profiles.LOCAL_GPUS_ENV`
+after another in this process; while a cell runs, :data:`~fp8rl.procenv.LOCAL_GPUS_ENV`
 holds its GPU count (the backend's allocation: ``fp8rl.backends.openrlhf.run.allocation``), and
-the backend starts Ray on this host (``fp8rl.launch.ray_cluster.bootstrap``: no Slurm allocation,
+the backend starts Ray on this host (``fp8rl.backends.openrlhf.ray_cluster.bootstrap``: no Slurm allocation,
 so one node and no ``srun``).
 """
 

@@ -43,6 +43,8 @@ from typing import Any
 
 import yaml
 
+from fp8rl.procenv import LOCAL_GPUS_ENV  # noqa: F401  (re-exported: the launcher's name for it)
+
 #: Directory of the shipped profiles, relative to the repository root.
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "slurm" / "profiles"
 
@@ -53,9 +55,6 @@ SCHEDULERS = ("slurm", "local")
 MAX_LOCAL_GPUS = 8
 #: Resource fields of a ``scheduler: local`` profile (the others are Slurm requests).
 _LOCAL_RESOURCE_KEYS = ("nodes", "gpus_per_node")
-#: Environment variable holding a local cell's GPU count while it runs (set by the ``local``
-#: launcher for a ``scheduler: local`` profile; read by backends as their allocation).
-LOCAL_GPUS_ENV = "FP8RL_GPUS_PER_NODE"
 
 
 #: ``additional_parameters`` that claim GPUs or a whole node; dropped for cells that ask for no

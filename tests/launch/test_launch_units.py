@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from fp8rl.backends.openrlhf.ray_cluster import ClusterState, RayBootstrapError, wait_for_cluster
 from fp8rl.launch.profiles import PROFILES_DIR, ProfileError, Resources, load_profile, parse_profile
-from fp8rl.launch.ray_cluster import ClusterState, RayBootstrapError, wait_for_cluster
 from fp8rl.launch.slurm import _expand
 from fp8rl.runs import Cell, RunDir, write_manifest
 
@@ -233,7 +233,9 @@ def test_ray_bootstrap_writes_to_the_stderr_of_its_call_not_of_its_import(monkey
     (bound at import, the second cell of a worker wrote to the first cell's closed log)."""
     import io
 
-    from fp8rl.launch import ray_cluster  # imported with another stderr in force (pytest's)
+    from fp8rl.backends.openrlhf import (
+        ray_cluster,  # imported with another stderr in force (pytest's)
+    )
 
     now = io.StringIO()
     monkeypatch.setattr(ray_cluster.sys, "stderr", now)

@@ -141,7 +141,7 @@ def stand_in_run(monkeypatch):
     import submitit
 
     import fp8rl.backends.openrlhf.run as run
-    from fp8rl.launch import ray_cluster
+    from fp8rl.backends.openrlhf import ray_cluster
     from fp8rl.runs import DONE, RunDir
 
     seen = []

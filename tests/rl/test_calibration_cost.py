@@ -82,7 +82,7 @@ def test_a_kl_reference_adds_a_bf16_forward():
 
 
 def test_modes_order_and_scale_alike_on_every_column():
-    for model, step in [(TINY, TINY_STEP), *[(m, s) for _, m, s in C.paper_shapes(configs=_configs()).values()]]:
+    for model, step in [(TINY, TINY_STEP), *[(m, s) for _, m, s in C.paper_shapes(_configs()).values()]]:
         p = C.overhead("periodic", model, step)
         s = C.overhead("sampled", model, step, share=0.125)
         po = C.overhead("pooled", model, step)
@@ -98,7 +98,7 @@ def test_modes_order_and_scale_alike_on_every_column():
 def test_same_batch_at_paper_shapes():
     """The issue's claim, in the model's numbers: three no-grad forwards are 60-61% of the FP8 step's
     FLOPs with checkpointing, 75% without, and cost more GEMM time than FP8 saves over BF16."""
-    for slot, (_algo, model, step) in C.paper_shapes(configs=_configs()).items():
+    for slot, (_algo, model, step) in C.paper_shapes(_configs()).items():
         r = C.overhead("same_batch", model, step)
         assert 0.60 < r["flops_ckpt"] < 0.61 and r["flops_no_ckpt"] == pytest.approx(0.75), slot
         assert 0.85 < r["time_ckpt"] < r["time_no_ckpt"] < 1.2, slot
@@ -106,7 +106,7 @@ def test_same_batch_at_paper_shapes():
 
 
 def test_sampled_at_max_share_stays_within_the_budget_in_every_column():
-    for slot, (_, model, step) in C.paper_shapes(configs=_configs()).items():
+    for slot, (_, model, step) in C.paper_shapes(_configs()).items():
         s = C.max_share(0.05, model=model, step=step)
         assert 0.05 < s < 0.07, (slot, s)
         r = C.overhead("sampled", model, step, share=s)
@@ -119,7 +119,7 @@ def test_sampled_at_max_share_stays_within_the_budget_in_every_column():
 
 def test_paper_steps_come_from_the_dry_run_configs():
     configs = _configs()
-    shapes = C.paper_shapes(configs=configs)
+    shapes = C.paper_shapes(configs)
     assert set(shapes) == set(C.PAPER_CELLS) == set(C.MODELS)
     for slot, (algo, model, step) in shapes.items():
         cfg = configs[(algo, slot)]
@@ -188,13 +188,18 @@ def test_bad_input_raises_clear_errors():
 
 def test_docs_show_the_functions_tables():
     text = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    m = re.search(r"<!-- cost tables: python -m fp8rl\.rl\.calibration\.cost -->\n(.*?)\n<!-- end of cost tables -->",
+    m = re.search(r"<!-- cost tables: python -m experiments\.calibration_cost -->\n(.*?)\n<!-- end of cost tables -->",
                   text, re.S)
     assert m, "docs/benchmarks.md lacks the generated cost tables (between their comment markers)"
     configs = _configs()
-    want = C.markdown(C.cost_table(C.paper_shapes(configs=configs)), C.sensitivity_table(configs=configs))
-    assert m.group(1) == want, "docs/benchmarks.md's cost tables differ from python -m fp8rl.rl.calibration.cost"
+    want = C.markdown(C.cost_table(C.paper_shapes(configs)), C.sensitivity_table(configs))
+    assert m.group(1) == want, "docs/benchmarks.md's cost tables differ from python -m experiments.calibration_cost"
+    from experiments.calibration_cost import tables
+
+    assert tables() == want  # the entry point prints exactly these
 
 
 def _configs():
-    return C.paper_configs()  # composed once per process (cached)
+    from experiments.calibration_cost import paper_configs
+
+    return paper_configs()  # composed once per process (cached)

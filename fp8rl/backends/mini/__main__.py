@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt as e:  # stopped (first Ctrl-C: at a checkpoint) or at once (second)
             import shlex
 
-            from fp8rl.launch.interrupt import python_command
+            from fp8rl.procenv import python_command
 
             how = str(e) if str(e) else "interrupted at once; it resumes from its last checkpoint"
             print(f"stopped (Ctrl-C): {how}", file=sys.stderr)

@@ -9,7 +9,7 @@ allocation (submitit runs one task per node):
   provenance, prepare the data (``<data_dir>/<name>.jsonl``) and check that the train set has
   the prompts the episode plan assumed (``config.data_plan``), build the OpenRLHF command for
   the allocation's GPUs (``command.build_args``; the command is kept in ``openrlhf/command.sh``),
-  start Ray across the allocation and run the driver (``fp8rl.launch.ray_cluster.bootstrap``),
+  start Ray across the allocation and run the driver (``fp8rl.backends.openrlhf.ray_cluster.bootstrap``),
   ingest the driver log into ``metrics.jsonl``/``eval.jsonl``, run the final evaluation
   (``experiments.evaluate``) and write ``summary.json`` and ``status.json``.
 
@@ -103,9 +103,9 @@ def paths_for(cfg: OpenRLHFRunConfig, run_dir: Path):
 def allocation() -> tuple[int, int]:
     """``(nodes, gpus_per_node)`` of this cell: one node with the local profile's GPUs when the
     local launcher runs it on one machine (``cluster=workstation``: it sets
-    ``fp8rl.launch.profiles.LOCAL_GPUS_ENV``), else the Slurm allocation's, else this machine's
+    ``fp8rl.procenv.LOCAL_GPUS_ENV``), else the Slurm allocation's, else this machine's
     CUDA devices (``torch.cuda.device_count()``)."""
-    from fp8rl.launch.profiles import LOCAL_GPUS_ENV
+    from fp8rl.procenv import LOCAL_GPUS_ENV
 
     local = os.environ.get(LOCAL_GPUS_ENV)
     if local:
@@ -129,7 +129,7 @@ def run_openrlhf(cfg: OpenRLHFRunConfig, overrides: Iterable[str] = (), *, progr
     from fp8rl.backends.openrlhf.data import prepare
     from fp8rl.backends.openrlhf.ingest import ingest, log_files
     from fp8rl.backends.openrlhf.plugin.spec import PluginSpec, check_version
-    from fp8rl.launch.ray_cluster import bootstrap
+    from fp8rl.backends.openrlhf.ray_cluster import bootstrap
     from fp8rl.runs import DONE, FAILED, RUNNING, RunDir
 
     rd = RunDir(resolve_run_dir(cfg))

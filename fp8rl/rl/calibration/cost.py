@@ -1,8 +1,9 @@
 """What each calibration mode costs at paper scale: its extra work per optimizer step, relative to
 the FP8 optimizer step it rides on, counted in GEMM FLOPs and priced in GEMM time.
 
-Pure arithmetic (no torch): ``python -m fp8rl.rl.calibration.cost`` prints the tables that
-``docs/benchmarks.md`` ("Calibration cost at paper scale") shows.
+Pure arithmetic (no torch): ``python -m experiments.calibration_cost`` prints the tables that
+``docs/benchmarks.md`` ("Calibration cost at paper scale") shows, on the configs the paper-scale dry
+run composes (the caller composes them: this library imports no launcher).
 
 **The FP8 optimizer step as it runs** (OpenRLHF 0.11.2, ``docs/cluster.md``), per sequence of L
 tokens (prompt + response, every token through every pass; packed samples, so no padding):
@@ -60,7 +61,6 @@ Where we guessed (each an argument with a stated default):
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -79,7 +79,6 @@ __all__ = [
     "markdown",
     "max_share",
     "overhead",
-    "paper_configs",
     "paper_shapes",
     "sensitivity_table",
     "step_work",
@@ -301,50 +300,21 @@ def max_share(budget: float = DEFAULT_BUDGET, *, model: ModelShape, step: StepSh
 # --- the paper-scale tables -------------------------------------------------------------------
 
 
-def paper_shapes(*, prompt_len: float = DEFAULT_PROMPT_LEN, response_share: float = DEFAULT_RESPONSE_SHARE,
-                 configs: dict | None = None) -> dict[str, tuple[str, ModelShape, StepShape]]:
+def paper_shapes(configs: dict, *, prompt_len: float = DEFAULT_PROMPT_LEN,
+                 response_share: float = DEFAULT_RESPONSE_SHARE) -> dict[str, tuple[str, ModelShape, StepShape]]:
     """``{slot: (algorithm, model, step)}`` of :data:`PAPER_CELLS`, the steps from the configs the
-    paper-scale dry run builds (``configs``, default :func:`paper_configs`)."""
-    configs = configs if configs is not None else paper_configs()
+    paper-scale dry run builds (``configs``: ``{(algorithm, slot): OpenRLHFRunConfig}``, as
+    ``experiments.calibration_cost.paper_configs`` composes them; this library does not compose
+    configs itself)."""
     return {slot: (algo, MODELS[slot], StepShape.from_config(configs[(algo, slot)], prompt_len=prompt_len,
                                                              response_share=response_share))
             for slot, algo in PAPER_CELLS.items()}
 
 
-@functools.lru_cache(maxsize=1)
-def paper_configs() -> dict[tuple[str, str], object]:
-    """``{(algorithm, slot): OpenRLHFRunConfig}`` of :data:`PAPER_CELLS`' calibrated tensorwise cells,
-    as ``python -m experiments.launch scale=paper cluster=example dry_run=true`` composes and
-    validates them (``fp8rl.launch.grid.plan_sweep``; cached: do not modify them)."""
-    import tempfile
-
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.types import RunMode
-
-    import experiments.launch as launch
-    from fp8rl.launch.grid import plan_sweep
-    from fp8rl.launch.job import build_config
-
-    with tempfile.TemporaryDirectory() as tmp:
-        args = ["scale=paper", "cluster=example", "fp8=tensorwise", "clip=calibrated", "dry_run=true",
-                f"algorithm={','.join(sorted(set(PAPER_CELLS.values())))}", f"model={','.join(PAPER_CELLS)}",
-                f"output_dir={tmp}"]
-        GlobalHydra.instance().clear()
-        try:
-            with initialize_config_dir(config_dir=launch.CONFIG_DIR, version_base=None):
-                loader = GlobalHydra.instance().config_loader()
-                master = loader.load_configuration("config", overrides=args, run_mode=RunMode.MULTIRUN)
-                plan = plan_sweep(master, loader, dict(master.hydra.sweeper.params), args)
-        finally:
-            GlobalHydra.instance().clear()
-        return {(c.axes["algorithm"], c.axes["model"]): build_config(c.payload()) for c in plan.cells}
-
-
-def cost_table(shapes=None, *, budget: float = DEFAULT_BUDGET, reference_share: float = 0.125) -> list[dict]:
-    """One row per model and mode: the four overheads (:func:`overhead`); ``sampled`` twice, at
-    ``reference_share`` (the mini benchmark's share) and at :func:`max_share` of ``budget``."""
-    shapes = shapes if shapes is not None else paper_shapes()
+def cost_table(shapes: dict, *, budget: float = DEFAULT_BUDGET, reference_share: float = 0.125) -> list[dict]:
+    """One row per model and mode (``shapes``: :func:`paper_shapes`): the four overheads
+    (:func:`overhead`); ``sampled`` twice, at ``reference_share`` (the mini benchmark's share) and
+    at :func:`max_share` of ``budget``."""
     rows = []
     for slot, (algo, model, step) in shapes.items():
         s_max = max_share(budget, model=model, step=step)
@@ -357,13 +327,13 @@ def cost_table(shapes=None, *, budget: float = DEFAULT_BUDGET, reference_share: 
     return rows
 
 
-def sensitivity_table(response_shares=(0.25, 0.5, 1.0), *, budget: float = DEFAULT_BUDGET,
-                      prompt_len: float = DEFAULT_PROMPT_LEN, configs: dict | None = None) -> list[dict]:
+def sensitivity_table(configs: dict, response_shares=(0.25, 0.5, 1.0), *, budget: float = DEFAULT_BUDGET,
+                      prompt_len: float = DEFAULT_PROMPT_LEN) -> list[dict]:
     """``same_batch``'s overheads and ``sampled``'s :func:`max_share` per model and mean response
     length (``response_shares`` of the cap), on the paper-scale configs (``configs``)."""
     rows = []
     for r in response_shares:
-        for slot, (algo, model, step) in paper_shapes(prompt_len=prompt_len, response_share=r, configs=configs).items():
+        for slot, (algo, model, step) in paper_shapes(configs, prompt_len=prompt_len, response_share=r).items():
             rows.append({"model": model.name, "slot": slot, "algorithm": algo, "response_len": step.response_len,
                          "seq_len": step.seq_len, **overhead("same_batch", model, step),
                          "max_share": max_share(budget, model=model, step=step)})
@@ -397,11 +367,3 @@ def markdown(rows: list[dict], sensitivity: list[dict] | None = None) -> str:
                 f"{_pct(r['flops_no_ckpt'])} | {_pct(r['time_ckpt'])} / {_pct(r['time_no_ckpt'])} | "
                 f"{r['max_share']:.4f} |" for r in sensitivity]
     return "\n".join(out)
-
-
-def main() -> None:
-    print(markdown(cost_table(), sensitivity_table()))
-
-
-if __name__ == "__main__":
-    main()
