@@ -6,7 +6,7 @@ BF16 gradient eight times (``abs``, a BF16 ``amax`` that PyTorch runs 5x slower 
 one on AVX2, the product with the scales with its BF16 -> float32 conversion, the three
 integer operations and two float ones of the rounding, ``copysign`` with another conversion,
 the dequantization), and a decode step's ``[128, 80]`` input pays ~10 operator calls of a few
-microseconds each. Two small C functions do the same work in two passes:
+microseconds each. Three small C functions (``csrc/fake_quantize.c``) do the same work in two passes:
 
 - ``fq_amax``: the amax of every block, as the integer maximum of the magnitudes' bit
   patterns (for non-negative floats the order of the bit patterns is the order of the
@@ -15,19 +15,22 @@ microseconds each. Two small C functions do the same work in two passes:
 - ``fq_apply``: per element, ``|x| * qscale`` in float32, rounded onto the FP8 grid by
   ``(a + c) - c`` with ``c`` the format's spacing at ``a``'s binade times ``2^23`` (exactly
   ``fake._round_magnitudes_``), ``x``'s sign copied back, then ``* (1 / qscale)`` or
-  ``/ qscale``.
+  ``/ qscale``;
+- ``fq_full``: both passes in one call, with the scales computed in C (in double, as
+  ``quantize._qscale`` computes them without a power of two), for the common case.
 
-The scales between the two passes are computed in Python, by the very functions the tensor
-code uses (``quantize._qscale``; ``fake._one_qscale`` for one scale), so the scale formula has
-one home. Every float operation in the C code is a basic IEEE operation (product, sum,
+The scale formula has three homes, tested to agree bit for bit: ``quantize._qscale`` (the
+tensor code, and the scales :func:`apply` is given), ``fake._one_qscale`` (one scale, in Python
+floats) and ``fq_full``'s C. Every float operation in the C code is a basic IEEE operation (product, sum,
 difference, quotient, sign copy) on float32, compiled with ``-ffp-contract=off`` (no fused
 multiply-add) and without fast-math, so it rounds exactly as PyTorch's vectorised kernels
 do; the bits are tested against the tensor path (``tests/quant/test_quant_native.py``) and,
 through whole runs, by the golden numbers (``tests/mini/test_mini_golden.py``).
 
 Built on first use with the C compiler (``$CC``, else ``cc``) into
-``$FP8RL_NATIVE_CACHE`` (default ``~/.cache/fp8rl/native``), one shared library per source
-text and flags, written under a temporary name and renamed (worker processes building at
+``$FP8RL_NATIVE_CACHE`` (default ``~/.cache/fp8rl/native``), one shared library per
+:func:`cache_key` (source text, compiler and its ``--version``, flags, platform), written under
+a temporary name and renamed (worker processes building at
 once do not collide), loaded with ``ctypes`` (which releases the GIL during a call). The
 functions are compiled for the baseline x86-64 and for AVX2 (``target_clones``: the loader
 picks by the CPU); the two round identically, being the same IEEE operations. Without a
@@ -37,7 +40,8 @@ per process.
 
 Inputs: float32 or BFloat16, row-major ``[R, C]`` with ``br x bc`` blocks tiling it (ragged
 edge blocks allowed). Everything else (float16, float64, other layouts, other devices) stays
-on the tensor code.
+on the tensor code; every tensor is checked (dtype, device, layout, size) before its pointer
+is passed, and a wrong one raises ``ValueError`` instead of being read as something else.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import contextlib
 import ctypes
 import hashlib
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -54,112 +59,8 @@ from pathlib import Path
 
 import torch
 
-_SOURCE = r"""
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#define CLONES __attribute__((target_clones("avx2", "default")))
-
-static inline uint32_t mag_bits(const void *x, int bf16, int64_t i) {
-    if (bf16) return ((uint32_t)(((const uint16_t *)x)[i] & 0x7FFFu)) << 16;
-    return ((const uint32_t *)x)[i] & 0x7FFFFFFFu;
-}
-
-/* out[gr * gc] (zeroed by the caller): the bit pattern of max |x| over each br x bc block. */
-CLONES void fq_amax(const void *x, int bf16, int64_t R, int64_t C, int64_t br, int64_t bc,
-                    uint32_t *out) {
-    int64_t gc = (C + bc - 1) / bc;
-    for (int64_t r = 0; r < R; r++) {
-        uint32_t *m = out + (r / br) * gc;
-        int64_t row = r * C;
-        if (bc == 1) {
-            for (int64_t c = 0; c < C; c++) {
-                uint32_t b = mag_bits(x, bf16, row + c);
-                m[c] = b > m[c] ? b : m[c];
-            }
-            continue;
-        }
-        for (int64_t g = 0; g < gc; g++) {
-            int64_t c0 = g * bc, c1 = c0 + bc < C ? c0 + bc : C;
-            uint32_t best = 0;
-            for (int64_t c = c0; c < c1; c++) {
-                uint32_t b = mag_bits(x, bf16, row + c);
-                best = b > best ? b : best;
-            }
-            m[g] = best > m[g] ? best : m[g];
-        }
-    }
-}
-
-static inline float as_float(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
-static inline uint32_t as_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
-
-/* One element: |x| * q rounded onto the FP8 grid, x's sign, then * d (or / d). */
-static inline float fq_one(const void *x, int bf16, int64_t i, float q, float d, int divide,
-                           uint32_t min_bits, uint32_t shift) {
-    uint32_t xb = bf16 ? ((uint32_t)((const uint16_t *)x)[i]) << 16 : ((const uint32_t *)x)[i];
-    float a = as_float(xb & 0x7FFFFFFFu) * q;
-    uint32_t e = as_bits(a) & 0x7F800000u;
-    e = (e < min_bits ? min_bits : e) + shift;
-    float c = as_float(e);
-    float r = (a + c) - c;
-    r = as_float(as_bits(r) | (xb & 0x80000000u));  /* copysign: r >= 0 */
-    return divide ? r / d : r * d;
-}
-
-/* out[R * C] = the FP8 value of x (row-major, br x bc blocks), with per-block quantization
-   scales q[gr * gc] and dequantization factors d (multipliers, or divisors when divide). */
-CLONES void fq_apply(const void *x, int bf16, int64_t R, int64_t C, int64_t br, int64_t bc,
-                     const float *q, const float *d, int divide, uint32_t min_bits,
-                     uint32_t shift, float *out) {
-    int64_t gc = (C + bc - 1) / bc;
-    for (int64_t r = 0; r < R; r++) {
-        const float *qr = q + (r / br) * gc, *dr = d + (r / br) * gc;
-        int64_t row = r * C;
-        if (bc == 1) {
-            for (int64_t c = 0; c < C; c++)
-                out[row + c] = fq_one(x, bf16, row + c, qr[c], dr[c], divide, min_bits, shift);
-            continue;
-        }
-        for (int64_t g = 0; g < gc; g++) {
-            int64_t c0 = g * bc, c1 = c0 + bc < C ? c0 + bc : C;
-            float qs = qr[g], ds = dr[g];
-            for (int64_t c = c0; c < c1; c++)
-                out[row + c] = fq_one(x, bf16, row + c, qs, ds, divide, min_bits, shift);
-        }
-    }
-}
-
-/* The whole fake quantization with the scales of quantize._qscale (no power of two):
-   qscale = fl32((1 / max(amax, eps)) * fmt_max) in double (PyTorch computes fmt_max / t as
-   t.reciprocal() * fmt_max), the multiplier fl32(1 / qscale) (or qscale itself to divide).
-   Returns the largest magnitude's bit pattern; when it is not finite (>= 0x7F800000) nothing
-   is written to out. */
-uint32_t fq_full(const void *x, int bf16, int64_t R, int64_t C, int64_t br, int64_t bc,
-                 double fmt_max, double eps, int divide, uint32_t min_bits, uint32_t shift,
-                 float *out) {
-    int64_t n = ((R + br - 1) / br) * ((C + bc - 1) / bc);
-    uint32_t small[2 * 64], *m = n <= 64 ? small : calloc((size_t)n, 2 * sizeof(uint32_t));
-    if (!m) return 0xFFFFFFFFu;
-    memset(m, 0, (size_t)n * sizeof(uint32_t));
-    fq_amax(x, bf16, R, C, br, bc, m);
-    uint32_t worst = 0;
-    for (int64_t i = 0; i < n; i++) worst = m[i] > worst ? m[i] : worst;
-    if (worst < 0x7F800000u) {
-        float *q = (float *)m, *d = (float *)(m + n);
-        for (int64_t i = 0; i < n; i++) {
-            double a = (double)as_float(m[i]);
-            float qs = (float)((1.0 / (a < eps ? eps : a)) * fmt_max);
-            q[i] = qs;
-            d[i] = divide ? qs : 1.0f / qs;
-        }
-        fq_apply(x, bf16, R, C, br, bc, q, d, divide, min_bits, shift, out);
-    }
-    if (m != small) free(m);
-    return worst;
-}
-"""
+#: The C source (a package file, built on first use).
+SOURCE = Path(__file__).with_name("csrc") / "fake_quantize.c"
 
 #: Compiler flags: IEEE float semantics (no contraction into fused multiply-adds, no
 #: fast-math), position-independent shared library.
@@ -176,16 +77,35 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("FP8RL_NATIVE_CACHE") or Path.home() / ".cache" / "fp8rl" / "native")
 
 
+def compiler_identity(cc: str) -> str:
+    """``cc --version``'s first line (what the cache key holds: another compiler, or another
+    version of it, builds its own library); raises ``OSError`` when ``cc`` does not run."""
+    try:
+        proc = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise OSError(f"{cc} --version failed: {e}") from e
+    if proc.returncode != 0:
+        raise OSError(f"{cc} --version failed ({proc.returncode}): {proc.stderr.strip()[-200:]}")
+    return (proc.stdout.strip().splitlines() or [""])[0]
+
+
+def cache_key(source: str, cc: str, identity: str) -> str:
+    """16 hex digits of the source text, the compiler (its name and ``--version``), the flags and
+    the platform (OS, machine, C library): what decides the library that is built."""
+    plat = (sys.platform, platform.machine(), *platform.libc_ver())
+    return hashlib.sha256("\0".join((source, cc, identity, *FLAGS, *plat)).encode()).hexdigest()[:16]
+
+
 def _build(cc: str) -> Path:
-    """Compile the source (once per source text, flags and compiler) and return the library."""
-    key = hashlib.sha256("\0".join((_SOURCE, cc, *FLAGS)).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"fq-{key}.so"
+    """Compile :data:`SOURCE` (once per :func:`cache_key`) and return the library."""
+    source = SOURCE.read_text(encoding="utf-8")
+    out = _cache_dir() / f"fq-{cache_key(source, cc, compiler_identity(cc))}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         src, lib = Path(tmp) / "fq.c", Path(tmp) / "fq.so"
-        src.write_text(_SOURCE)
+        src.write_text(source)
         proc = subprocess.run([cc, *FLAGS, "-o", str(lib), str(src)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise OSError(f"{cc} failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
@@ -260,11 +180,26 @@ def block_amax(x2: torch.Tensor, br: int, bc: int) -> torch.Tensor:
     """float32 ``[ceil(R / br), ceil(C / bc)]``: ``max |x|`` over each ``br x bc`` block of
     ``x2 [R, C]`` (ragged edge blocks included); ``inf`` or ``nan`` where a block holds a
     non-finite value (``supports(x2)`` must hold)."""
-    rows, cols = x2.shape
+    rows, cols = _checked(x2, br, bc)
     out = torch.zeros(-(-rows // br), -(-cols // bc), dtype=torch.int32)
     _lib.fq_amax(x2.data_ptr(), int(x2.dtype == torch.bfloat16), rows, cols, br, bc, out.data_ptr())
     calls["fq_amax"] += 1
     return out.view(torch.float32)
+
+
+def _checked(x2: torch.Tensor, br: int, bc: int) -> tuple[int, int]:
+    """``x2``'s ``(R, C)`` once it is what the C code reads (a row-major float32 or BFloat16 CPU
+    ``[R, C]`` tensor, blocks of positive size) and the kernels are loaded: a pointer to anything
+    else would be read as if it were (:func:`supports` is the caller's test; this is the guard)."""
+    if _lib is None:
+        raise RuntimeError(f"fp8rl.quant.native: the kernels are {status()}")
+    if not (x2.dtype in (torch.float32, torch.bfloat16) and x2.device.type == "cpu" and x2.ndim == 2
+            and x2.is_contiguous()):
+        raise ValueError("fp8rl.quant.native: the operand must be a row-major float32 or bfloat16 CPU [R, C] "
+                         f"tensor, got {x2.dtype} {tuple(x2.shape)} strides {x2.stride()} on {x2.device}")
+    if int(br) < 1 or int(bc) < 1:
+        raise ValueError(f"fp8rl.quant.native: blocks must be at least 1 x 1, got {br} x {bc}")
+    return x2.shape
 
 
 def _grid(fmt) -> tuple[int, int]:
@@ -283,7 +218,7 @@ def full(x2: torch.Tensor, br: int, bc: int, fmt, divide: bool, eps: float) -> t
     """``fake_quantize`` of ``x2 [R, C]`` (``supports(x2)``) with ``br x bc`` blocks and the
     scales of ``quantize._qscale`` without a power of two, in one call: float32 row-major
     ``[R, C]``, or ``None`` when ``x2`` holds a non-finite value (nothing computed)."""
-    rows, cols = x2.shape
+    rows, cols = _checked(x2, br, bc)
     out = torch.empty(rows, cols, dtype=torch.float32)
     min_bits, shift = _grid(fmt)
     worst = _lib.fq_full(x2.data_ptr(), int(x2.dtype == torch.bfloat16), rows, cols, br, bc, fmt.max, eps,
@@ -304,7 +239,12 @@ def apply(x2: torch.Tensor, br: int, bc: int, qscale: torch.Tensor, dq: torch.Te
             tensor for one block).
         fmt: the FP8 format (``Fp8Format``).
     """
-    rows, cols = x2.shape
+    rows, cols = _checked(x2, br, bc)
+    blocks = -(-rows // br) * -(-cols // bc)
+    for name, t in (("qscale", qscale), ("dq", dq)):
+        if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or t.numel() != blocks:
+            raise ValueError(f"fp8rl.quant.native.apply: {name} must be a contiguous float32 CPU tensor of "
+                             f"{blocks} block values, got {t.dtype} {tuple(t.shape)} on {t.device}")
     out = torch.empty(rows, cols, dtype=torch.float32)
     min_bits, shift = _grid(fmt)
     _lib.fq_apply(x2.data_ptr(), int(x2.dtype == torch.bfloat16), rows, cols, br, bc,

@@ -79,6 +79,8 @@ def test_the_kernels_are_built_on_this_machine():
     (``FP8RL_REQUIRE_NATIVE=1``, set by ``.ci/run``), whose machines have a compiler."""
     if _off_on_purpose():
         pytest.skip("FP8RL_NATIVE=0: the kernels are off on purpose")
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        pytest.skip(f"the kernels are built for x86-64 Linux only; this is {sys.platform} {os.uname().machine}")
     if not native.enabled() and os.environ.get("FP8RL_REQUIRE_NATIVE") != "1":
         pytest.skip(f"the native kernels are {native.status()}: the PyTorch code computes the same floats, "
                     "slower; install a C compiler (cc) to build and check them")
@@ -198,8 +200,8 @@ def test_without_the_kernels_the_same_floats(tmp_path):
 
 
 def test_the_library_is_built_once_and_reused(tmp_path, monkeypatch):
-    """A second build with the same source and flags reuses the cached library (no compiler
-    run); another compiler gets its own."""
+    """A second build with the same source, compiler and flags reuses the cached library (the
+    compiler is asked its ``--version`` for the key, and compiles nothing)."""
     if not native.enabled() and not _off_on_purpose():
         pytest.skip(f"the native kernels are {native.status()}")
     monkeypatch.setenv("FP8RL_NATIVE_CACHE", str(tmp_path))
@@ -207,7 +209,14 @@ def test_the_library_is_built_once_and_reused(tmp_path, monkeypatch):
     first = native._build(cc)
     stamp = first.stat().st_mtime_ns
     assert native._build(cc) == first and first.stat().st_mtime_ns == stamp
-    monkeypatch.setattr(native.subprocess, "run", lambda *a, **k: pytest.fail("compiled again"))
+    real_run = native.subprocess.run
+
+    def run(args, *a, **k):
+        if "--version" not in args:
+            pytest.fail(f"compiled again: {args}")
+        return real_run(args, *a, **k)
+
+    monkeypatch.setattr(native.subprocess, "run", run)
     assert native._build(cc) == first
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
 
@@ -227,3 +236,46 @@ def test_disabled_runs_the_pytorch_code_inside_the_block():
     assert _calls() == n + 1
     assert native.enabled()
     assert torch.equal(_bits(out), _bits(ref))
+
+
+def test_the_cache_key_names_source_compiler_flags_and_platform(tmp_path, monkeypatch):
+    """Another compiler version (the same ``cc`` name) builds its own library; so does another
+    source text. A wrapper ``cc`` that reports another ``--version`` and compiles with the real one
+    gets a second file in the cache."""
+    if not native.enabled() and not _off_on_purpose():
+        pytest.skip(f"the native kernels are {native.status()}")
+    src = native.SOURCE.read_text()
+    assert native.cache_key(src, "cc", "gcc 12.2.0") != native.cache_key(src, "cc", "gcc 13.1.0")
+    assert native.cache_key(src, "cc", "gcc 12.2.0") != native.cache_key(src + "\n", "cc", "gcc 12.2.0")
+    assert native.cache_key(src, "cc", "x") == native.cache_key(src, "cc", "x")
+    cc = os.environ.get("CC") or "cc"
+    wrapper = tmp_path / "cc-other"
+    wrapper.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "other-cc 9.9"; exit 0; fi\nexec {cc} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("FP8RL_NATIVE_CACHE", str(tmp_path / "cache"))
+    a, b = native._build(cc), native._build(str(wrapper))
+    assert a != b and sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([a.name, b.name])
+    assert native.compiler_identity(str(wrapper)) == "other-cc 9.9"
+    with pytest.raises(OSError, match="--version failed"):
+        native.compiler_identity(str(tmp_path / "no-such-cc"))
+
+
+def test_every_tensor_is_checked_before_its_pointer_is_passed():
+    """A wrong operand, block or scale tensor raises before the C code reads it."""
+    if not native.enabled():
+        pytest.skip(f"the native kernels are {native.status()}")
+    x = torch.randn(8, 64)
+    q = torch.ones(8, 2)
+    for bad, why in ((x.t(), "row-major"), (x.double(), "row-major"), (x.reshape(2, 4, 64), "row-major")):
+        with pytest.raises(ValueError, match=why):
+            native.block_amax(bad, 1, 32)
+        with pytest.raises(ValueError, match=why):
+            native.full(bad, 1, 32, E4M3, False, 1e-12)
+    with pytest.raises(ValueError, match="at least 1 x 1"):
+        native.block_amax(x, 0, 32)
+    for bad_q in (q[:, :1], q.double(), torch.ones(2, 8).t(), torch.ones(4)):
+        with pytest.raises(ValueError, match="qscale must be a contiguous float32 CPU tensor of 16 block values"):
+            native.apply(x, 1, 32, bad_q, q, False, E4M3)
+    with pytest.raises(ValueError, match="dq must be"):
+        native.apply(x, 1, 32, q, q[:4], False, E4M3)
+    assert native.apply(x, 1, 32, q, q, False, E4M3).shape == (8, 64)  # the good call runs
