@@ -108,9 +108,12 @@ class ClipConfig:
             raise type(e)(f"clip options: {e}") from e
 
     def clipper_options(self, seed: int = 0) -> dict:
-        """Constructor options of the arm's clip method (``make_clipper``): for ``calibrated`` the
-        ``CalibrationOptions`` and the run's ``seed`` (``sampled``'s draw); empty for ``vanilla``."""
-        if self.method != "calibrated":
+        """Constructor options of the arm's clip method (``make_clipper``): for a method that
+        calibrates (``fp8rl.rl.clipping.method_calibrates``: ``calibrated``) the
+        ``CalibrationOptions`` and the run's ``seed`` (``sampled``'s draw); empty otherwise."""
+        from fp8rl.rl.clipping import method_calibrates
+
+        if not method_calibrates(self.method):
             return {}
         return {"options": self.calibration_options(), "seed": int(seed)}
 

@@ -34,7 +34,7 @@ not know raise ``TypeError`` naming the method.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -42,7 +42,7 @@ from fp8rl.registry import Registry
 from fp8rl.rl.calibration import Bounds, CalibratedClipController, StepPlan
 from fp8rl.rl.correction import IS_CORRECTIONS
 
-__all__ = ["CLIP_ARMS", "CLIP_METHODS", "ClipArm", "ClipMethod", "VanillaClip", "make_clipper"]
+__all__ = ["CLIP_ARMS", "CLIP_METHODS", "ClipArm", "ClipMethod", "VanillaClip", "make_clipper", "method_calibrates"]
 
 
 @runtime_checkable
@@ -81,6 +81,9 @@ CLIP_METHODS: Registry[type] = Registry("clip method")
 @CLIP_METHODS.register("vanilla")
 class VanillaClip:
     """Fixed bounds ``(1 - eps_low, 1 + eps_high)``; stateless, never needs a shadow pass."""
+
+    #: a method that takes no calibration options (see :func:`method_calibrates`)
+    calibrates: ClassVar[bool] = False
 
     def __init__(self, eps_low: float, eps_high: float) -> None:
         for name, v in (("eps_low", eps_low), ("eps_high", eps_high)):
@@ -141,6 +144,14 @@ class VanillaClip:
 
 
 CLIP_METHODS.add("calibrated", CalibratedClipController)
+
+
+def method_calibrates(method: str) -> bool:
+    """Whether the clip method ``method`` takes the run's calibration options and seed
+    (``options=CalibrationOptions, seed=``): its class attribute ``calibrates`` (False when the
+    class does not say). The configs of both scales and the paper-scale plugin ask this, never the
+    method's name, so a method registered in ``CLIP_METHODS`` runs at both scales."""
+    return bool(getattr(CLIP_METHODS[method], "calibrates", False))
 
 
 def make_clipper(method: str, eps_low: float, eps_high: float, **options: Any) -> ClipMethod:

@@ -68,7 +68,7 @@ Choices (the paper gives none of these; each is an option or documented):
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -109,6 +109,10 @@ class CalibratedClipController:
             ``CalibrationOptions``' attributes).
         seed: seeds ``sampled``'s draw (with the step and the DP rank); the run's seed.
     """
+
+    #: takes the run's calibration options and seed (``make_clipper(..., options=, seed=)``): both
+    #: backends and the paper-scale plugin pass them because of this attribute, not its name
+    calibrates: ClassVar[bool] = True
 
     def __init__(self, eps_low: float, eps_high: float, options: CalibrationOptions | None = None, *,
                  seed: int = 0, **kwargs: Any) -> None:

@@ -80,9 +80,10 @@ class PluginSpec:
     """Everything the workers need that has no OpenRLHF flag (JSON round-trippable).
 
     Attributes:
-        clip_method: ``vanilla`` or ``calibrated`` (``fp8rl.rl.clipping``).
+        clip_method: a ``CLIP_METHODS`` name (``fp8rl.rl.clipping``).
         clip_options: the calibration options (``CalibrationOptions.to_dict()`` of
-            ``ClipConfig.calibration_options``; empty for ``vanilla``); the cell's ``seed`` seeds
+            ``ClipConfig.calibration_options``) of a method that calibrates, empty otherwise
+            (``method_calibrates``); the cell's ``seed`` seeds
             ``sampled``'s draw.
         eps_low, eps_high: the vanilla epsilons (also passed to OpenRLHF as flags).
         trainer_recipe, rollout_recipe: ``fp8rl.quant.RECIPES`` names.
@@ -149,19 +150,28 @@ class PluginSpec:
         dump = cfg.openrlhf.dump_loss_inputs
         if dump and run_dir is None:
             raise ValueError("openrlhf.dump_loss_inputs needs the run directory for the dumps")
-        opts = cfg.clip.calibration_options().to_dict() if cfg.clip.method == "calibrated" else {}
-        return cls(clip_method=cfg.clip.method, clip_options=opts,
+        from fp8rl.rl.clipping import method_calibrates
+
+        opts = cfg.clip.calibration_options().to_dict() if method_calibrates(cfg.clip.method) else {}
+        spec = cls(clip_method=cfg.clip.method, clip_options=opts,
                    eps_low=cfg.algorithm.eps_low, eps_high=cfg.algorithm.eps_high,
                    trainer_recipe=cfg.fp8.trainer_recipe, rollout_recipe=cfg.fp8.rollout_recipe,
                    trainer_impl=cfg.fp8.impl, trainer_emulate=bool(cfg.fp8.emulate), max_steps=cfg.steps,
                    device=cfg.openrlhf.device,
                    dump_dir=f"{run_dir}/openrlhf/dumps" if dump else None, seed=int(cfg.seed),
                    engine_max_num_seqs=cfg.openrlhf.engine_max_num_seqs)
+        try:  # what every actor will build: refused here, before submission, not inside the job
+            spec.make_clipper()
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"clip method {cfg.clip.method!r} cannot be built by the paper-scale plugin: {e}") from e
+        return spec
 
     def make_clipper(self):
-        from fp8rl.rl.clipping import make_clipper
+        """The clip method each actor's loss uses: ``make_clipper`` with the calibration options
+        and seed for a method that calibrates (``method_calibrates``), the epsilons alone otherwise."""
+        from fp8rl.rl.clipping import make_clipper, method_calibrates
 
-        if self.clip_method == "vanilla":
+        if not method_calibrates(self.clip_method):
             return make_clipper(self.clip_method, self.eps_low, self.eps_high)
         from fp8rl.rl.calibration import CalibrationOptions
 
