@@ -210,4 +210,4 @@ results: install-run
 	  $(BIN)/python -m analysis.report $(RESULTS)/runs/$$s --out $(RESULTS)/$$s --no-cache --no-progress --figures published $$pool || exit 1; \
 	done
 	@# The README's figure.
-	cp $(RESULTS)/calibration_match/figures/clipfrac_summary.png docs/figures/calibration_match.png
+	cp $(RESULTS)/calibration_match/figures/entropy_vs_bf16.png docs/figures/calibration_entropy.png

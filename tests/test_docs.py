@@ -818,3 +818,44 @@ def test_the_readme_opens_with_a_published_figure():
     assert recipe, f"no Makefile recipe copies a published figure to {fig}"
     src = recipe.group(1).replace("$(RESULTS)", "docs/results/mini")
     assert (REPO / src).read_bytes() == (REPO / fig).read_bytes(), f"{fig} is not the published {src}"
+
+
+# --- docs/timings.md: the dated ledger, and the README's one figure per target ------------------------
+
+TIMINGS = REPO / "docs" / "timings.md"
+#: targets whose figure the README quotes: (timings.md section title, the README's phrase before it)
+README_FIGURES = {"`make reproduce`": "`make reproduce` (= `.venv/bin/python -m experiments.launch +sweep=main_table`) took",
+                  "`make test`": "`make test` took"}
+
+
+def timings_tables() -> dict[str, list[dict]]:
+    """``{section title: rows}`` of docs/timings.md, each row a dict of its columns."""
+    out: dict[str, list[dict]] = {}
+    text = TIMINGS.read_text(encoding="utf-8")
+    for title in re.findall(r"^## (.+)$", text, re.M):
+        rows = _table_after(text, f"## {title}")
+        header = [c.strip() for c in text.split(f"## {title}", 1)[1].split("\n|", 1)[1].split("\n", 1)[0].strip("|").split("|")]
+        out[title] = [dict(zip(header, r, strict=True)) for r in rows]
+    return out
+
+
+def test_timings_rows_are_dated_newest_first():
+    tables = timings_tables()
+    assert set(README_FIGURES) <= set(tables), sorted(tables)
+    for title, rows in tables.items():
+        assert rows, title
+        dates = [r["date"] for r in rows]
+        assert all(re.fullmatch(r"\d{4}-\d{2}-\d{2}", d) for d in dates), (title, dates)
+        assert dates == sorted(dates, reverse=True), f"{title}: rows not newest first: {dates}"
+
+
+def test_the_readme_quotes_the_newest_figure_of_each_target():
+    """The README's figure for a target is the newest row of its docs/timings.md table, and the
+    README holds no dated history (no date at all)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    tables = timings_tables()
+    for title, phrase in README_FIGURES.items():
+        m = re.search(re.escape(phrase) + r"\s+\*\*([^*]+)\*\*", readme)
+        assert m, f"README.md does not quote {title}'s figure after {phrase!r}"
+        assert m.group(1) == tables[title][0]["wall"], (title, m.group(1), tables[title][0])
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", readme), "README.md carries a date: dated figures go to docs/timings.md"
