@@ -42,7 +42,8 @@ from fp8rl.registry import Registry
 from fp8rl.rl.calibration import Bounds, CalibratedClipController, StepPlan
 from fp8rl.rl.correction import IS_CORRECTIONS
 
-__all__ = ["CLIP_ARMS", "CLIP_METHODS", "ClipArm", "ClipMethod", "VanillaClip", "make_clipper", "method_calibrates"]
+__all__ = ["CLIP_ARMS", "CLIP_METHODS", "CalibratingMethod", "ClipArm", "ClipMethod", "VanillaClip", "make_clipper",
+           "method_calibrates"]
 
 
 @runtime_checkable
@@ -73,6 +74,28 @@ class ClipMethod(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class CalibratingMethod(ClipMethod, Protocol):
+    """What :class:`~fp8rl.rl.calibration.StepPlan` also calls on a method whose class sets
+    ``calibrates = True`` (:func:`method_calibrates`; ``CalibratedClipController`` is the one
+    shipped): its public calibration API. A calibrating method takes ``options=`` (a
+    ``CalibrationOptions``) and ``seed=`` and has state to checkpoint."""
+
+    calibrates: ClassVar[bool]
+    mode: str
+
+    @property
+    def mode_spec(self): ...  # the calibration mode's ModeSpec (fp8rl.rl.calibration.schedule)
+
+    def measures(self, step: int) -> bool: ...
+
+    def update_step(self, step: int, parts: list) -> Bounds: ...
+
+    def calibrate_window(self, step: int, tokens: tuple, *, seq: torch.Tensor | None = None) -> Bounds: ...
+
+    def estimate_flat(self, ratio: torch.Tensor, shadow_ratio: torch.Tensor, advantages: torch.Tensor) -> Bounds: ...
 
 
 CLIP_METHODS: Registry[type] = Registry("clip method")

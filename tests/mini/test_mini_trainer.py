@@ -264,7 +264,7 @@ def test_calibration_pools_every_minibatch_and_rules_the_next_step(tiny, monkeyp
     trainer = MiniTrainer(cfg, None, sft_cache=cfg.mini.cache_dir)
     seen: list = []
     mb_rows: list = []
-    real_update, real_mb = trainer.clipper._update_step, trainer.minibatch_update
+    real_update, real_mb = trainer.clipper.update_step, trainer.minibatch_update
 
     def update(step, parts):  # the plan's pooled update: every measured mini-batch's tokens, in order
         cat = [torch.cat([p[i] for p in parts]) for i in range(3)]
@@ -277,7 +277,7 @@ def test_calibration_pools_every_minibatch_and_rules_the_next_step(tiny, monkeyp
         mb_rows.append((int(rb.response_mask[idx].sum()), res))
         return res
 
-    monkeypatch.setattr(trainer.clipper, "_update_step", update)
+    monkeypatch.setattr(trainer.clipper, "update_step", update)
     monkeypatch.setattr(trainer, "minibatch_update", mb)
     shadows = _count_shadow_forwards(monkeypatch)
     rows = [trainer.train_step(s) for s in range(1, 5)]

@@ -281,19 +281,19 @@ def _flow(monkeypatch, mode, n=8, t=64, gas=2, steps=2):
     assert ctl.mode == mode  # spec -> the loss's controller
     calls = {"update": [], "update_batch": []}  # the plan's pooled update (step-level) and window calibrations
 
-    def record_step(step, parts, _orig=ctl._update_step):
+    def record_step(step, parts, _orig=ctl.update_step):
         out = _orig(step, parts)
         calls["update"].append({"step": step, "bounds": out.as_tuple(), "n_calls": len(forwards),
                                 "ratio": torch.cat([p[0] for p in parts]), "shadow_ratio": torch.cat([p[1] for p in parts])})
         return out
 
-    def record_window(step, tokens, _orig=ctl._calibrate_window, **kw):
+    def record_window(step, tokens, _orig=ctl.calibrate_window, **kw):
         out = _orig(step, tokens, **kw)
         calls["update_batch"].append({"step": step, "bounds": out.as_tuple(), "n_calls": len(forwards),
                                       "ratio": tokens[0], "shadow_ratio": tokens[1], "seq": kw.get("seq")})
         return out
 
-    ctl._update_step, ctl._calibrate_window = record_step, record_window
+    ctl.update_step, ctl.calibrate_window = record_step, record_window
     statuses = []
     for _ in range(steps):
         actor.k = 0

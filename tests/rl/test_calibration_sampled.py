@@ -256,7 +256,7 @@ def test_same_batch_has_no_out_of_sample_tokens_and_is_cross_fitted():
     assert [out[M.SHADOW_XFIT_N_NEG], out[M.SHADOW_XFIT_FP8_LOW_N], out[M.SHADOW_XFIT_BF16_LOW_N]] == \
         [float(x) for x in want]
     assert 0 < want[0] < int((mask & (adv < 0)).sum()) + 1
-    counts = cross_fit_counts(r, s, a, seq, step=0, vanilla_low=V.low, estimate=ctl._estimate_flat)
+    counts = cross_fit_counts(r, s, a, seq, step=0, vanilla_low=V.low, estimate=ctl.estimate_flat)
     assert counts.tolist() == want
     assert 0.3 < float((xfit_folds(torch.arange(1000), 3)).float().mean()) < 0.7  # two halves
 

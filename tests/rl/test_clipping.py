@@ -108,3 +108,20 @@ def test_calibrated_bounds_restore_bf16_lower_clipping_through_the_loss():
     calibrated = _run_loop(make_clipper("calibrated", 0.2, 0.28, mode="periodic", period=1, ema=0.0))
     for fp8, bf16, n_neg in calibrated:
         assert abs(fp8 - bf16) <= 1 / n_neg + 1e-6
+
+
+def test_the_calibrating_api_the_plan_calls_is_public():
+    """StepPlan calls only public methods of a calibrating clip method (the CalibratingMethod
+    protocol); which methods calibrate is their class attribute, not their name."""
+    import ast
+    import inspect
+
+    from fp8rl.rl.calibration import plan
+    from fp8rl.rl.clipping import CLIP_METHODS, CalibratingMethod, make_clipper, method_calibrates
+
+    assert isinstance(make_clipper("calibrated", 0.2, 0.28), CalibratingMethod)
+    assert not isinstance(make_clipper("vanilla", 0.2, 0.28), CalibratingMethod)
+    assert {n: method_calibrates(n) for n in CLIP_METHODS} == {"vanilla": False, "calibrated": True}
+    called = {node.attr for node in ast.walk(ast.parse(inspect.getsource(plan)))
+              if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ctl"}
+    assert called and not {c for c in called if c.startswith("_")}, called

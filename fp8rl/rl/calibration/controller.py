@@ -229,7 +229,7 @@ class CalibratedClipController:
             lower_estimator=self.lower_estimator,
         )
 
-    def _estimate_flat(self, ratio: torch.Tensor, shadow_ratio: torch.Tensor, advantages: torch.Tensor) -> Bounds:
+    def estimate_flat(self, ratio: torch.Tensor, shadow_ratio: torch.Tensor, advantages: torch.Tensor) -> Bounds:
         """The raw (clamped) bounds of one estimate on flat tokens, no state change (cross-fitting)."""
         cal = self._estimate([(ratio, shadow_ratio, advantages)])
         return Bounds(cal.low, cal.high)
@@ -296,10 +296,10 @@ class CalibratedClipController:
         self._count(step, tokens, self._state.bounds)  # the bounds these tokens were clipped with
         return self._pooled_update(step, tokens)
 
-    def _update_step(self, step: int, parts: list[Tokens]) -> Bounds:
+    def update_step(self, step: int, parts: list[Tokens]) -> Bounds:
         """The plan's pooled update of a step-level mode: the windows' tokens in order (agreement
         counted by the plan)."""
-        self._check_pooled_call(step, "_update_step")
+        self._check_pooled_call(step, "update_step")
         if not parts:
             raise ValueError(f"step {step} is a calibration step but no window was measured")
         if self.reference != "static" and any(p[1] is None for p in parts):
@@ -309,7 +309,7 @@ class CalibratedClipController:
                   torch.cat([p[2] for p in parts]))
         return self._pooled_update(step, tokens)
 
-    def _calibrate_window(self, step: int, tokens: Tokens, *, seq: torch.Tensor | None = None) -> Bounds:
+    def calibrate_window(self, step: int, tokens: Tokens, *, seq: torch.Tensor | None = None) -> Bounds:
         """One window's bounds (in-window modes): from its measured tokens, pooled with the last
         windows' for ``sampled``; raw (no EMA). Degenerate input keeps the previous bounds."""
         step = self._check_step(step)
@@ -354,7 +354,7 @@ class CalibratedClipController:
         Arguments as :meth:`update`; steps may repeat (several mini-batches) but not go back.
         """
         tokens = self._tokens(ratio, shadow_ratio, advantages, mask)
-        b = self._calibrate_window(step, tokens)
+        b = self.calibrate_window(step, tokens)
         self._count(step, tokens, b)  # the bounds this mini-batch's loss uses
         return b
 

@@ -136,10 +136,10 @@ class StepPlan:
             out.update({M.CLIP_LOW: self.before.low, M.CLIP_HIGH: self.before.high})
         if self.calibrates:
             if not self.in_window:
-                new = ctl._update_step(step, self.step_tokens)
+                new = ctl.update_step(step, self.step_tokens)
                 out.update({"clip/low_next": new.low, "clip/high_next": new.high})
             out.update({k: v for k, v in ctl.metrics(step).items() if k not in (M.CLIP_LOW, M.CLIP_HIGH)})
-        elif hasattr(ctl, "mode"):  # calibrated, not calibrating this step: the running counters
+        elif getattr(ctl, "calibrates", False):  # a calibrating method, not calibrating this step: its running counters
             out.update({k: v for k, v in ctl.metrics().items()
                         if k in ("clip/calibrations", "clip/degenerate_updates", M.CLIP_ALPHA)})
         if reduce_sum is not None:
@@ -211,10 +211,10 @@ class WindowPlan:
             self.after = self.before
             return self.after
         ctl = plan.clipper
-        self.after = ctl._calibrate_window(plan.step, (r, s, a), seq=q)
+        self.after = ctl.calibrate_window(plan.step, (r, s, a), seq=q)
         if plan.spec.rules_measured and s is not None and q is not None and r.numel():
             plan.heldout.add_xfit(cross_fit_counts(r, s, a, q, step=plan.step, vanilla_low=plan.vanilla.low,
-                                                   estimate=ctl._estimate_flat))
+                                                   estimate=ctl.estimate_flat))
         return self.after
 
     @torch.no_grad()

@@ -219,7 +219,7 @@ def model_report(actor) -> dict:
 def instrument(actor) -> None:
     """Record every call of the real loss (inputs, the BF16 shadow and measured rows the plan
     handed it, bounds used, outputs) and of the clip controller's calibrations -- the pooled
-    update after a step (``_update_step``) and a window's (``_calibrate_window``: inputs, returned
+    update after a step (``update_step``) and a window's (``calibrate_window``: inputs, returned
     bounds) -- and the calibration mode the loss's controller was built with."""
     import torch
 
@@ -248,9 +248,9 @@ def instrument(actor) -> None:
     loss.register_forward_pre_hook(pre, with_kwargs=True)
     loss.register_forward_hook(post, with_kwargs=True)
     ctl = loss.clipper
-    if not hasattr(ctl, "_update_step"):  # vanilla: nothing calibrates
+    if not hasattr(ctl, "update_step"):  # vanilla: nothing calibrates
         return
-    orig_step, orig_window = ctl._update_step, ctl._calibrate_window
+    orig_step, orig_window = ctl.update_step, ctl.calibrate_window
 
     def update_step(step, parts):
         bounds = orig_step(step, parts)
@@ -268,7 +268,7 @@ def instrument(actor) -> None:
                                     "seq": None if kw.get("seq") is None else kw["seq"].clone()})
         return bounds
 
-    ctl._update_step, ctl._calibrate_window = update_step, calibrate_window
+    ctl.update_step, ctl.calibrate_window = update_step, calibrate_window
 
 
 def records(actor) -> dict:

@@ -213,13 +213,14 @@ def _init_trainer(trainer, strategy, spec: PluginSpec) -> None:
         if ck["state"] is not None:
             loss.clipper.load_state_dict(ck["state"]["clipper"])
             trainer._fp8rl_step = int(ck["state"]["step"])
-        elif spec.clip_method != "vanilla":
+        elif getattr(loss.clipper, "calibrates", False):  # a method with state of its own to restore
             raise ResumeError(
                 f"checkpoint {ck['path']} has no fp8rl controller state ({STATE_KEY!r} in the DeepSpeed "
                 f"client state): it was written without the plugin, so the {spec.clip_method} bounds cannot "
                 "resume; start the run afresh (remove the checkpoint directory)")
         else:
-            log.warning("checkpoint %s has no fp8rl state; the vanilla clip method has none to restore", ck["path"])
+            log.warning("checkpoint %s has no fp8rl state; the %s clip method has none to restore", ck["path"],
+                        spec.clip_method)
     _TRAINERS[strategy] = weakref.ref(trainer)
 
 
