@@ -234,3 +234,22 @@ def test_the_dump_holds_the_rollout_log_probs_and_the_weights_applied(upstream_l
     torch.testing.assert_close(with_tis["token_loss"], ppo * want_w)
     assert without["correction"] == "none" and without["is_weights"] is None
     torch.testing.assert_close(without["token_loss"], ppo)
+
+
+def test_the_step_metrics_reduce_is_keyed_not_positional():
+    """Each rank's sums arrive under their own key whatever the order of the packed vector: a
+    reduce that reverses the vector (a stand-in for another packing order) and reverses it back
+    gives the same metrics; an unknown key is refused rather than dropped."""
+    import pytest
+    import torch
+
+    from fp8rl.backends.openrlhf.plugin.metrics import SUMMED_KEYS, all_reduce_keyed
+
+    vals = {k: torch.tensor(float(i + 1), dtype=torch.float64) for i, k in enumerate(SUMMED_KEYS)}
+    twice = all_reduce_keyed(vals, lambda v: v * 2)
+    assert {k: float(v) for k, v in twice.items()} == {k: 2.0 * (i + 1) for i, k in enumerate(SUMMED_KEYS)}
+    rev = all_reduce_keyed(vals, None, keys=tuple(reversed(SUMMED_KEYS)))
+    assert {k: float(v) for k, v in rev.items()} == {k: float(v) for k, v in vals.items()}
+    assert float(all_reduce_keyed({}, None)["neg"]) == 0.0  # a rank without micro-batches
+    with pytest.raises(KeyError, match="not in the reduced keys"):
+        all_reduce_keyed({"neg_lowx": torch.tensor(1.0)}, None)

@@ -35,12 +35,33 @@ Calibration values (``clip/*``, ``shadow/*``) come from the controller once per 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
-#: Count keys of ``fp8rl.rl.diagnostics.clip_counts`` in the order they are all-reduced.
+from fp8rl.runs import metrics as M
+
+#: Count keys of ``fp8rl.rl.diagnostics.clip_counts``.
 COUNT_KEYS = ("tokens", "neg", "pos", "neg_low", "neg_high", "pos_low", "pos_high")
+#: Everything :meth:`StepMetrics.finalize` sums over the ranks: the counts and the mismatch sums.
+SUMMED_KEYS = (*COUNT_KEYS, "mismatch_sum", "mismatch_tokens", "has_mismatch")
+
+
+def all_reduce_keyed(values: Mapping[str, torch.Tensor], all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None,
+                     keys: tuple[str, ...] = SUMMED_KEYS, *, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """``{key: sum over ranks}`` of the 0-d float64 ``values`` in one all-reduce: packed in the
+    order of ``keys`` (the same tuple on every rank), unpacked by key, so no reader indexes the
+    vector by position; a key missing from ``values`` counts 0 (a rank that saw no micro-batch).
+    A key in ``values`` but not in ``keys`` raises (it would be dropped)."""
+    extra = set(values) - set(keys)
+    if extra:
+        raise KeyError(f"all_reduce_keyed: {sorted(extra)} not in the reduced keys {keys}")
+    device = device or next((v.device for v in values.values()), torch.device("cpu"))
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    vec = torch.stack([values.get(k, zero).to(device=device, dtype=torch.float64) for k in keys])
+    if all_reduce_sum is not None:
+        vec = all_reduce_sum(vec)
+    return {k: vec[i] for i, k in enumerate(keys)}
 
 
 class StepMetrics:
@@ -81,19 +102,13 @@ class StepMetrics:
         from fp8rl.rl.diagnostics import fractions_from_counts, neg_counts, ratio_quantiles
 
         device = self._device()
-        has_mismatch = torch.tensor([0.0 if self.mismatch_sum is None else 1.0], dtype=torch.float64,
-                                    device=device)
-        vec = torch.stack([self.counts.get(k, torch.zeros((), dtype=torch.float64, device=device)).to(device)
-                           for k in COUNT_KEYS]
-                          + [(self.mismatch_sum if self.mismatch_sum is not None
-                              else torch.zeros((), dtype=torch.float64, device=device)).to(device),
-                             (self.mismatch_tokens if self.mismatch_tokens is not None
-                              else torch.zeros((), dtype=torch.float64, device=device)).to(device)])
-        vec = torch.cat([vec, has_mismatch])
-        if all_reduce_sum is not None:
-            vec = all_reduce_sum(vec)
-        counts = {k: vec[i] for i, k in enumerate(COUNT_KEYS)}
-        out = {k: float(v) for k, v in fractions_from_counts(counts).items() if k != "actor/clipfrac"}
+        local = {k: self.counts[k].to(device) for k in COUNT_KEYS if k in self.counts}
+        if self.mismatch_sum is not None:
+            local.update(mismatch_sum=self.mismatch_sum.to(device), mismatch_tokens=self.mismatch_tokens.to(device),
+                         has_mismatch=torch.ones((), dtype=torch.float64, device=device))
+        total = all_reduce_keyed(local, all_reduce_sum, device=device)
+        counts = {k: total[k] for k in COUNT_KEYS}
+        out = {k: float(v) for k, v in fractions_from_counts(counts).items() if k != M.ACTOR_CLIPFRAC}
         out.update({k: float(v) for k, v in neg_counts(counts).items()})
         neg = torch.cat(self.neg_ratios) if self.neg_ratios else torch.zeros(0, device=device)
         if all_gather is not None:
@@ -101,10 +116,10 @@ class StepMetrics:
         ones = torch.ones_like(neg, dtype=torch.bool)
         out.update({k: float(v) for k, v in
                     ratio_quantiles(neg, -torch.ones_like(neg), ones).items()})
-        if float(vec[-1]) > 0 and float(vec[-2]) > 0:
-            out["rollout/mismatch_kl"] = float(vec[-3] / vec[-2])
+        if float(total["has_mismatch"]) > 0 and float(total["mismatch_tokens"]) > 0:
+            out[M.ROLLOUT_MISMATCH_KL] = float(total["mismatch_sum"] / total["mismatch_tokens"])
         if self.shadow_s:
-            out["perf/shadow_s"] = self.shadow_s
+            out[M.PERF_SHADOW_S] = self.shadow_s
         return out
 
     def _device(self) -> torch.device:
