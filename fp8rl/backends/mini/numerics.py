@@ -4,17 +4,17 @@ A mini run is deterministic on one machine (fixed seeds, deterministic algorithm
 cell), but its bits differ between machines, and RL amplifies the last bit: one flipped sampled
 token parts two trajectories. Golden numbers (``tests/mini/test_mini_golden.py``), the shared
 step-0 evaluation cache and the report's "published numbers" claim all need to know whether two
-machines compute the same bits. Measured on a 2-core AMD EPYC with AVX-512 (``python -m
-experiments.numerics --factors``; docs/numerics.md has the table):
+machines compute the same bits. Measured on a 2-core AMD EPYC with AVX-512
+(``benchmarks/numerics_factors.py``; docs/numerics.md has the table):
 
 - **Decides the bits**: torch's ATen kernel level (``ATEN_CPU_CAPABILITY``: default / AVX2 /
   AVX512 give three different trajectories), and the code path MKL takes for its fp32 GEMMs (every
   mini GEMM is an fp32 GEMM on CPU, BF16 ones included: ``fp8rl/quant/lowp.py``). MKL chooses its
-  path by CPU vendor and ISA: on an Intel Xeon with AVX-512 it runs AVX-512 kernels, on an AMD
-  EPYC with AVX-512 the same torch wheel runs a generic path, so two "AVX512" machines disagree
-  (the AVX-512 golden numbers recorded on a Xeon failed on this EPYC), while this EPYC with ATen
-  held to AVX2 reproduces the numbers of an AVX2-only EPYC bit for bit. torch and transformers
-  versions decide them too.
+  path by CPU vendor and ISA (its verbose header names it: ``Intel(R) Architecture processors``
+  on this AMD CPU, ISA-specific kernels on Intel CPUs), so two "AVX512" machines disagree (the
+  AVX-512 golden numbers recorded on a Xeon failed on this EPYC; forcing other MKL paths with
+  ``MKL_CBWR`` changes the bits here), while this EPYC with ATen held to AVX2 reproduces the
+  numbers of an AVX2-only EPYC bit for bit. torch and transformers versions decide them too.
 - **Does not**: oneDNN's ISA (``ONEDNN_MAX_CPU_ISA``; the mini backend runs no oneDNN GEMM), the
   native ``fake_quantize`` kernels on or off (``FP8RL_NATIVE=0``: the same bits by construction,
   ``tests/quant/test_quant_native.py``), the process (every cell twice in fresh processes gives
@@ -166,11 +166,15 @@ def fingerprint() -> dict:
     ATen's kernel level and the probe digest. ``mkl`` and ``cpu`` are recorded for people (the
     probe already tells machines apart where they matter).
     """
-    import transformers
+    from importlib import metadata
 
     from fp8rl.runs.provenance import cpu_info
 
-    fp = {"torch": torch.__version__, "transformers": transformers.__version__,
+    try:  # the installed version, without importing the package
+        tf_version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        tf_version = None
+    fp = {"torch": torch.__version__, "transformers": tf_version,
           "aten": torch.backends.cpu.get_cpu_capability(), "probe": f"v{PROBE_VERSION}:{probe_digest()}",
           "mkl": mkl_code_path(), "cpu": {**cpu_info(), "vendor": _cpu_vendor()}}
     fp["key"] = fingerprint_key(fp)
