@@ -30,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from pty_shell import PtyShell  # noqa: E402
 from test_launch_interrupt import _furthest  # noqa: E402  (the furthest step a RUNNING cell reached)
 
-STEPS = 10
+# long enough that a Ctrl-C at step 2 lands while the cells run on any machine: with 10 steps the
+# cells of this tiny config finished before the stop reached them on an AVX-512 EPYC (a race)
+STEPS = 40
 BIN = os.path.join(sys.prefix, "bin")
 FAST = ["algorithm=grpo", "model=8b", "fp8=bf16", "clip=vanilla,tis", f"steps={STEPS}", "checkpoint_every=0",
         "mini.sft_steps=0", "workers=2", "prompts_per_step=2", "num_mini_batches=2", "max_response_len=16",
