@@ -1,15 +1,53 @@
-"""``clip:`` -- the clip-method arm (vanilla, TIS, Calibrated Clipping) and its calibration options."""
+"""``clip:`` -- the clip-method arm (vanilla, TIS, Calibrated Clipping) and its calibration options.
+
+``ClipConfig``'s calibration fields are not declared here: they are derived from the fields of
+``fp8rl.rl.calibration.CalibrationOptions`` (:func:`_calibration_fields`), so an option added
+there is a ``clip.<name>`` key at once, with its type. Two things differ from the options, on
+purpose, and only here:
+
+- a name: ``CalibrationOptions.mode`` is ``clip.calibration_mode`` (:data:`CONFIG_NAMES`);
+- two defaults (:data:`CONFIG_DEFAULTS`): ``init_bounds`` [0.6, 1.8], the paper's wide start,
+  where the controller's own default (None) starts at the vanilla bounds; and ``low_min`` 0.05,
+  the floor of the lower bound, where the controller's 0.5 binds at mini scale (with it
+  ``same_batch`` clipped up to 3x the BF16 shadow's count; docs/mini.md, "The floor").
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
+from typing import Any
 
 from fp8rl.config.validation import _check_registry, _require
-from fp8rl.rl.calibration.schedule import DEFAULT_CALIBRATION_MODE, MODE_OPTION_DEFAULTS
+from fp8rl.rl.calibration.options import CalibrationOptions
+
+#: ``CalibrationOptions`` field -> its ``clip.`` key, where the two names differ.
+CONFIG_NAMES: dict[str, str] = {"mode": "calibration_mode"}
+#: ``CalibrationOptions`` field -> the config's default, where it differs on purpose (module docstring).
+CONFIG_DEFAULTS: dict[str, Any] = {"init_bounds": (0.6, 1.8), "low_min": 0.05}
+#: The config's type of a field, where the option's does not suit a YAML key (a list, not a tuple).
+_CONFIG_TYPES: dict[str, Any] = {"init_bounds": list[float]}
+
+
+def _calibration_fields() -> list[tuple[str, Any, Any]]:
+    """``(clip key, type, field)`` of every ``CalibrationOptions`` field, in its order."""
+    hints = typing.get_type_hints(CalibrationOptions)
+    out = []
+    for f in dataclasses.fields(CalibrationOptions):
+        default = CONFIG_DEFAULTS.get(f.name, f.default)
+        spec = (field(default_factory=lambda d=default: list(d)) if isinstance(default, (list, tuple))
+                else field(default=default))
+        out.append((CONFIG_NAMES.get(f.name, f.name), _CONFIG_TYPES.get(f.name, hints[f.name]), spec))
+    return out
+
+
+#: The calibration part of ``ClipConfig``: one field per ``CalibrationOptions`` field.
+_CalibrationFields = dataclasses.make_dataclass("_CalibrationFields", _calibration_fields())
 
 
 @dataclass
-class ClipConfig:
+class ClipConfig(_CalibrationFields):
     """Clip-method arm and its options (``fp8rl.rl.clipping.CLIP_ARMS`` and the controller).
 
     Attributes:
@@ -17,48 +55,22 @@ class ClipConfig:
             TIS) or ``calibrated`` (Calibrated Clipping + TIS); ``CLIP_ARMS`` maps the arm to
             (clip method, IS correction).
         tis_cap: TIS truncation C (paper: 2).
-        calibration_mode: when the calibrated arm measures and which tokens its bounds rule
-            (``fp8rl.rl.calibration.CALIBRATION_MODES``: ``periodic``, ``pooled``,
-            ``same_batch``, ``sampled``; default ``DEFAULT_CALIBRATION_MODE``).
-        period, ema, window, calibrate_at_start: ``periodic``'s options; setting one to a
-            non-default value with another mode raises.
-        sample_fraction, sample_min, sample_max, sample_pool, sample_target: ``sampled``'s options
-            (``fp8rl.rl.calibration.CalibrationOptions``; ``sampling`` has the share rule);
-            setting one to a non-default value with another mode raises.
-        upper_rule, init_bounds, reference, alpha, p_target, low_min, high_max: the other
-            options of ``fp8rl.rl.calibration.CalibratedClipController`` (used by
-            ``calibrated`` only; see that class). ``init_bounds`` default [0.6, 1.8] is the
-            paper's wide start.
-        lower_estimator: the lower bound's estimator (``fp8rl.rl.calibration.LOWER_ESTIMATORS``:
-            ``in_sample``, ``unbiased``); null = the mode's own (same_batch: in_sample, exact on
-            the tokens its bounds rule; periodic, pooled: unbiased for the later tokens).
         shadow_diagnostics: on a non-calibrated arm (vanilla, tis), also run the BF16 shadow on
             every step's mini-batches and log which tokens FP8 clips against which BF16 would
             clip (``shadow/*`` agreement metrics) without changing training. The calibrated arm
             logs them on its measured steps anyway.
+        calibration_mode, and every other field of ``CalibrationOptions`` (``period``, ``ema``,
+            ``window``, ``calibrate_at_start``, ``upper_rule``, ``init_bounds``, ``reference``,
+            ``alpha``, ``p_target``, ``low_min``, ``high_max``, ``lower_estimator``,
+            ``sample_*``): the calibration options, documented there; the config's defaults are
+            the options' but for :data:`CONFIG_DEFAULTS`. They are built into one validated
+            ``CalibrationOptions`` for every arm (:meth:`calibration_options`): an option of one
+            mode set with another raises; a method that does not calibrate ignores them.
     """
 
     arm: str = "vanilla"
     tis_cap: float = 2.0
-    calibration_mode: str = DEFAULT_CALIBRATION_MODE
-    period: int = MODE_OPTION_DEFAULTS["period"]
-    ema: float = MODE_OPTION_DEFAULTS["ema"]
-    upper_rule: str = "contribution"
-    init_bounds: list[float] = field(default_factory=lambda: [0.6, 1.8])
-    reference: str = "shadow"
-    alpha: float | None = None
-    p_target: float | None = None
-    low_min: float = 0.05
-    high_max: float = 2.0
-    calibrate_at_start: bool = MODE_OPTION_DEFAULTS["calibrate_at_start"]
-    window: int = MODE_OPTION_DEFAULTS["window"]
     shadow_diagnostics: bool = False
-    lower_estimator: str | None = None
-    sample_fraction: float | None = MODE_OPTION_DEFAULTS["sample_fraction"]
-    sample_min: float = MODE_OPTION_DEFAULTS["sample_min"]
-    sample_max: float = MODE_OPTION_DEFAULTS["sample_max"]
-    sample_pool: int = MODE_OPTION_DEFAULTS["sample_pool"]
-    sample_target: float = MODE_OPTION_DEFAULTS["sample_target"]
 
     def __post_init__(self) -> None:
         _check_registry("fp8rl.rl.clipping", "CLIP_ARMS", self.arm, "clip.arm")
@@ -88,20 +100,13 @@ class ClipConfig:
 
         return CLIP_ARMS[self.arm].is_correction
 
-    def calibration_options(self):
-        """The calibration options as one validated ``fp8rl.rl.calibration.CalibrationOptions``
-        (built for every arm: the config carries them either way; errors name ``clip.<key>``)."""
-        from fp8rl.rl.calibration import CalibrationOptions
-
+    def calibration_options(self) -> CalibrationOptions:
+        """The calibration options as one validated ``CalibrationOptions`` (built for every arm:
+        the config carries them either way; errors name ``clip.<key>``)."""
+        values = {f.name: getattr(self, CONFIG_NAMES.get(f.name, f.name))
+                  for f in dataclasses.fields(CalibrationOptions)}
         try:
-            return CalibrationOptions.from_dict({
-                "mode": self.calibration_mode, "period": self.period, "ema": self.ema,
-                "upper_rule": self.upper_rule, "init_bounds": tuple(self.init_bounds), "reference": self.reference,
-                "alpha": self.alpha, "p_target": self.p_target, "low_min": self.low_min, "high_max": self.high_max,
-                "calibrate_at_start": self.calibrate_at_start, "window": self.window,
-                "lower_estimator": self.lower_estimator, "sample_fraction": self.sample_fraction,
-                "sample_min": self.sample_min, "sample_max": self.sample_max, "sample_pool": self.sample_pool,
-                "sample_target": self.sample_target}, prefix="clip.")
+            return CalibrationOptions.from_dict(values, prefix="clip.")
         except (TypeError, ValueError) as e:
             if str(e).startswith("clip."):
                 raise

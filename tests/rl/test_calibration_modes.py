@@ -267,3 +267,43 @@ def test_each_mode_uses_its_own_lower_estimator_unless_told():
         ctl("pooled", lower_estimator="in_sample").load_state_dict(state)
     del state["config"]["lower_estimator"]
     ctl("pooled", lower_estimator="in_sample").load_state_dict(state)
+
+
+def test_clip_config_carries_every_calibration_option_to_the_controller():
+    """Each ``CalibrationOptions`` field is a ``clip.`` key with the options' default (but the two
+    stated ones), and a non-default value of each reaches the options the controller gets."""
+    import dataclasses
+
+    from fp8rl.config import ClipConfig
+    from fp8rl.config.clip import CONFIG_DEFAULTS, CONFIG_NAMES
+    from fp8rl.rl.calibration import CalibrationOptions
+
+    cfg_fields = {f.name: f for f in dataclasses.fields(ClipConfig)}
+    assert set(CONFIG_DEFAULTS) == {"init_bounds", "low_min"}
+    for f in dataclasses.fields(CalibrationOptions):
+        key = CONFIG_NAMES.get(f.name, f.name)
+        assert key in cfg_fields, f"CalibrationOptions.{f.name} has no clip.{key}"
+        cf = cfg_fields[key]
+        default = cf.default if cf.default is not dataclasses.MISSING else cf.default_factory()
+        if f.name in CONFIG_DEFAULTS:
+            assert (tuple(default) if isinstance(default, list) else default) == CONFIG_DEFAULTS[f.name]
+            assert default != f.default
+        else:
+            assert default == f.default, f"clip.{key} default {default!r} != CalibrationOptions' {f.default!r}"
+    # one non-default value per option, each in a mode that reads it
+    changes = [("periodic", {"period": 4}), ("periodic", {"ema": 0.0}), ("periodic", {"window": 3}),
+               ("periodic", {"calibrate_at_start": False}), ("sampled", {"sample_fraction": 0.5}),
+               ("sampled", {"sample_min": 0.02}), ("sampled", {"sample_max": 0.2}), ("sampled", {"sample_pool": 2}),
+               ("sampled", {"sample_target": 3.0}), ("pooled", {"upper_rule": "proportional"}),
+               ("pooled", {"init_bounds": [0.7, 1.5]}), ("pooled", {"low_min": 0.3}), ("pooled", {"high_max": 1.9}),
+               ("pooled", {"lower_estimator": "in_sample"}),
+               ("pooled", {"reference": "static", "alpha": 0.01, "p_target": 1.2})]
+    covered = {"mode"}
+    for mode, kw in changes:
+        opts = ClipConfig(arm="calibrated", calibration_mode=mode, **kw).calibration_options()
+        assert opts.mode == mode
+        for k, v in kw.items():
+            got = getattr(opts, k)
+            assert (list(got) if isinstance(got, tuple) else got) == v, k
+            covered.add(k)
+    assert covered == {f.name for f in dataclasses.fields(CalibrationOptions)}

@@ -71,8 +71,9 @@ def _int(name: str, value: Any, minimum: int, what: str) -> int:
 
 @dataclass(frozen=True)
 class CalibrationOptions:
-    """Every option of Calibrated Clipping (defaults are the controller's; ``ClipConfig`` has
-    its own, the paper's wide start among them).
+    """Every option of Calibrated Clipping (defaults are the controller's; ``ClipConfig``
+    derives its ``clip.`` keys from these fields and states the two defaults it changes,
+    ``fp8rl.config.clip.CONFIG_DEFAULTS``).
 
     Attributes:
         mode: when the controller measures and which tokens its bounds rule
