@@ -13,7 +13,6 @@ from fp8rl.config import Fp8Config
         ("rollout_only", "blockwise", "bf16"),
         ("tensorwise", "tensorwise", "tensorwise"),
         ("blockwise", "blockwise", "blockwise"),
-        ("my_custom_arm", "rowwise", "tensorwise"),  # a free label for a custom arm
     ],
 )
 def test_consistent_arms_build(name, rollout, trainer):
@@ -42,3 +41,23 @@ def test_mislabelled_arm_raises_naming_the_fix(name, rollout, trainer, needle):
     with pytest.raises(ValueError, match=r"fp8\.name") as e:
         Fp8Config(name=name, rollout_recipe=rollout, trainer_recipe=trainer, emulate=True)
     assert needle in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["my_custom_arm", "fp9", "b"])
+def test_a_name_that_is_no_arm_is_refused_listing_the_arms(name):
+    """One rule for the config and the launcher: ``fp8_arms`` (free labels would reach run names
+    and legends saying nothing about what ran)."""
+    with pytest.raises(ValueError, match=rf"fp8\.name: '{name}' is not an FP8 arm; valid values: fp32, bf16, "
+                                         r"rollout_only, blockwise, mxfp8, rowwise, rowwise_with_gw_hp, tensorwise"):
+        Fp8Config(name=name, rollout_recipe="rowwise", trainer_recipe="tensorwise", emulate=True)
+
+
+def test_every_recipe_has_its_full_fp8_arm():
+    from fp8rl.config.fp8 import fp8_arms
+    from fp8rl.quant import RECIPES
+
+    arms = fp8_arms()
+    assert list(arms)[:3] == ["fp32", "bf16", "rollout_only"]
+    assert set(arms) - {"fp32", "bf16", "rollout_only"} == set(RECIPES) - {"bf16"}
+    for recipe in set(RECIPES) - {"bf16"}:
+        assert arms[recipe].trainer == recipe

@@ -52,7 +52,8 @@ class Fp8Config:
     compute_dtype: str = "bf16"
 
     def __post_init__(self) -> None:
-        _require(bool(self.name), "fp8.name must be a non-empty label (e.g. bf16, tensorwise)")
+        _require(isinstance(self.name, str) and bool(self.name),
+                 "fp8.name must be an FP8 arm's name (e.g. bf16, tensorwise); pick the arm with fp8=NAME")
         _require(self.compute_dtype in COMPUTE_DTYPES,
                  f"fp8.compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {self.compute_dtype!r}")
         for f in ("rollout_recipe", "trainer_recipe"):
@@ -73,38 +74,78 @@ class Fp8Config:
         self._check_name_matches_recipes()
 
     def _check_name_matches_recipes(self) -> None:
-        """The arm name goes into run names and figure legends: it must say what runs.
+        """The arm name goes into run names and figure legends: it must say what runs
+        (:func:`fp8_arms` owns the rule)."""
+        arms = fp8_arms()
+        _require(self.name in arms,
+                 f"fp8.name: {self.name!r} is not an FP8 arm; valid values: {', '.join(arms)} (pick the arm "
+                 f"with fp8=NAME; an arm is named after what it runs, so a new one is a new recipe)")
+        problem = arms[self.name].problem(self)
+        _require(problem is None, problem or "")
 
-        ``bf16`` means both recipes bf16; ``rollout_only`` an FP8 rollout recipe with a bf16
-        trainer; a recipe name (``tensorwise``, ``blockwise``, ...) full FP8 with that trainer
-        recipe and an FP8 rollout recipe. Any other name is a free label for a custom arm.
-        """
-        from fp8rl.quant import RECIPES
 
-        name, rollout, trainer = self.name, self.rollout_recipe, self.trainer_recipe
+@dataclass(frozen=True)
+class Fp8Arm:
+    """What an ``fp8=`` arm's name promises about the recipes and dtype that run under it.
+
+    Attributes:
+        name: the ``fp8.name`` (a run-name part and a legend label).
+        rollout: the rollout recipe: a ``RECIPES`` name, or ``FP8`` for any recipe but ``bf16``.
+        trainer: the trainer recipe (a ``RECIPES`` name).
+        compute_dtype: ``fp8.compute_dtype`` (``COMPUTE_DTYPES``).
+    """
+
+    name: str
+    rollout: str
+    trainer: str
+    compute_dtype: str = "bf16"
+
+    def problem(self, cfg: Fp8Config) -> str | None:
+        """Why ``cfg`` does not run what its name says, with the fix; None when it does."""
         how = "(the launcher's fp8=<arm> config group sets these together)"
-        if name == "fp32":
-            _require(rollout == "bf16" and trainer == "bf16" and self.compute_dtype == "fp32",
-                     f"fp8.name='fp32' needs no FP8 (fp8.rollout_recipe=bf16, fp8.trainer_recipe=bf16) "
-                     f"and fp8.compute_dtype=fp32, got rollout {rollout!r}, trainer {trainer!r}, compute "
-                     f"{self.compute_dtype!r} {how}")
-            return
-        if name in ("bf16", "rollout_only") or name in RECIPES:
-            _require(self.compute_dtype == "bf16",
-                     f"fp8.name={name!r} computes in BF16 outside FP8 GEMMs; fp8.compute_dtype="
-                     f"{self.compute_dtype!r} would run something else under that name: use "
-                     f"fp8=fp32 for the fp32 arm, or give a custom arm its own fp8.name")
+        rollout, trainer, name = cfg.rollout_recipe, cfg.trainer_recipe, self.name
+        if self.compute_dtype == "fp32":
+            if (rollout, trainer, cfg.compute_dtype) != ("bf16", "bf16", "fp32"):
+                return (f"fp8.name='fp32' needs no FP8 (fp8.rollout_recipe=bf16, fp8.trainer_recipe=bf16) and "
+                        f"fp8.compute_dtype=fp32, got rollout {rollout!r}, trainer {trainer!r}, compute "
+                        f"{cfg.compute_dtype!r} {how}")
+            return None
+        if cfg.compute_dtype != self.compute_dtype:
+            return (f"fp8.name={name!r} computes in BF16 outside FP8 GEMMs; fp8.compute_dtype="
+                    f"{cfg.compute_dtype!r} would run something else under that name: use fp8=fp32 for the "
+                    f"fp32 arm")
+        rollout_ok = rollout != "bf16" if self.rollout == FP8 else rollout == self.rollout
+        if rollout_ok and trainer == self.trainer:
+            return None
         if name == "bf16":
-            _require(rollout == "bf16" and trainer == "bf16",
-                     f"fp8.name='bf16' needs fp8.rollout_recipe=bf16 and fp8.trainer_recipe=bf16, "
-                     f"got rollout {rollout!r}, trainer {trainer!r} {how}")
-        elif name == "rollout_only":
-            _require(trainer == "bf16" and rollout != "bf16",
-                     f"fp8.name='rollout_only' needs an FP8 fp8.rollout_recipe and "
-                     f"fp8.trainer_recipe=bf16, got rollout {rollout!r}, trainer {trainer!r} {how}")
-        elif name in RECIPES:
-            _require(trainer == name and rollout != "bf16",
-                     f"fp8.name={name!r} names the full-FP8 {name} arm: set "
-                     f"fp8.trainer_recipe={name} and an FP8 fp8.rollout_recipe (e.g. "
-                     f"fp8.rollout_recipe={'tensorwise' if name == 'tensorwise_delayed' else name}), "
-                     f"got rollout {rollout!r}, trainer {trainer!r} {how}")
+            return (f"fp8.name='bf16' needs fp8.rollout_recipe=bf16 and fp8.trainer_recipe=bf16, "
+                    f"got rollout {rollout!r}, trainer {trainer!r} {how}")
+        if name == "rollout_only":
+            return (f"fp8.name='rollout_only' needs an FP8 fp8.rollout_recipe and fp8.trainer_recipe=bf16, "
+                    f"got rollout {rollout!r}, trainer {trainer!r} {how}")
+        example = "tensorwise" if name == "tensorwise_delayed" else name
+        return (f"fp8.name={name!r} names the full-FP8 {name} arm: set fp8.trainer_recipe={name} and an FP8 "
+                f"fp8.rollout_recipe (e.g. fp8.rollout_recipe={example}), got rollout {rollout!r}, trainer "
+                f"{trainer!r} {how}")
+
+
+#: ``Fp8Arm.rollout`` for "any FP8 rollout recipe".
+FP8 = "FP8"
+
+
+def fp8_arms():
+    """The ``fp8=`` arms (a ``Registry`` of :class:`Fp8Arm`): ``fp32`` (no FP8, fp32 compute),
+    ``bf16`` (no FP8), ``rollout_only`` (FP8 rollout, BF16 trainer), and one full-FP8 arm per
+    FP8 recipe of ``fp8rl.quant.RECIPES``, named after it (it trains with it; rolls out in FP8).
+    Built on each call, so that a recipe registered later has its arm."""
+    from fp8rl.quant import RECIPES
+    from fp8rl.registry import Registry
+
+    arms: Registry[Fp8Arm] = Registry("FP8 arm")
+    arms.add("fp32", Fp8Arm("fp32", "bf16", "bf16", "fp32"))
+    arms.add("bf16", Fp8Arm("bf16", "bf16", "bf16"))
+    arms.add("rollout_only", Fp8Arm("rollout_only", FP8, "bf16"))
+    for recipe in sorted(RECIPES):
+        if recipe != "bf16":
+            arms.add(recipe, Fp8Arm(recipe, FP8, recipe))
+    return arms

@@ -21,13 +21,6 @@ _CUDA_RE = re.compile(r"^cuda(?::(\d+))?$")
 LOCAL_LAUNCHERS = ("local", "local_parallel")
 
 
-def fp8_arm_names() -> tuple[str, ...]:
-    """The valid ``fp8.name`` values: ``fp32``, ``bf16``, ``rollout_only`` and every recipe."""
-    from fp8rl.quant import RECIPES
-
-    return ("fp32", "bf16", "rollout_only", *sorted(n for n in RECIPES if n != "bf16"))
-
-
 def launch_value_errors(launch: dict[str, Any]) -> list[str]:
     """Problems of the sweep-wide launch fields of one cell."""
     errors = []
@@ -41,11 +34,6 @@ def launch_value_errors(launch: dict[str, Any]) -> list[str]:
 def cell_value_errors(run_cfg: Any, launcher: str | None) -> list[str]:
     """Problems of one cell's built run config that its dataclass cannot see alone."""
     errors = []
-    names = fp8_arm_names()
-    fp8_name = getattr(getattr(run_cfg, "fp8", None), "name", None)
-    if fp8_name not in names:
-        errors.append(f"fp8.name: {fp8_name!r} is not an FP8 arm; valid values: {', '.join(names)} "
-                      "(pick the arm with fp8=NAME)")
     device = getattr(getattr(run_cfg, "mini", None), "device", None)
     if isinstance(device, str) and launcher in LOCAL_LAUNCHERS:
         msg = _missing_device(device)

@@ -307,8 +307,8 @@ def test_resolve_impl_refuses_what_an_implementation_cannot_run():
 
 def test_fp8_config_impl_field():
     assert Fp8Config().impl == "auto"
-    Fp8Config(name="b", rollout_recipe="blockwise", trainer_recipe="blockwise", impl="transformer_engine")
-    Fp8Config(name="d", rollout_recipe="tensorwise", trainer_recipe="tensorwise_delayed")
+    Fp8Config(name="blockwise", rollout_recipe="blockwise", trainer_recipe="blockwise", impl="transformer_engine")
+    Fp8Config(name="tensorwise_delayed", rollout_recipe="tensorwise", trainer_recipe="tensorwise_delayed")
     bad = [
         (dict(trainer_recipe="tensorwise_delayed", emulate=True), "no emulation"),
         (dict(trainer_recipe="blockwise", impl="torchao"), "fp8.impl='torchao' cannot run"),
@@ -532,7 +532,7 @@ def test_openrlhf_plugin_converts_with_the_configured_impl(monkeypatch):
         steps=10, seed=0, clip=types.SimpleNamespace(method="vanilla", clipper_options=dict),
         algorithm=types.SimpleNamespace(eps_low=0.2, eps_high=0.28),
         openrlhf=types.SimpleNamespace(device="cuda", dump_loss_inputs=False, engine_max_num_seqs=None),
-        fp8=Fp8Config(name="t", rollout_recipe="tensorwise", trainer_recipe="tensorwise",
+        fp8=Fp8Config(name="tensorwise", rollout_recipe="tensorwise", trainer_recipe="tensorwise",
                       impl="transformer_engine"))
     spec = PluginSpec.from_json(PluginSpec.from_config(cfg).to_json())
     assert spec.trainer_impl == "transformer_engine"
