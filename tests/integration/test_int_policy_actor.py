@@ -160,7 +160,7 @@ def test_two_gloo_ranks_calibrate_to_the_single_process_bounds(trained):
 
     recs = trained["records"]
     spec = PluginSpec.from_json(trained["spec"])
-    assert [r["mode"] for r in recs] == ["periodic", "periodic"] == [spec.clip_options["mode"]] * 2
+    assert [r["mode"] for r in recs] == ["periodic", "periodic"] == [spec.clip_options.mode] * 2
     ups = [r["update"] for r in recs]
     assert len(ups[0]) == len(ups[1]) == 2 and not recs[0]["update_batch"]  # one update per step (period 1)
     for a, b in zip(*ups, strict=True):

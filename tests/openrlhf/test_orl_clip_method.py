@@ -47,7 +47,7 @@ def test_a_new_method_without_options_is_built_by_the_paper_scale_spec(registere
     cfg = _cell(tmp_path, "halfwidth")
     assert cfg.clip.method == "halfwidth" and not clipping.method_calibrates("halfwidth")
     spec = PluginSpec.from_json(PluginSpec.from_config(cfg, run_dir=tmp_path / "run").to_json())
-    assert spec.clip_options == {}
+    assert spec.clip_options is None
     clipper = spec.make_clipper()
     assert isinstance(clipper, HalfWidthClip)
     a = cfg.algorithm
@@ -57,7 +57,7 @@ def test_a_new_method_without_options_is_built_by_the_paper_scale_spec(registere
 def test_a_new_calibrating_method_gets_the_options_and_seed(registered, tmp_path):
     cfg = _cell(tmp_path, "eager")
     spec = PluginSpec.from_json(PluginSpec.from_config(cfg, run_dir=tmp_path / "run").to_json())
-    assert clipping.method_calibrates("eager") and spec.clip_options["mode"] == cfg.clip.calibration_mode
+    assert clipping.method_calibrates("eager") and spec.clip_options.mode == cfg.clip.calibration_mode
     clipper = spec.make_clipper()
     assert isinstance(clipper, EagerCalibratedClip) and clipper.mode == cfg.clip.calibration_mode
 
@@ -78,3 +78,25 @@ def test_clip_config_passes_options_by_the_methods_attribute(registered):
     assert ClipConfig(arm="halfwidth").clipper_options(seed=3) == {}
     opts = ClipConfig(arm="eager").clipper_options(seed=3)
     assert opts["seed"] == 3 and opts["options"].mode == ClipConfig().calibration_mode
+
+
+def test_the_spec_carries_typed_options_and_resolved_recipes_through_its_json(tmp_path):
+    """``PluginSpec`` holds the cell's ``CalibrationOptions`` and ``Recipe`` objects (resolved once,
+    when it is built) and writes them itself: every option and both recipes survive the JSON the
+    workers read, so a value dropped or renamed on the way fails here, not inside a Ray actor."""
+    from fp8rl.quant import RECIPES
+
+    cfg = _cell(tmp_path, "calibrated")
+    clip = dataclasses.replace(cfg.clip, calibration_mode="sampled", sample_fraction=0.3, sample_pool=2,
+                               init_bounds=[0.7, 1.4], low_min=0.2, upper_rule="proportional")
+    cfg = dataclasses.replace(cfg, clip=clip)
+    spec = PluginSpec.from_config(cfg, run_dir=tmp_path / "run")
+    assert spec.clip_options == cfg.clip.calibration_options()
+    assert spec.trainer_recipe is RECIPES[cfg.fp8.trainer_recipe] and spec.rollout_recipe is RECIPES[cfg.fp8.rollout_recipe]
+    back = PluginSpec.from_json(spec.to_json())
+    assert back == spec and back.clip_options == spec.clip_options
+    assert back.trainer_recipe is spec.trainer_recipe and back.rollout_recipe is spec.rollout_recipe
+    for bad, match in (({"clip_options": {"mode": "hourly"}}, "hourly"), ({"trainer_recipe": "fp9"}, "fp9"),
+                       ({"clip_options": [0.6]}, "CalibrationOptions or None")):
+        with pytest.raises((KeyError, TypeError, ValueError), match=match):
+            PluginSpec(**bad)

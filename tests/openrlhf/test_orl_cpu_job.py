@@ -144,7 +144,7 @@ def test_spec_of_a_smoke_cell_carries_device_dump_dir_seed_and_batching(tmp_path
         PluginSpec.from_config(cfg)
     # the calibrated smoke cell runs the sampled mode (tests/integration/test_int_paper_smoke.py)
     cal = PluginSpec.from_config(smoke_config(tmp_path, "grpo_rowwise_calibrated"), run_dir=tmp_path / "run")
-    assert cal.clip_options["mode"] == "sampled" and cal.clip_options["sample_fraction"] == 0.5
+    assert cal.clip_options.mode == "sampled" and cal.clip_options.sample_fraction == 0.5
     assert cal.make_clipper().mode == "sampled"
 
 

@@ -63,10 +63,10 @@ def emitted(cfg, resources, run_dir) -> dict[str, str]:
         if key in FILE_FLAGS:
             values = [",".join(Path(p).stem for p in v.split(",")) for v in values]
         out[key] = " ".join(values) if values else "on"
-    spec = dataclasses.asdict(PluginSpec.from_config(cfg, run_dir))
+    spec = PluginSpec.from_config(cfg, run_dir).to_dict()
     for name, value in spec.items():
         if name == "clip_options":
-            out.update({f"spec.clip_options.{k}": _text(v) for k, v in value.items()})
+            out.update({f"spec.clip_options.{k}": _text(v) for k, v in (value or {}).items()})
         else:
             out[f"spec.{name}"] = _text(value)
     return out

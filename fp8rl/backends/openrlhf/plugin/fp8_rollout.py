@@ -53,8 +53,12 @@ scales for rowwise, which vLLM 0.29's serialized-FP8 loader rejects (its per-ten
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
+
+if TYPE_CHECKING:
+    from fp8rl.quant.recipes import Recipe
 
 #: fp8rl rollout recipe -> vLLM 0.29 ``quantization`` (an online-quantization shorthand).
 VLLM_QUANTIZATION = {
@@ -73,11 +77,14 @@ W8A8_GPUS = "L40S, H100, H200, B200"
 Device = tuple[str, tuple[int, int]]
 
 
-def check_rollout_recipe(recipe_name: str) -> None:
-    """Raise ``ValueError`` unless the paper-scale rollout engines can run ``recipe_name``."""
+def check_rollout_recipe(recipe: str | Recipe) -> None:
+    """Raise ``ValueError`` unless the paper-scale rollout engines can run ``recipe`` (a ``Recipe``
+    or a ``RECIPES`` name)."""
     from fp8rl.quant.recipes import get_recipe
 
-    if get_recipe(recipe_name).enabled and recipe_name not in VLLM_QUANTIZATION:
+    recipe = get_recipe(recipe)
+    recipe_name = recipe.name
+    if recipe.enabled and recipe_name not in VLLM_QUANTIZATION:
         raise ValueError(
             f"fp8.rollout_recipe={recipe_name!r} has no vLLM 0.29 online quantization at paper scale; "
             f"supported FP8 rollout recipes: {sorted(VLLM_QUANTIZATION)} (or bf16)")
@@ -86,18 +93,17 @@ def check_rollout_recipe(recipe_name: str) -> None:
 def rollout_engine_kwargs(spec: PluginSpec) -> dict:
     """Extra ``vllm.AsyncEngineArgs`` kwargs of the rollout engines (empty for a bf16 rollout on
     GPUs with vLLM's default batching); ``max_num_seqs`` when the spec sets it."""
-    from fp8rl.quant.recipes import get_recipe
-
     extra = {"max_num_seqs": spec.engine_max_num_seqs} if spec.engine_max_num_seqs is not None else {}
-    if not get_recipe(spec.rollout_recipe).enabled:
+    recipe = spec.rollout_recipe.name
+    if not spec.rollout_recipe.enabled:
         # on CPU, BF16 engines need our extension too (upstream's sync allocates on "cuda")
         return {"worker_extension_cls": WORKER_EXTENSION, **extra} if spec.device == "cpu" else extra
-    check_rollout_recipe(spec.rollout_recipe)
+    check_rollout_recipe(recipe)
     if spec.device == "cpu":
         from fp8rl.backends.openrlhf.plugin.cpu_support import check_cpu_rollout
 
-        check_cpu_rollout(spec.rollout_recipe)
-    return {"quantization": VLLM_QUANTIZATION[spec.rollout_recipe], "worker_extension_cls": WORKER_EXTENSION,
+        check_cpu_rollout(recipe)
+    return {"quantization": VLLM_QUANTIZATION[recipe], "worker_extension_cls": WORKER_EXTENSION,
             **extra}
 
 
@@ -122,8 +128,8 @@ def _which(devices: Sequence[Device], indices: list[int]) -> str:
     return ", ".join(parts)
 
 
-def check_rollout_hardware(recipe_name: str, devices: Sequence[Device]) -> None:
-    """Raise ``Fp8UnsupportedError`` unless every GPU in ``devices`` runs ``recipe_name``'s vLLM
+def check_rollout_hardware(recipe: str | Recipe, devices: Sequence[Device]) -> None:
+    """Raise ``Fp8UnsupportedError`` unless every GPU in ``devices`` runs ``recipe``'s vLLM
     FP8 method as W8A8 (compute capability >= 8.9); a bf16 rollout is never refused. Pure.
 
     ``devices``: ``(name, (major, minor))`` per GPU, in device order (indices name them).
@@ -131,9 +137,11 @@ def check_rollout_hardware(recipe_name: str, devices: Sequence[Device]) -> None:
     from fp8rl.quant.modules import Fp8UnsupportedError
     from fp8rl.quant.recipes import get_recipe
 
-    if not get_recipe(recipe_name).enabled:
+    recipe = get_recipe(recipe)
+    recipe_name = recipe.name
+    if not recipe.enabled:
         return
-    check_rollout_recipe(recipe_name)
+    check_rollout_recipe(recipe)
     bad = [i for i, (_, cap) in enumerate(devices) if tuple(cap) < W8A8_MIN_CAPABILITY]
     if bad:
         raise Fp8UnsupportedError(
@@ -149,9 +157,7 @@ def check_trainer_hardware(spec: PluginSpec, devices: Sequence[Device]) -> None:
     with its implementation (``fp8rl.quant.convert.check_supported``, the conversion's own check). Pure."""
     from fp8rl.quant.convert import check_supported, resolve_impl
     from fp8rl.quant.modules import Fp8UnsupportedError
-    from fp8rl.quant.recipes import get_recipe
-
-    recipe = get_recipe(spec.trainer_recipe)
+    recipe = spec.trainer_recipe
     if not recipe.enabled:
         return
     impl = resolve_impl(recipe, spec.trainer_impl, emulate=spec.trainer_emulate)
@@ -188,11 +194,9 @@ def check_node_hardware(spec: PluginSpec, devices: Sequence[Device] | None = Non
     """The start-up refusal of ``binding.install_driver``: :func:`check_cell_hardware` on this
     node's GPUs (``devices``, default :func:`visible_devices`). Does nothing for an all-BF16 cell,
     a CPU job (``spec.device == "cpu"``) or on a machine without CUDA."""
-    from fp8rl.quant.recipes import get_recipe
-
     if getattr(spec, "device", "cuda") == "cpu":
         return
-    if not (get_recipe(spec.rollout_recipe).enabled or get_recipe(spec.trainer_recipe).enabled):
+    if not (spec.rollout_recipe.enabled or spec.trainer_recipe.enabled):
         return
     if devices is None:
         devices = visible_devices()

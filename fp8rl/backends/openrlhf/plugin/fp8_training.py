@@ -55,15 +55,13 @@ def count_fp8_layers(model: torch.nn.Module) -> int:
 
 def require_conversion(spec: PluginSpec, n_fp8: int, where: str) -> None:
     """Raise :class:`Fp8ConversionError` unless ``n_fp8`` FP8 layers agree with ``spec.trainer_recipe``."""
-    from fp8rl.quant.recipes import get_recipe
-
-    wants = get_recipe(spec.trainer_recipe).enabled
+    wants = spec.trainer_recipe.enabled
     if wants and n_fp8 == 0:
         raise Fp8ConversionError(
-            f"{where}: the cell's trainer recipe is {spec.trainer_recipe!r} but the actor has no FP8 "
+            f"{where}: the cell's trainer recipe is {spec.trainer_recipe.name!r} but the actor has no FP8 "
             "linear layer: the conversion did not run (the plugin's binding into OpenRLHF's "
             "DeepspeedStrategy was not reached). Refusing to train in BF16 and report FP8.")
     if not wants and n_fp8 > 0:
         raise Fp8ConversionError(
-            f"{where}: the cell's trainer recipe is {spec.trainer_recipe!r} (no FP8) but the actor has "
+            f"{where}: the cell's trainer recipe is {spec.trainer_recipe.name!r} (no FP8) but the actor has "
             f"{n_fp8} FP8 linear layer(s)")

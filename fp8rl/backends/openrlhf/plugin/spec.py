@@ -2,14 +2,20 @@
 
 The driver writes a :class:`PluginSpec` as JSON into the Ray runtime environment
 (:data:`SPEC_ENV`); every worker reads it back when the plugin binds. This module imports the
-standard library only (it is imported by the Ray worker setup hook, which must stay light).
+standard library only at import time (it is imported by the Ray worker setup hook, which must stay
+light); building a spec resolves its recipes and calibration options, which imports them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the module imports the standard library alone
+    from fp8rl.quant.recipes import Recipe
+    from fp8rl.rl.calibration import CalibrationOptions
 
 #: Modules the plugin binds into when they are imported (``hook``, ``binding.bind_module``).
 TARGETS = ("openrlhf.utils.deepspeed.deepspeed", "openrlhf.trainer.ray.ppo_actor", "openrlhf.trainer.ppo_trainer",
@@ -81,12 +87,12 @@ class PluginSpec:
 
     Attributes:
         clip_method: a ``CLIP_METHODS`` name (``fp8rl.rl.clipping``).
-        clip_options: the calibration options (``CalibrationOptions.to_dict()`` of
-            ``ClipConfig.calibration_options``) of a method that calibrates, empty otherwise
-            (``method_calibrates``); the cell's ``seed`` seeds
-            ``sampled``'s draw.
+        clip_options: the ``CalibrationOptions`` of a method that calibrates (``method_calibrates``;
+            ``ClipConfig.calibration_options``), None otherwise; the cell's ``seed`` seeds
+            ``sampled``'s draw. A dict is taken as ``CalibrationOptions.from_dict`` (JSON).
         eps_low, eps_high: the vanilla epsilons (also passed to OpenRLHF as flags).
-        trainer_recipe, rollout_recipe: ``fp8rl.quant.RECIPES`` names.
+        trainer_recipe, rollout_recipe: the cell's ``fp8rl.quant.Recipe`` objects, resolved once
+            when the spec is built (a ``RECIPES`` name is looked up then); JSON holds the names.
         trainer_impl: the trainer's FP8 implementation (``fp8.impl``: ``auto``, ``torchao``,
             ``fp8rl``, ``transformer_engine``; ``fp8rl.quant.convert_to_fp8``'s ``impl``).
         trainer_emulate: quantize-dequantize FP8 GEMMs (``fp8.emulate``). Paper-scale configs
@@ -109,11 +115,11 @@ class PluginSpec:
     """
 
     clip_method: str = "vanilla"
-    clip_options: dict = field(default_factory=dict)
+    clip_options: CalibrationOptions | None = None
     eps_low: float = 0.2
     eps_high: float = 0.2
-    trainer_recipe: str = "bf16"
-    rollout_recipe: str = "bf16"
+    trainer_recipe: Recipe = "bf16"
+    rollout_recipe: Recipe = "bf16"
     trainer_impl: str = "auto"
     trainer_emulate: bool = False
     max_steps: int | None = None
@@ -125,12 +131,27 @@ class PluginSpec:
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"plugin spec device={self.device!r} must be one of {DEVICES}")
+        from fp8rl.quant.recipes import get_recipe
+        from fp8rl.rl.calibration import CalibrationOptions
+
+        for name in ("trainer_recipe", "rollout_recipe"):  # resolved once, here
+            object.__setattr__(self, name, get_recipe(getattr(self, name)))
+        opts = self.clip_options
+        if isinstance(opts, dict):
+            opts = CalibrationOptions.from_dict(opts) if opts else None
+        if opts is not None and not isinstance(opts, CalibrationOptions):
+            raise TypeError(f"plugin spec clip_options must be CalibrationOptions or None, got {opts!r}")
+        object.__setattr__(self, "clip_options", opts)
+
+    def to_dict(self) -> dict:
+        """Plain values: the recipes by name, the calibration options as ``to_dict()`` (or None)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["trainer_recipe"], d["rollout_recipe"] = self.trainer_recipe.name, self.rollout_recipe.name
+        d["clip_options"] = self.clip_options.to_dict() if self.clip_options is not None else None
+        return d
 
     def to_json(self) -> str:
-        d = dataclasses.asdict(self)
-        if d["clip_options"].get("init_bounds") is not None:
-            d["clip_options"]["init_bounds"] = list(d["clip_options"]["init_bounds"])
-        return json.dumps(d, sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> PluginSpec:
@@ -150,10 +171,7 @@ class PluginSpec:
         dump = cfg.openrlhf.dump_loss_inputs
         if dump and run_dir is None:
             raise ValueError("openrlhf.dump_loss_inputs needs the run directory for the dumps")
-        from fp8rl.rl.clipping import method_calibrates
-
-        opts = cfg.clip.calibration_options().to_dict() if method_calibrates(cfg.clip.method) else {}
-        spec = cls(clip_method=cfg.clip.method, clip_options=opts,
+        spec = cls(clip_method=cfg.clip.method, clip_options=cfg.clip.clipper_options().get("options"),
                    eps_low=cfg.algorithm.eps_low, eps_high=cfg.algorithm.eps_high,
                    trainer_recipe=cfg.fp8.trainer_recipe, rollout_recipe=cfg.fp8.rollout_recipe,
                    trainer_impl=cfg.fp8.impl, trainer_emulate=bool(cfg.fp8.emulate), max_steps=cfg.steps,
@@ -173,7 +191,8 @@ class PluginSpec:
 
         if not method_calibrates(self.clip_method):
             return make_clipper(self.clip_method, self.eps_low, self.eps_high)
-        from fp8rl.rl.calibration import CalibrationOptions
-
-        return make_clipper(self.clip_method, self.eps_low, self.eps_high,
-                            options=CalibrationOptions.from_dict(self.clip_options), seed=int(self.seed or 0))
+        if self.clip_options is None:
+            raise ValueError(f"clip method {self.clip_method!r} calibrates and needs clip_options "
+                             "(the cell's CalibrationOptions); the spec has none")
+        return make_clipper(self.clip_method, self.eps_low, self.eps_high, options=self.clip_options,
+                            seed=int(self.seed or 0))
