@@ -58,7 +58,7 @@ class Fp8Config:
                  f"fp8.compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {self.compute_dtype!r}")
         for f in ("rollout_recipe", "trainer_recipe"):
             _check_registry("fp8rl.quant", "RECIPES", getattr(self, f), f"fp8.{f}")
-        from fp8rl.quant import get_recipe, resolve_impl
+        from fp8rl.quant import resolve_impl
 
         try:
             resolve_impl(self.trainer_recipe, self.impl, emulate=self.emulate)
@@ -67,11 +67,25 @@ class Fp8Config:
                 f"fp8.impl={self.impl!r} cannot run fp8.trainer_recipe={self.trainer_recipe!r} with "
                 f"fp8.emulate={str(self.emulate).lower()}: {e}"
             ) from e
-        _require(get_recipe(self.rollout_recipe).scaling == "dynamic",
+        _require(self.rollout.scaling == "dynamic",
                  f"fp8.rollout_recipe={self.rollout_recipe!r} uses delayed scaling, a training "
                  f"recipe; the rollout engine quantizes with dynamic scales (vLLM's fp8 online "
                  f"mode): use fp8.rollout_recipe=tensorwise")
         self._check_name_matches_recipes()
+
+    @property
+    def rollout(self):
+        """The rollout recipe (an ``fp8rl.quant.Recipe``; ``rollout_recipe`` names it)."""
+        from fp8rl.quant import get_recipe
+
+        return get_recipe(self.rollout_recipe)
+
+    @property
+    def trainer(self):
+        """The trainer recipe (an ``fp8rl.quant.Recipe``; ``trainer_recipe`` names it)."""
+        from fp8rl.quant import get_recipe
+
+        return get_recipe(self.trainer_recipe)
 
     def _check_name_matches_recipes(self) -> None:
         """The arm name goes into run names and figure legends: it must say what runs

@@ -80,7 +80,7 @@ def _spy(monkeypatch) -> list[dict]:
     real = trainer_eval.evaluate
 
     def spy(engine, problems, tok, *, generator, **kw):
-        calls.append({"recipe": engine.recipe, "engine": engine, "fp8_layers": _has_fp8_layers(engine.model),
+        calls.append({"recipe": engine.recipe.name, "engine": engine, "fp8_layers": _has_fp8_layers(engine.model),
                       "weights": {k: v.clone() for k, v in engine.model.state_dict().items()},
                       "rng": generator.get_state().clone()})
         return real(engine, problems, tok, generator=generator, **kw)

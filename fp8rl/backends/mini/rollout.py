@@ -29,6 +29,7 @@ import torch
 
 from fp8rl.backends.mini.batch import position_ids
 from fp8rl.backends.mini.live_rows import LiveRows, rows_independent
+from fp8rl.quant.recipes import Recipe, get_recipe
 
 
 @dataclass
@@ -183,7 +184,8 @@ class RolloutEngine:
 
     Args:
         template: a model of the trainer's architecture (deep-copied; never aliased).
-        recipe: rollout recipe name (a key of ``fp8rl.quant.RECIPES``; ``bf16`` = no FP8).
+        recipe: the rollout recipe (an ``fp8rl.quant.Recipe`` or a ``RECIPES`` name, resolved
+            here once; ``bf16`` = no FP8).
         emulate: emulate FP8 compute (CPU).
         dtype: the compute dtype. With ``torch.bfloat16`` the engine is a BF16 engine as vLLM
             runs one: every sync rounds the trainer's fp32 master weights to BF16 once (FP8
@@ -196,9 +198,9 @@ class RolloutEngine:
             natural mismatch (``rollout/mismatch_kl``) that TIS corrects.
     """
 
-    def __init__(self, template: torch.nn.Module, recipe: str, *, emulate: bool,
+    def __init__(self, template: torch.nn.Module, recipe: Recipe | str, *, emulate: bool,
                  dtype: torch.dtype = torch.float32) -> None:
-        self.recipe = recipe
+        self.recipe = get_recipe(recipe)
         self.emulate = emulate
         self.dtype = dtype
         self.model = copy.deepcopy(template).eval()

@@ -126,8 +126,8 @@ class MiniTrainer(EvalMixin, UpdateMixin, CheckpointMixin):
         base, self.sft_meta = warm_start(cfg.model.slot, self.train_set, self.tok, mini, sft_cache,
                                          progress=sft_progress)
         self.dtype = torch_dtype(cfg.fp8.compute_dtype)
-        self.engine = RolloutEngine(base, cfg.fp8.rollout_recipe, emulate=cfg.fp8.emulate, dtype=self.dtype)
-        self.policy = convert_to_fp8(copy.deepcopy(base).train(), cfg.fp8.trainer_recipe,
+        self.engine = RolloutEngine(base, cfg.fp8.rollout, emulate=cfg.fp8.emulate, dtype=self.dtype)
+        self.policy = convert_to_fp8(copy.deepcopy(base).train(), cfg.fp8.trainer,
                                      emulate=cfg.fp8.emulate, impl=cfg.fp8.impl)
         self.engine.sync(self.policy)
         # the BF16 evaluation engine (eval_bf16/ keys), from the same unconverted template as the

@@ -93,9 +93,7 @@ class EvalMixin:
     def _bf16_engine_is_own(self) -> bool:
         """Whether the rollout engine is already the BF16 engine (no FP8 rollout recipe): then its
         evaluation is the BF16 evaluation, reused instead of computed twice."""
-        from fp8rl.quant.recipes import get_recipe
-
-        return not get_recipe(self.cfg.fp8.rollout_recipe).enabled
+        return not self.cfg.fp8.rollout.enabled
 
     def bf16_eval_engine(self) -> RolloutEngine:
         """The BF16 evaluation engine (the ``bf16`` rollout recipe at the run's compute dtype, its own
