@@ -14,7 +14,9 @@ says RUNNING but whose run directory no live process owns (``fp8rl.runs.lock``: 
 killed, e.g. together with its launcher) is shown as ``DIED``, naming the owner that is gone;
 relaunching the sweep resumes it from its checkpoint. A cell whose ``status.json`` or
 ``config.yaml`` cannot be read (not JSON/YAML, not UTF-8, not a mapping) is shown as ``DAMAGED``
-with the file and the error; the other cells are shown as usual. Each row carries the path of
+with the file and the error; the other cells are shown as usual. So is a cell whose
+``status.json`` says DONE while its ``metrics.jsonl`` is missing or holds fewer step rows than
+the status's step (``RunDir.done_damage``: no relaunch would log them again), with the fix. Each row carries the path of
 the run's ``run.log`` (``fp8rl.runs.runlog``); the failed cells' reasons end with it.
 """
 
@@ -32,7 +34,7 @@ from fp8rl.runs.runlog import log_path
 
 #: Shown for a run that says RUNNING while no live process owns it.
 DIED = "DIED"
-#: Shown for a run whose status.json or config.yaml cannot be read.
+#: Shown for a run whose status.json or config.yaml cannot be read, or that says DONE without its metrics.
 DAMAGED = "DAMAGED"
 
 
@@ -116,9 +118,20 @@ def sweep_status(sweep_dir: str | Path, *, query_slurm: bool = True) -> list[Cel
                 run_dir=c.run_dir, state=DAMAGED, step=None, steps=None, reward=None, entropy=None,
                 job_id=c.job_id, slurm_state=sl.get("state") or None, reason=str(e), overrides=c.overrides))
             continue
-        last = _last_metrics(rd)
         state = st["state"] if st else "MISSING"
         reason = st.get("reason") if st else None
+        if state == DONE:  # finished, but are its steps' rows there? (a DONE cell is never rerun)
+            try:
+                damage = rd.done_damage()
+            except (OSError, ValueError) as e:
+                damage = str(e)
+            if damage:
+                rows.append(CellStatus(
+                    run_dir=c.run_dir, state=DAMAGED, step=st.get("step"), steps=(cfg or {}).get("steps"),
+                    reward=None, entropy=None, job_id=c.job_id, slurm_state=sl.get("state") or None,
+                    reason=damage, overrides=c.overrides))
+                continue
+        last = _last_metrics(rd)
         if sl.get("state") in _DEAD and state not in (DONE, FAILED):
             state = FAILED
             log = _log_path(sweep_dir, c.job_id) if c.job_id else None

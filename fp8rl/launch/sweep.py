@@ -9,8 +9,9 @@ Called by the Hydra sweeper (``hydra_plugins/fp8rl_launch``) with the composed p
    to launch, ``Launcher.preflight``: a local GPU profile needs its GPUs here): DONE cells are skipped, cells whose Slurm job (from the
    manifest) is still pending or running are left alone, cells whose run directory is owned
    by another live process (``fp8rl.runs.lock``: a second launch, a duplicate job) are
-   skipped naming the owner, cells whose ``status.json`` cannot be read are reported
-   ``DAMAGED`` with the file and its fix and not run (exit status 1), all others (new, FAILED, PREEMPTED, interrupted, or whose owner
+   skipped naming the owner, cells whose ``status.json`` cannot be read, or says DONE while
+   ``metrics.jsonl`` is missing or short, are reported ``DAMAGED`` with the file and its fix and
+   not run (exit status 1), all others (new, FAILED, PREEMPTED, interrupted, or whose owner
    died) are launched, and incomplete ones resume from their checkpoints;
 4. write ``<output_dir>/<sweep_name>/manifest.json`` *before* launching (cells of earlier
    launches of the same sweep that are not in this grid are kept), launch, and record the job
@@ -185,14 +186,15 @@ def execute(plan: SweepPlan, stream=None) -> int:
 
 
 def damaged_status(run_dir) -> str | None:
-    """Why the ``status.json`` of ``run_dir`` cannot be read (damaged, a symlink), or None."""
+    """Why the ``status.json`` of ``run_dir`` cannot be read (damaged, a symlink), or why the DONE
+    it says is not backed by its ``metrics.jsonl`` (missing or short: ``RunDir.done_damage``), with
+    the fix; None when neither."""
     from fp8rl.runs import RunDir
 
     try:
-        RunDir(run_dir).status()
+        return RunDir(run_dir).done_damage()
     except (OSError, ValueError) as e:
         return str(e)
-    return None
 
 
 def run_sweep(config, config_loader, params, arguments) -> int:

@@ -41,6 +41,14 @@ REPAIRS = {
     # the run's state is re-derived from its checkpoint: nothing else is lost
     "status.json": "delete it and relaunch: the cell resumes from its checkpoint (from step 0 if it has "
                    "none), keeping the rest of its run directory",
+    # the relaunch writes it again: only the record of earlier attempts is lost
+    "provenance.json": "delete it and relaunch: the relaunch writes it again (only its record of earlier "
+                       "attempts is lost) and the cell resumes from its checkpoint, keeping the rest of its "
+                       "run directory",
+    # the relaunch writes it again from the same sweep config, whose hash names the run directory
+    "config.yaml": "delete it and relaunch with the same command: the relaunch writes it again (the run "
+                   "directory's name holds the config's hash) and the cell resumes from its checkpoint, "
+                   "keeping the rest of its run directory",
 }
 
 

@@ -8,6 +8,10 @@ writing provenance never stops a run:
 - :func:`slurm_env` — the Slurm ids of :data:`SLURM_VARS` set at call time;
 - :func:`cpu_info` — the CPU model and the instruction-set extensions that change CPU numerics.
 
+:func:`provenance_problem` checks a record read back, field by field (:data:`PROVENANCE_FIELDS`):
+``RunDir.provenance`` refuses one that is not a mapping or holds a field of another type,
+naming the file and the field (a relaunch writes a deleted record again).
+
 **Why the CPU.** The same code, seed and thread count give different numbers on CPUs with
 different vector extensions: oneDNN/MKL pick AVX2, AVX512 or AMX (bf16) kernels whose
 accumulation orders differ, and RL from a short SFT warm start amplifies the last bit (measured:
@@ -43,6 +47,43 @@ NUMERIC_CPU_FLAGS: tuple[str, ...] = (
     "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
     "amx_tile", "amx_bf16", "amx_int8",
 )
+#: The fields of a provenance record and the JSON types each may hold (None: null). A record
+#: may lack fields (records written before one existed), never hold one of another type.
+PROVENANCE_FIELDS: dict[str, tuple[type | None, ...]] = {
+    "git": (dict,), "packages": (dict,), "python": (str,), "platform": (str,), "host": (str,),
+    "device": (str, None), "cpu": (dict,), "slurm": (dict,), "argv": (list,), "time_started": (str,),
+    "time_ended": (str, None), "extra": (dict,), "previous_attempts": (list,),
+}
+_JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", None: "null"}
+
+
+def _json_name(value: object) -> str:
+    return _JSON_NAMES.get(None if value is None else type(value), type(value).__name__)
+
+
+def provenance_problem(record: object, where: str = "") -> str | None:
+    """Why ``record`` (``provenance.json`` as read) is not a provenance record fp8rl writes, naming
+    the field; None when it is one. Each earlier attempt in ``previous_attempts`` is checked too."""
+    if not isinstance(record, dict):
+        return f"{where or 'it'} holds {_json_name(record)}, not an object of provenance fields"
+    for name, types in PROVENANCE_FIELDS.items():
+        if name not in record:
+            continue
+        value = record[name]
+        if not any(value is None if t is None else (isinstance(value, t) and not isinstance(value, bool))
+                   for t in types):
+            want = " or ".join(_JSON_NAMES[t] for t in types)
+            return f"its field {where}{name} holds {_json_name(value)}, not {want}"
+    for i, old in enumerate(record.get("previous_attempts") or []):
+        if where:  # an earlier attempt's own list is not nested further
+            break
+        why = provenance_problem(old, f"previous_attempts[{i}].")
+        if why:
+            return why if isinstance(old, dict) else f"its field previous_attempts[{i}] holds {_json_name(old)}, not an object"
+    return None
+
+
 #: Where Linux describes the CPU.
 CPUINFO = Path("/proc/cpuinfo")
 

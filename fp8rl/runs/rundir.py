@@ -271,7 +271,16 @@ class RunDir:
         return prov
 
     def provenance(self) -> dict | None:
-        return read_json(self.provenance_path)
+        """``provenance.json``, None when absent; one that is not JSON or not a provenance record
+        (checked field by field: ``fp8rl.runs.provenance.provenance_problem``) raises
+        :class:`RunDirDamaged` naming the file, the field and the fix (delete it and relaunch)."""
+        from fp8rl.runs.provenance import provenance_problem
+
+        prov = read_json(self.provenance_path)
+        why = None if prov is None else provenance_problem(prov)
+        if why:
+            raise RunDirDamaged(self.provenance_path, "a provenance record", why)
+        return prov
 
     # status
     def set_status(self, state: str, step: int, reason: str | None = None) -> None:
@@ -288,7 +297,10 @@ class RunDir:
             self.status_path, {"state": state, "step": step, "reason": reason, "time": now}
         )
         if state in TERMINAL_STATES:
-            prov = self.provenance()
+            try:
+                prov = self.provenance()
+            except RunDirDamaged:  # refused where the run reads it; marking the end must not fail again
+                prov = None
             if prov is not None:
                 prov["time_ended"] = now
                 atomic_write_json(self.provenance_path, prov)
@@ -308,6 +320,35 @@ class RunDir:
 
     def is_done(self) -> bool:
         return self.state == DONE
+
+    def done_damage(self) -> str | None:
+        """For a run whose ``status.json`` says DONE: why its logged steps do not back that up
+        (``metrics.jsonl`` missing, or holding fewer step rows than the status's step, or
+        unreadable), with the fix; None otherwise (not DONE, or whole). A DONE run is skipped by
+        every relaunch, so a missing row would never be made again: such a run is DAMAGED, not
+        DONE (``experiments.status`` and the launcher say so)."""
+        st = self.status()
+        if not st or st.get("state") != DONE:
+            return None
+        step = st.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+            return None
+        fix = (f"restore {METRICS_FILE} from a copy, or delete {self.status_path} and {self.checkpoint_dir} "
+               "and relaunch: the cell runs again from step 0 (its steps' rows cannot be made again from "
+               "the final checkpoint)")
+        refuse_symlink(self.metrics_path)
+        if not self.metrics_path.exists():
+            return f"{self.metrics_path} is missing, but {STATUS_FILE} says the run finished {step} step(s); {fix}"
+        try:
+            rows = read_jsonl(self.metrics_path)
+        except ValueError as e:
+            return f"{' '.join(str(e).split())}; {fix}"
+        logged = {r.get(STEP) for r in rows if isinstance(r, dict)}
+        have = sum(1 for s in range(1, step + 1) if s in logged)
+        if have < step:
+            return (f"{self.metrics_path} holds {have} of the {step} step rows that {STATUS_FILE} says the run "
+                    f"finished (the file was cut or emptied); {fix}")
+        return None
 
     # jsonl
     def metrics_writer(self, *, fsync: bool = True) -> JsonlWriter:

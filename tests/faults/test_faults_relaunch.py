@@ -237,6 +237,25 @@ def test_a_crafted_pickle_as_the_cache_is_named_and_never_run(sweep, tmp_path):
     assert "weights_only=False" not in text and "weights_only` set to `False" not in text, text[-3000:]
 
 
+def test_a_crafted_pickle_inside_torchs_zip_as_the_cache_leaves_no_torch_advice_in_run_log(sweep, tmp_path):
+    """The pickle inside torch's own zip format reaches ``torch.load(weights_only=True)``, whose
+    error advises ``weights_only=False``: the cell's ``run.log`` (its traceback with every cause)
+    must not repeat that advice (it used to, through the refusal's chained cause)."""
+    out, _, entry, _ = sweep
+    marker = tmp_path / "PWNED"
+    torch.save({"model.norm.weight": _Payload(str(marker))}, entry / "model.pt")
+    proc = _launch(out, "seed=1")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-3000:]
+    assert not marker.exists()
+    (run,) = [p for p in (out / "smoke").iterdir() if "-s1-" in p.name]
+    log = (run / "run.log").read_text(encoding="utf-8")
+    assert f"{entry / 'model.pt'}: the SFT warm-start cache entry is damaged" in log, log[-3000:]
+    assert "could run code; it was not unpickled" in log, log[-3000:]
+    for advice in ("weights_only=False", "weights_only` set to `False", "will likely succeed"):
+        assert advice not in log and advice not in text, log[-3000:]
+
+
 @pytest.mark.parametrize("damage", ["model-truncated", "model-zip-pickle", "meta-truncated", "meta-a-list"])
 def test_a_damaged_cache_entry_is_named(sweep, tmp_path, damage):
     from fp8rl.backends.mini.sft import CacheRefused, load_cached

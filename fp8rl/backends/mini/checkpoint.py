@@ -133,8 +133,10 @@ def load_tensors(path: Path, device: torch.device | str, refuse: Callable[[str],
         return torch.load(path, map_location=device, weights_only=True)
     except Exception as e:
         if "weights_only" in str(e) or "WeightsUnpickler" in str(e):
+            # from None: the chained cause is torch's message, whose advice to retry with
+            # weights_only=False would run the file's code; a run.log traceback must not repeat it
             raise refuse("it holds objects other than tensors and plain data, whose unpickling could "
-                         "run code; it was not unpickled") from e
+                         "run code; it was not unpickled") from None
         raise refuse(f"it is damaged ({_first_line(e)})") from e
 
 

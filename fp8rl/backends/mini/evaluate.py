@@ -14,9 +14,9 @@ training random stream and a resumed run evaluates identically.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,6 +79,12 @@ def cached_evaluation(directory: Path, spec: dict, compute: Callable[[], dict]) 
     For the step-0 evaluation, which every cell sharing a warm start, an engine, the evaluation
     settings and a seed computes identically: the first cell computes it under a lock, the others
     read it. ``spec`` must hold everything the numbers depend on (the caller's version tag too).
+
+    The entry carries a SHA-256 digest of its spec and row (``digest``), as the warm start it sits
+    beside carries one of its weights: an entry that does not match it (one flipped digit of
+    ``avg@k``), is not JSON, holds another spec or was written before digests is not read: one line
+    names the file and says so, and the row is computed again and written over it (the same
+    numbers: the evaluation is deterministic given the spec).
     """
     from fp8rl.runs.jsonl import atomic_write_json
     from fp8rl.runs.lock import exclusive
@@ -87,8 +93,39 @@ def cached_evaluation(directory: Path, spec: dict, compute: Callable[[], dict]) 
     path = Path(directory) / f"eval0-{key}.json"
     with exclusive(path.with_suffix(".lock")):
         if path.exists():
-            with contextlib.suppress(ValueError, KeyError, TypeError):  # a damaged cache entry is made again
-                return json.loads(path.read_text(encoding="utf-8"))["row"]
+            row, why = _read_entry(path, spec)
+            if row is not None:
+                return row
+            print(f"{path}: the step-0 evaluation cache entry is damaged and was not read ({why}); computing "
+                  "it again (the same numbers: the evaluation is deterministic) and writing it over the entry",
+                  file=sys.stderr, flush=True)
         row = compute()
-        atomic_write_json(path, {"spec": spec, "row": row})
+        atomic_write_json(path, {"spec": spec, "row": row, "digest": entry_digest(spec, row)})
     return row
+
+
+def entry_digest(spec: dict, row: dict) -> str:
+    """SHA-256 (hex) of a step-0 cache entry's spec and row as JSON (keys sorted, non-finite
+    numbers as ``null``, as the file holds them)."""
+    from fp8rl.runs.jsonl import dumps
+
+    return hashlib.sha256(dumps({"spec": spec, "row": row}, sort_keys=True).encode()).hexdigest()
+
+
+def _read_entry(path: Path, spec: dict) -> tuple[dict | None, str]:
+    """``(row, "")`` of the entry at ``path`` when it is whole and holds ``spec``; else
+    ``(None, why)``."""
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError included
+        return None, f"not JSON: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    if not isinstance(entry, dict) or not isinstance(entry.get("row"), dict):
+        return None, "not a cache entry (no row mapping)"
+    if "digest" not in entry:
+        return None, "written before step-0 entries carried a digest"
+    if entry.get("digest") != entry_digest(entry.get("spec"), entry["row"]):
+        return None, ("its spec and row do not match the digest written with them: the file changed after "
+                      "it was written (bit rot on disk, a bad copy, an edit)")
+    if json.loads(json.dumps(spec)) != entry.get("spec"):
+        return None, "it holds another evaluation's spec"
+    return entry["row"], ""
