@@ -133,6 +133,12 @@ class RunConfig:
         _require(n_seq % self.num_mini_batches == 0,
                  f"the rollout batch ({self.prompts_per_step} prompts x {a.n_samples_per_prompt} "
                  f"samples = {n_seq}) must split evenly into num_mini_batches={self.num_mini_batches}")
+        share = self.clip.sample_fraction
+        _require(share is None or share * n_seq >= 1,
+                 f"clip.sample_fraction={share!r} measures {share * n_seq if share else 0:.3g} of the {n_seq} sequences "
+                 f"of a step ({self.prompts_per_step} prompts x {a.n_samples_per_prompt} samples): fewer than one "
+                 f"per calibration. Give clip.sample_fraction >= {1 / n_seq:.6g} (1/{n_seq}: one sequence), or "
+                 f"null for the share rule")
         _require(self.lr >= 0 and math.isfinite(self.lr), f"lr must be a number >= 0 (0 = body frozen), got {self.lr}")
         for f in ("lr_lm_head", "lr_final_norm"):
             v = getattr(self, f)

@@ -70,3 +70,17 @@ def test_cli_overrides_and_config_file(tmp_path):
 def test_cli_print_config(capsys):
     assert main(["--print-config", "seed=5"]) == 0
     assert "seed: 5" in capsys.readouterr().out
+
+
+def test_a_sample_fraction_below_one_sequence_per_calibration_is_refused_naming_the_minimum():
+    """``sampled`` draws ``max(1, round(share x m))`` sequences: a share under 1/N (N the step's
+    sequences) would be raised to one silently; the config refuses it and names 1/N."""
+    base = MiniRunConfig()
+    n_seq = base.prompts_per_step * base.algorithm.n_samples_per_prompt
+    clip = dataclasses.replace(ClipConfig(arm="calibrated"), calibration_mode="sampled")
+    ok = dataclasses.replace(clip, sample_fraction=1 / n_seq)
+    assert dataclasses.replace(base, clip=ok).clip.sample_fraction == 1 / n_seq  # exactly one sequence
+    for bad in (1e-300, 0.99 / n_seq):
+        with pytest.raises(ValueError, match=rf"clip.sample_fraction={bad!r} .* fewer than one per calibration\. "
+                                             rf"Give clip.sample_fraction >= {1 / n_seq:.6g} \(1/{n_seq}: one sequence\)"):
+            dataclasses.replace(base, clip=dataclasses.replace(clip, sample_fraction=bad))
