@@ -17,8 +17,12 @@
   ``eval/`` keys; "bf16": a BF16 engine on the same weights, ``eval_bf16/``) and the axes;
 - ``problems``: every cell that is not a finished run, with why: ``missing`` (in the manifest,
   no run directory or an empty one), ``failed`` (status FAILED), ``incomplete`` (RUNNING,
-  PREEMPTED, no status.json, or DONE before the ``steps`` its config.yaml asks for), ``damaged`` (its ``status.json`` cannot be read: not JSON, not
-  UTF-8, not a mapping; the reason names the file and the error), ``unlisted`` (a run directory
+  PREEMPTED, no status.json, or DONE before the ``steps`` its config.yaml asks for), ``damaged`` (a file of the run
+  cannot be trusted, ``analysis.damage``: ``status.json``, ``provenance.json`` or ``config.yaml``
+  cannot be read (not JSON/YAML, not UTF-8, not a mapping), or the run says DONE at step S while
+  its ``metrics.jsonl`` is missing or ends before S; the reason names the file, the error and the
+  fix, and the cell's logged steps, evaluations and summary are left out of ``steps``, ``evals``
+  and every table until it is fixed), ``unlisted`` (a run directory
   the manifest does not name);
 - ``notes``: data-quality remarks (a truncated last line dropped, corrupt lines skipped,
   duplicated steps de-duplicated, no manifest).
@@ -61,6 +65,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.arms import arm_label, with_variant
+from analysis.damage import metrics_damage, unreadable
 from analysis.evals import build_evals, eval_entries, final_evals
 from analysis.frames import (
     CELL_DAMAGED,
@@ -104,17 +109,26 @@ def _axes_from_name(run: str) -> dict:
     return {**{a: d.get(a) for a in AXES}, "scale": None}
 
 
-def _classify(loaded: dict, in_manifest: bool) -> tuple[str, str | None]:
+def _classify(loaded: dict, in_manifest: bool) -> tuple[str, str | None, bool]:
+    """``(cell, reason, damaged)`` of one cell; a damaged one (``analysis.damage``) names the file and
+    the fix, and its logged steps are left out (``damaged``: also for an unlisted damaged run)."""
     if not loaded.get("exists"):
-        return CELL_MISSING, "no run directory"
+        return CELL_MISSING, "no run directory", False
     st = loaded.get("status")
     has_data = loaded.get("has_config") or loaded.get("has_metrics")
+    steps = loaded.get("steps", ())
+    damaged_origin = loaded.get("origin_damaged")
     if st is None:
         if not has_data:
-            return CELL_MISSING, "empty run directory (never started)"
+            return CELL_MISSING, "empty run directory (never started)", False
         cell, why = CELL_INCOMPLETE, "no status.json"
     elif st.get("__corrupt__"):
-        cell, why = CELL_DAMAGED, f"{STATUS_FILE} unreadable ({st['__corrupt__']})"
+        cell, why = CELL_DAMAGED, unreadable(STATUS_FILE, st["__corrupt__"])
+    elif damaged_origin:
+        cell, why = CELL_DAMAGED, unreadable(*damaged_origin)
+    elif (lost := metrics_damage(st.get("state"), st.get("step"), bool(loaded.get("has_metrics")),
+                                 int(np.max(steps)) if len(steps) else None)) is not None:
+        cell, why = CELL_DAMAGED, lost
     elif st.get("state") == DONE and _short_of(loaded, st) is not None:
         cell, why = CELL_INCOMPLETE, _short_of(loaded, st)
     elif st.get("state") == DONE:
@@ -126,9 +140,11 @@ def _classify(loaded: dict, in_manifest: bool) -> tuple[str, str | None]:
         if st.get("reason"):
             why += f": {st['reason']}"
         cell = CELL_INCOMPLETE
+    if cell != CELL_DAMAGED and damaged_origin:  # no status.json, or not finished: still name the file
+        cell, why = CELL_DAMAGED, f"{why}; {unreadable(*damaged_origin)}"
     if not in_manifest:
-        return CELL_UNLISTED, f"run directory not in manifest ({cell}{': ' + why if why else ''})"
-    return cell, why
+        return CELL_UNLISTED, f"run directory not in manifest ({cell}{': ' + why if why else ''})", cell == CELL_DAMAGED
+    return cell, why, cell == CELL_DAMAGED
 
 
 def _short_of(loaded: dict, st: dict) -> str | None:
@@ -219,6 +235,39 @@ def _discover(sweep_dir: Path) -> tuple[str, list[dict], list[str]]:
     return sweep, cells, notes
 
 
+def _distinct(sweep_dirs: list[Path], notes: list[str]) -> list[Path]:
+    """``sweep_dirs`` with each directory once (the same directory named twice, or through a link,
+    is read once; a note says so)."""
+    out: dict[Path, Path] = {}
+    for sd in sweep_dirs:
+        key = sd.resolve()
+        if key in out:
+            notes.append(f"{sd}: the same sweep directory as {out[key]}, given twice; read once")
+            continue
+        out[key] = sd
+    return list(out.values())
+
+
+def sweep_labels(sweep_dirs: Sequence[Path], names: Sequence[str]) -> list[str]:
+    """The ``sweep`` of each directory's runs: its manifest's sweep name, made unique by the end of
+    its path where two directories carry one name (a sweep and its copy, one sweep run on two
+    machines): ``a/main_table`` and ``b/main_table``. Run identity is ``<sweep>/<run name>`` when
+    several directories are read, so it includes the directory wherever a name alone would not."""
+    labels = list(names)
+    for name in set(names):
+        idx = [i for i, n in enumerate(names) if n == name]
+        if len(idx) < 2:
+            continue
+        parts = [Path(sweep_dirs[i]).resolve().parts for i in idx]
+        k = 1
+        while k < max(map(len, parts)) and len({p[-k:] for p in parts}) < len(parts):
+            k += 1
+        for i, p in zip(idx, parts, strict=True):
+            tail = "/".join(p[-k:]).lstrip("/") or "/"
+            labels[i] = tail if p[-1] == name else f"{name} ({tail})"
+    return labels
+
+
 def collect(
     sweep_dirs: str | os.PathLike | Sequence[str | os.PathLike],
     *,
@@ -243,13 +292,17 @@ def collect(
     """
     if isinstance(sweep_dirs, (str, os.PathLike)):
         sweep_dirs = [sweep_dirs]
-    sweep_dirs = [Path(s) for s in sweep_dirs]
     notes: list[str] = []
+    sweep_dirs = _distinct([Path(s) for s in sweep_dirs], notes)
     cells: list[dict] = []
     for sd in sweep_dirs:
         if not sd.is_dir():
             raise FileNotFoundError(f"sweep directory {sd} does not exist")
-        _, cs, ns = _discover(sd)
+    found = [_discover(sd) for sd in sweep_dirs]
+    labels = sweep_labels(sweep_dirs, [name for name, _, _ in found])
+    for label, (_, cs, ns) in zip(labels, found, strict=True):
+        for c in cs:
+            c["sweep"] = label
         cells.extend(cs)
         notes.extend(ns)
     if len(sweep_dirs) > 1:  # runs of different sweeps may share a basename
@@ -275,7 +328,7 @@ def _assemble(cells: list[dict], loaded: list[dict], notes: list[str], sweep_dir
     step_parts: list[tuple[int, np.ndarray, dict]] = []
     eval_parts: list[tuple[int, list]] = []
     for i, (c, ld) in enumerate(zip(cells, loaded, strict=True)):
-        cell, why = _classify(ld, c["in_manifest"])
+        cell, why, damaged = _classify(ld, c["in_manifest"])
         st = ld.get("status") or {}
         steps = ld.get("steps", np.zeros(0, np.int64))
         cols = ld.get("cols", {})
@@ -312,8 +365,10 @@ def _assemble(cells: list[dict], loaded: list[dict], notes: list[str], sweep_dir
             "truncated_tail": bool(ld.get("truncated_tail", False)),
             "bad_lines": int(ld.get("bad_lines", 0)), "duplicate_steps": dup,
             "code": ld.get("code"), "cpu": ld.get("cpu"), "steps_configured": ld.get("steps_configured"),
-            "summary": summary, "run_dir": str(c["path"]),
+            "summary": None if damaged else summary, "run_dir": str(c["path"]),
         })
+        if damaged:  # listed with the file and the fix; the report is written from the rest
+            continue
         if len(steps):
             step_parts.append((i, steps, cols))
         if ld.get("eval"):

@@ -6,7 +6,9 @@ other vector extensions or another thread count (``fp8rl.runs.provenance``), and
 change what trains. A run's group is therefore (``sweep``, ``code``, ``cpu``) as its
 ``provenance.json`` and ``config.yaml`` record them (``analysis.rundir_read.run_origin``;
 ``not recorded`` where a file is absent: such runs form their own group). Cells without a run
-directory (missing) belong to no group.
+directory (missing) and damaged cells (``analysis.damage``: an unreadable ``provenance.json`` or
+``config.yaml`` says nothing trustworthy about where the run comes from) belong to no group; they
+are listed in the report of every group of their sweep.
 
 ``python -m analysis.report`` refuses to pool runs of two or more groups unless told how
 (:func:`refusal` is its message): ``--separate`` writes one report per group, ``--pool``
@@ -24,20 +26,28 @@ import re
 
 import pandas as pd
 
-from analysis.collect import CELL_MISSING, CELL_OK, Collection
+from analysis.collect import CELL_DAMAGED, CELL_MISSING, CELL_OK, Collection
 from analysis.rundir_read import NOT_RECORDED
 
 GROUP_KEYS: tuple[str, ...] = ("sweep", "code", "cpu")
 
 
 def groups(coll: Collection) -> pd.DataFrame:
-    """One row per (sweep, code, cpu) of the runs that have a run directory: those columns and
-    ``runs`` (how many), sorted; empty when no run has one."""
-    r = coll.runs[coll.runs["cell"] != CELL_MISSING]
+    """One row per (sweep, code, cpu) of the runs that have a run directory and are not damaged:
+    those columns and ``runs`` (how many), sorted; empty when no run has one."""
+    r = coll.runs[~_grouped_out(coll.runs)]
     if r.empty:
         return pd.DataFrame(columns=[*GROUP_KEYS, "runs"])
     keyed = r[list(GROUP_KEYS)].astype(object).where(r[list(GROUP_KEYS)].notna(), NOT_RECORDED).astype(str)
     return keyed.value_counts().rename("runs").reset_index().sort_values(list(GROUP_KEYS)).reset_index(drop=True)
+
+
+def _grouped_out(r: pd.DataFrame) -> pd.Series:
+    """Cells of no group: missing (no run directory) or damaged (nothing trustworthy says where
+    the run comes from); an unlisted damaged run directory too."""
+    damaged = (r["cell"] == CELL_DAMAGED) | r["reason"].astype(str).str.startswith(
+        f"run directory not in manifest ({CELL_DAMAGED}")
+    return (r["cell"] == CELL_MISSING) | damaged
 
 
 def group_text(g) -> str:
@@ -82,16 +92,17 @@ def subset(coll: Collection, runs) -> Collection:
 
 
 def group_subsets(coll: Collection) -> list[tuple[str, Collection]]:
-    """``(directory name, collection)`` per group; the missing cells of a sweep go with every
-    group of that sweep (so each report lists them)."""
+    """``(directory name, collection)`` per group; the missing and damaged cells of a sweep go with
+    every group of that sweep (so each report lists them)."""
     gs = groups(coll)
     out = []
     r = coll.runs
     for slug, (_, g) in zip(slugs(gs), gs.iterrows(), strict=True):
-        mine = (r["cell"] != CELL_MISSING) & (r["sweep"].astype(str) == g["sweep"])
+        out_of_groups = _grouped_out(r)
+        mine = ~out_of_groups & (r["sweep"].astype(str) == g["sweep"])
         for k in ("code", "cpu"):
             mine &= r[k].astype(object).where(r[k].notna(), NOT_RECORDED).astype(str) == g[k]
-        missing = (r["cell"] == CELL_MISSING) & (r["sweep"].astype(str) == g["sweep"])
+        missing = out_of_groups & (r["sweep"].astype(str) == g["sweep"])
         out.append((slug, subset(coll, r.loc[mine | missing, "run"])))
     return out
 
@@ -102,9 +113,11 @@ def finished(coll: Collection) -> Collection:
 
 
 def unfinished(coll: Collection) -> pd.DataFrame:
-    """Runs that logged steps but did not finish: ``run, arm, cell, reason``."""
+    """Runs that logged steps but did not finish: ``run, arm, cell, reason`` (not the damaged ones:
+    their steps are left out of every table and figure)."""
     r = coll.runs
-    m = (r["cell"] != CELL_OK) & (pd.to_numeric(r["n_rows"], errors="coerce").fillna(0) > 0)
+    m = ((r["cell"] != CELL_OK) & (pd.to_numeric(r["n_rows"], errors="coerce").fillna(0) > 0)
+         & ~_grouped_out(r))
     return r.loc[m, ["run", "arm", "cell", "reason"]].reset_index(drop=True)
 
 

@@ -159,14 +159,18 @@ def load_run(path: str, engine: str = "auto", cache_dir: str | None = None) -> d
 
 
 def _config(path: Path) -> dict:
-    """``config.yaml`` as a mapping ({} when absent or unreadable)."""
+    """``config.yaml`` as a mapping ({} when absent), ``{"__corrupt__": why}`` when it cannot be read."""
     import yaml
 
     try:
         d = yaml.load(path.read_bytes(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (OSError, yaml.YAMLError):
+    except FileNotFoundError:
         return {}
-    return d if isinstance(d, dict) else {}
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        return {"__corrupt__": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    if d is None:
+        return {}
+    return d if isinstance(d, dict) else {"__corrupt__": f"holds a YAML {type(d).__name__}, not a mapping"}
 
 
 def run_origin(p: Path) -> dict:
@@ -181,12 +185,18 @@ def run_origin(p: Path) -> dict:
     - ``steps_configured``: the config's ``steps`` (None when absent).
 
     Absent or unreadable files give :data:`NOT_RECORDED` (never an error): a run made before
-    provenance recorded the CPU is its own group, not silently any machine's.
+    provenance recorded the CPU is its own group, not silently any machine's. An unreadable one is
+    also named in ``origin_damaged`` (``(file, error)``, None when both read):
+    ``analysis.collect`` lists that cell as damaged and keeps it out of every group.
     """
     prov = _read_json(p / PROVENANCE_FILE) or {}
-    if prov.get("__corrupt__"):
-        prov = {}
     cfg = _config(p / CONFIG_FILE)
+    damaged = None
+    for name, d in ((PROVENANCE_FILE, prov), (CONFIG_FILE, cfg)):
+        if d.get("__corrupt__"):
+            damaged = damaged or (name, d["__corrupt__"])
+    prov = {} if prov.get("__corrupt__") else prov
+    cfg = {} if cfg.get("__corrupt__") else cfg
     git = prov.get("git") if isinstance(prov.get("git"), dict) else {}
     sha = git.get("sha")
     code = (str(sha)[:7] + ("+dirty" if git.get("dirty") else "")) if sha else NOT_RECORDED
@@ -208,7 +218,7 @@ def run_origin(p: Path) -> dict:
         # what decides the bits (fp8rl/backends/mini/numerics.py): runs of two fingerprints are other samples
         cpu += f", numerics {numerics['aten']} {numerics['probe']}"
     steps = cfg.get("steps")
-    return {"code": code, "cpu": cpu,
+    return {"code": code, "cpu": cpu, "origin_damaged": damaged,
             "steps_configured": int(steps) if isinstance(steps, int) and not isinstance(steps, bool) else None}
 
 

@@ -27,10 +27,10 @@ def test_report_cli(known_sweep, tmp_path, capsys):
     assert main([str(known_sweep), "--out", str(out), "--no-progress", "--figures", ",".join(figs),
                  "--pdf"]) == 0
     _check_report(out, figs, pdf=True)
-    assert "report.md: 11 cells, 3 missing/failed/incomplete" in capsys.readouterr().out
+    assert "report.md: 11 cells, 3 missing/failed/damaged/incomplete" in capsys.readouterr().out
     assert not (out / "figures" / "mismatch_kl.png").exists()
-    with pytest.raises(KeyError, match="valid names"):
-        main([str(known_sweep), "--out", str(out), "--figures", "nope"])
+    assert main([str(known_sweep), "--out", str(out), "--figures", "nope"]) == 2
+    assert "unknown figure 'nope'" in capsys.readouterr().err
 
 
 @pytest.mark.slow
