@@ -12,7 +12,11 @@ Before Hydra composes anything, every override's key or config group is checked 
 schema (``fp8rl.launch.keys``): ``+stepz=3``, ``clip.epslow=0.1`` or ``hydra/launcher=...``
 stop with one message naming the key and the nearest valid ones, exit status 2. A config file the
 command line selects that is not valid YAML (a sweep file with a typo) stops with one line naming
-the file, line and column, exit status 2 (``fp8rl.launch.yamlcheck``).
+the file, line and column, exit status 2 (``fp8rl.launch.yamlcheck``). A value Hydra would refuse
+while composing (``fp8=fp9``: no such option of a config group; ``steps=abc``: the wrong type) stops
+with one line naming the override, the valid options or type and an example, exit status 1
+as for any bad value (``fp8rl.launch.values``); a sweep's invalid cells are listed one line each, without Hydra's
+``HYDRA_FULL_ERROR`` hint.
 
 The config always runs in Hydra's multirun mode (``hydra.mode: MULTIRUN`` in
 ``sweeps/config.yaml``): the ``fp8rl`` sweeper expands and validates the whole grid and
@@ -57,6 +61,13 @@ def main() -> None:
     for line in yaml_errors(argv):  # before Hydra, whose answer is a 100-line traceback
         print(f"Error: {line}; nothing was run, submitted or written", file=sys.stderr)
         raise SystemExit(2)
+    from fp8rl.launch.values import config_dirs, override_value_errors
+
+    errors = override_value_errors(cli_overrides(argv), config_dirs(argv))
+    if errors:  # before Hydra, whose answer names its config search path and HYDRA_FULL_ERROR
+        print("Error: bad value(s); nothing was run, submitted or written:\n  " + "\n  ".join(errors),
+              file=sys.stderr)
+        raise SystemExit(1)  # as a bad value the sweep's validation refuses
     _hydra_main()
 
 

@@ -154,6 +154,7 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
         return total
 
     errors += group_errors(grid, config_loader, total_of)
+    errors += type_errors(grid, total_of)
     if errors:
         raise_errors(errors, total)
 
@@ -278,6 +279,22 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
         progress=bool(launch0["progress"]),
         base_overrides=tuple(a for a in arguments),
     )
+
+
+def type_errors(grid: list[list[str]], total_of) -> list[str]:
+    """Values of the wrong type for a typed key (``steps=abc`` in an axis), one message per distinct
+    override naming the first cell (``fp8rl.launch.values``), instead of Hydra's merge error per cell."""
+    from fp8rl.launch.values import override_value_errors
+
+    errors, seen = [], set()
+    for i, overrides in enumerate(grid):
+        for ov in overrides:
+            if ov in seen:
+                continue
+            seen.add(ov)
+            errors += [f"{cell_label(i + 1, total_of(i), overrides)}: {m}"
+                       for m in override_value_errors([ov], groups=False)]
+    return errors
 
 
 def _state_of(run_dir: Path) -> str | None:

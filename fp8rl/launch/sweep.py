@@ -198,20 +198,26 @@ def damaged_status(run_dir) -> str | None:
 
 
 def run_sweep(config, config_loader, params, arguments) -> int:
-    """Plan (validate) and execute; ``SweepError`` propagates (Hydra prints it, exit 1), but for
-    unknown keys and groups (``fp8rl.launch.keys.UnknownKeyError``): printed here, exit 2. A
-    Ctrl-C while the grid is validated ends with one line and status 130, nothing run or written."""
-    from fp8rl.launch.keys import UnknownKeyError
-
+    """Plan (validate) and execute. A ``SweepError`` is printed here, its lines alone (Hydra would
+    add its ``HYDRA_FULL_ERROR`` hint): exit status 1, or 2 for unknown keys and groups
+    (``fp8rl.launch.keys.UnknownKeyError``). A Ctrl-C while the grid is validated ends with one
+    line and status 130, nothing run or written."""
     try:
         plan = plan_sweep(config, config_loader, params, arguments)
-    except UnknownKeyError as e:
-        print(f"Error: {e}", file=sys.stderr)
-        return e.exit_status
+    except SweepError as e:
+        return _say_error(e)
     except KeyboardInterrupt:
         print("interrupted while validating the grid: nothing was run, submitted or written", file=sys.stderr)
         return 130
-    return execute(plan)
+    try:
+        return execute(plan)
+    except SweepError as e:  # the launcher's preflight (a local GPU profile on this machine)
+        return _say_error(e)
+
+
+def _say_error(e: SweepError) -> int:
+    print(f"Error: {e}", file=sys.stderr)
+    return getattr(e, "exit_status", 1)
 
 
 __all__ = ["SweepError", "damaged_status", "describe_cell", "execute", "print_plan", "run_sweep"]
