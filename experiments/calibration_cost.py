@@ -29,26 +29,13 @@ def paper_configs() -> dict[tuple[str, str], object]:
     validates them (``fp8rl.launch.grid.plan_sweep``; cached: do not modify them)."""
     import tempfile
 
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.types import RunMode
-
-    import experiments.launch as launch
-    from fp8rl.launch.grid import plan_sweep
+    from fp8rl.launch.grid import plan_command
     from fp8rl.launch.job import build_config
 
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["scale=paper", "cluster=example", "fp8=tensorwise", "clip=calibrated", "dry_run=true",
-                f"algorithm={','.join(sorted(set(PAPER_CELLS.values())))}", f"model={','.join(PAPER_CELLS)}",
-                f"output_dir={tmp}"]
-        GlobalHydra.instance().clear()
-        try:
-            with initialize_config_dir(config_dir=launch.CONFIG_DIR, version_base=None):
-                loader = GlobalHydra.instance().config_loader()
-                master = loader.load_configuration("config", overrides=args, run_mode=RunMode.MULTIRUN)
-                plan = plan_sweep(master, loader, dict(master.hydra.sweeper.params), args)
-        finally:
-            GlobalHydra.instance().clear()
+        plan = plan_command(["scale=paper", "cluster=example", "fp8=tensorwise", "clip=calibrated", "dry_run=true",
+                             f"algorithm={','.join(sorted(set(PAPER_CELLS.values())))}",
+                             f"model={','.join(PAPER_CELLS)}", f"output_dir={tmp}"])
         return {(c.axes["algorithm"], c.axes["model"]): build_config(c.payload()) for c in plan.cells}
 
 

@@ -304,3 +304,26 @@ def _state_of(run_dir: Path) -> str | None:
         return RunDir(run_dir).state
     except (OSError, ValueError):
         return None
+
+
+def plan_command(arguments: Sequence[str]) -> SweepPlan:
+    """The validated plan of an ``experiments.launch`` command line, composed by Hydra in this
+    process from ``sweeps/`` as the launcher composes it, without running or writing anything
+    (``SweepPlan.cells`` carry each cell's payload and run directory). Raises :class:`SweepError`
+    as the launcher would. For callers that need the cells of a sweep (cost models, tests)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from fp8rl.launch.keys import SWEEPS_DIR
+    from fp8rl.launch.schema import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(SWEEPS_DIR), version_base=None):
+            loader = GlobalHydra.instance().config_loader()
+            master = loader.load_configuration("config", overrides=list(arguments), run_mode=RunMode.MULTIRUN)
+            return plan_sweep(master, loader, dict(master.hydra.sweeper.params), list(arguments))
+    finally:
+        GlobalHydra.instance().clear()

@@ -143,21 +143,9 @@ def test_launch_slurm_requeue_resumes_from_checkpoint(launch, tmp_path, cancel_j
 
 def _plan(args: list[str]):
     """The validated plan of an ``experiments.launch`` command line (Hydra's own composition)."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.types import RunMode
+    from fp8rl.launch.grid import plan_command
 
-    import experiments.launch as launch
-    from fp8rl.launch.grid import plan_sweep
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=launch.CONFIG_DIR, version_base=None):
-            loader = GlobalHydra.instance().config_loader()
-            cfg = loader.load_configuration("config", overrides=list(args), run_mode=RunMode.MULTIRUN)
-            return plan_sweep(cfg, loader, dict(cfg.hydra.sweeper.params), args)
-    finally:
-        GlobalHydra.instance().clear()
+    return plan_command(args)
 
 
 def test_duplicate_submission_runs_each_step_once(tmp_path, cancel_jobs):

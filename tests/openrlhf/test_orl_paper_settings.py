@@ -75,23 +75,10 @@ def emitted(cfg, resources, run_dir) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def cells(tmp_path_factory):
     """``[(axes, emitted)]`` of every main-table cell, through the dry run's own functions."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.types import RunMode
-
-    import experiments.launch as launch
-    from fp8rl.launch.grid import plan_sweep
+    from fp8rl.launch.grid import plan_command
     from fp8rl.launch.job import build_config
 
-    args = [*ARGS, f"output_dir={tmp_path_factory.mktemp('runs')}"]
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=launch.CONFIG_DIR, version_base=None):
-            loader = GlobalHydra.instance().config_loader()
-            master = loader.load_configuration("config", overrides=args, run_mode=RunMode.MULTIRUN)
-            plan = plan_sweep(master, loader, dict(master.hydra.sweeper.params), args)
-    finally:
-        GlobalHydra.instance().clear()
+    plan = plan_command([*ARGS, f"output_dir={tmp_path_factory.mktemp('runs')}"])
     out = []
     for c in plan.cells:
         axes = {k: c.axes[k] for k in ("algorithm", "model", "fp8", "clip")}
