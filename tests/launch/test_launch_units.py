@@ -78,7 +78,8 @@ def _sweep(tmp_path: Path) -> Path:
             continue
         rd = RunDir(sweep / run).init({"steps": 4})
         w = rd.metrics_writer()
-        w.write({"step": 1, "rollout/reward_mean": 0.25 * (i + 1), "actor/entropy": 1.5})
+        for step in range(1, 5 if state == "DONE" else 2):  # a DONE run holds every step's row
+            w.write({"step": step, "rollout/reward_mean": 0.25 * (i + 1), "actor/entropy": 1.5})
         w.close()
         rd.set_status(state, 1 if state != "DONE" else 4, reason="diverged at step 1" if state == "FAILED" else None)
     write_manifest(sweep, "s", cells)
