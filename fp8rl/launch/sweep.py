@@ -4,7 +4,9 @@ Called by the Hydra sweeper (``hydra_plugins/fp8rl_launch``) with the composed p
 
 1. ``fp8rl.launch.grid.plan_sweep``: expand the grid and validate every cell (nothing is
    written; any problem aborts with :class:`~fp8rl.launch.grid.SweepError`);
-2. ``dry_run=true``: print every cell (run directory, state, resources, command) and stop;
+2. ``dry_run=true``: print every cell (run directory, state, resources, command) and stop; a
+   warning first where cells' FP8 recipe needs a newer CUDA than the cluster profile's setup
+   loads (``fp8rl.launch.cuda``; a launch prints it too);
 3. otherwise classify the cells (and let the launcher check that this machine can run those
    to launch, ``Launcher.preflight``: a local GPU profile needs its GPUs here): DONE cells are skipped, cells whose Slurm job (from the
    manifest) is still pending or running are left alone, cells whose run directory is owned
@@ -60,6 +62,10 @@ def print_plan(plan: SweepPlan, stream=None) -> None:
     prof = f", cluster profile {plan.profile.name} ({plan.profile.path})" if plan.profile else ""
     print(f"sweep {plan.sweep_name}: {len(plan.cells)} cell(s) valid, {n_done} DONE; "
           f"sweep dir {plan.sweep_dir}; launcher {plan.launcher}{prof}", file=stream)
+    from fp8rl.launch.cuda import cuda_warnings
+
+    for line in cuda_warnings(plan):  # a recipe that needs a newer CUDA than the profile loads
+        print(line, file=stream)
     for c in plan.cells:
         for line in describe_cell(c, plan):
             print(line, file=stream)
@@ -111,6 +117,10 @@ def execute(plan: SweepPlan, stream=None) -> int:
 
     if todo:  # this machine must be able to run them (a local GPU profile: enough GPUs)
         LAUNCHERS[plan.launcher].preflight(todo, plan)
+        from fp8rl.launch.cuda import cuda_warnings
+
+        for line in cuda_warnings(plan):  # as the dry run says it
+            print(line, file=stream)
 
     def manifest_cells(job_ids: dict[str, str]) -> list[Cell]:
         cur = {}

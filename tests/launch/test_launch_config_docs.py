@@ -81,18 +81,22 @@ def test_launch_every_group_option_composes_and_validates(launch, tmp_path, axes
     assert not (tmp_path / "runs").exists()
 
 
-def test_documented_paper_dry_run_example_is_what_the_dry_run_prints(launch, tmp_path):
+def test_documented_paper_dry_run_example_is_what_the_dry_run_prints(launch, tmp_path, monkeypatch):
     """docs/cluster.md quotes one paper-scale cell's dry run (the README links it); a change to the
-    config (and so to the run's hash or its OpenRLHF command) must update it."""
+    config (and so to the run's hash, its OpenRLHF command or its default runs root, runs/paper)
+    must update it."""
+    monkeypatch.chdir(tmp_path)  # the default output_dir, relative to here
     res = launch("+sweep=main_table", "scale=paper", "cluster=example", "dry_run=true", "algorithm=dapo",
-                 "model=14b", "fp8=blockwise", "clip=calibrated", f"output_dir={tmp_path}")
+                 "model=14b", "fp8=blockwise", "clip=calibrated")
     assert res.code == 0, res.err
     printed = {k: v for k, v in (line.strip().split(None, 1) for line in res.out.splitlines()
                                  if line.strip().startswith(("cell ", "openrlhf:", "sbatch:", "layout:")))}
     doc = (REPO / "docs" / "cluster.md").read_text(encoding="utf-8").replace("output_dir=runs ", "")
     cell = printed["cell"].split()[1]
     assert f"cell 1/1 {cell}" in doc, f"docs/cluster.md should show run {cell}"
-    command = printed["openrlhf:"].replace(f"{tmp_path}/", "runs/").replace(f"{REPO}/", "")  # paths shortened
+    command = printed["openrlhf:"].replace(f"{tmp_path}/", "").replace(f"{REPO}/", "")  # paths shortened
     assert command in doc, "docs/cluster.md's OpenRLHF command is stale"
+    assert f"sweep dir {tmp_path}/runs/paper/main_table;" in res.out
+    assert "sweep dir runs/paper/main_table;" in doc and "warning" not in res.out
     for key in ("sbatch:", "layout:"):
         assert f"{key}    {printed[key]}" in doc, key
