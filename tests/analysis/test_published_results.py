@@ -10,6 +10,7 @@ compared (their bytes depend on the matplotlib build); their data is.
 Slow (a few tens of seconds per sweep): ``pytest -m slow tests/analysis/test_published_results.py``.
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -31,12 +32,15 @@ def test_the_published_sweeps_are_there():
     for s in SWEEPS:
         assert (RESULTS / s / "report.md").is_file(), f"{s}: no committed report"
         text = (RESULTS / s / "report.md").read_text(encoding="utf-8")
-        for name in PUBLISHED_FIGURES:  # the figures report.md shows are committed (PNG)
-            if f"](figures/{name}.png)" in text:
-                assert (RESULTS / s / "figures" / f"{name}.png").is_file(), f"{s}: {name}.png"
+        for name in PUBLISHED_FIGURES:  # the figures report.md shows are committed (PNG; a split one, each image)
+            images = re.findall(rf"\]\(figures/({re.escape(name)}(?:-[a-z0-9-]+)?\.png)\)", text)
+            if images:
+                for image in images:
+                    assert (RESULTS / s / "figures" / image).is_file(), f"{s}: {image}"
             else:  # skipped for want of data (entropy_vs_bf16 of a sweep without a BF16 arm), and said so
                 assert "figure skipped." in text, f"{s}: {name} neither shown nor skipped"
-    assert all(f"](figures/{n}.png)" in (RESULTS / "main_table" / "report.md").read_text() for n in PUBLISHED_FIGURES)
+    main = (RESULTS / "main_table" / "report.md").read_text()
+    assert all(re.search(rf"\]\(figures/{re.escape(n)}(-[a-z0-9-]+)?\.png\)", main) for n in PUBLISHED_FIGURES)
     # the slim form: no PDFs, no decoded samples, no TensorBoard event files
     heavy = [p for p in RESULTS.rglob("*") if p.suffix == ".pdf" or "samples" in p.parts
              or p.name.startswith("events.out.tfevents")]
