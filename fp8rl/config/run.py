@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 from fp8rl.config.algorithm import AlgorithmConfig
@@ -111,8 +112,33 @@ class RunConfig:
     run_dir: str | None = None
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
+    #: The backend's own config keys left out of the run identity, besides :data:`IDENTITY_EXCLUDE`.
+    BACKEND_IDENTITY_EXCLUDE: ClassVar[tuple[str, ...]] = ()
+
     def __post_init__(self) -> None:
         self.validate()
+
+    def resolve_run_dir(self) -> Path:
+        """The run directory: ``run_dir``, or ``<output_dir>/<run name>-<hash8>`` from the run
+        identity (``fp8rl.runs.identity``: the config's hash minus ``DEFAULT_EXCLUDE``,
+        :data:`IDENTITY_EXCLUDE` and ``BACKEND_IDENTITY_EXCLUDE``, options at their
+        :data:`IDENTITY_LATE_DEFAULTS` dropped)."""
+        import dataclasses
+
+        from fp8rl.runs.identity import (
+            DEFAULT_EXCLUDE,
+            config_hash,
+            drop_defaults,
+            run_dir_name,
+            run_name,
+        )
+
+        if self.run_dir:
+            return Path(self.run_dir)
+        name = run_name(self.algorithm.name, self.model.slot, self.fp8.name, self.clip.arm, self.seed)
+        h = config_hash(drop_defaults(dataclasses.asdict(self), IDENTITY_LATE_DEFAULTS),
+                        exclude=(*DEFAULT_EXCLUDE, *IDENTITY_EXCLUDE, *self.BACKEND_IDENTITY_EXCLUDE))
+        return Path(self.output_dir) / run_dir_name(name, h)
 
     def validate(self) -> None:
         """Field ranges and cross-field checks; raises ``ValueError`` naming the fix."""

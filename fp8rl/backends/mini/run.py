@@ -32,20 +32,9 @@ from fp8rl.config import IDENTITY_EXCLUDE, IDENTITY_LATE_DEFAULTS
 
 
 def resolve_run_dir(cfg: MiniRunConfig) -> Path:
-    """The run directory of ``cfg`` (``cfg.run_dir`` or derived from its identity)."""
-    from fp8rl.runs.identity import (
-        DEFAULT_EXCLUDE,
-        config_hash,
-        drop_defaults,
-        run_dir_name,
-        run_name,
-    )
-
-    if cfg.run_dir:
-        return Path(cfg.run_dir)
-    name = run_name(cfg.algorithm.name, cfg.model.slot, cfg.fp8.name, cfg.clip.arm, cfg.seed)
-    h = config_hash(drop_defaults(config_dict(cfg), IDENTITY_LATE_DEFAULTS), exclude=(*DEFAULT_EXCLUDE, *IDENTITY_EXCLUDE))
-    return Path(cfg.output_dir) / run_dir_name(name, h)
+    """The run directory of ``cfg`` (``cfg.run_dir`` or derived from its identity:
+    ``RunConfig.resolve_run_dir``)."""
+    return cfg.resolve_run_dir()
 
 
 def sft_cache_dir(cfg: MiniRunConfig) -> Path:

@@ -199,6 +199,10 @@ class OpenRLHFRunConfig(RunConfig):
     openrlhf: OpenRLHFSettings = field(default_factory=OpenRLHFSettings)
     #: OpenRLHF hands ``eval.temperature`` to vLLM, which decodes greedily at 0.
     GREEDY_EVAL_TEMPERATURE: ClassVar[bool] = True
+    #: Paths and caches do not change what a run computes (``fp8rl.backends.openrlhf.run.IDENTITY_EXCLUDE``).
+    BACKEND_IDENTITY_EXCLUDE: ClassVar[tuple[str, ...]] = (
+        "openrlhf.data_dir", "openrlhf.final_eval", "openrlhf.eval_bf16", "openrlhf.ray_deadline_s",
+        "openrlhf.save_steps", "openrlhf.dump_loss_inputs")
 
     def validate(self) -> None:
         super().validate()

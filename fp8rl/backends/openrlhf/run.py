@@ -43,8 +43,7 @@ from fp8rl.backends.openrlhf.config import OpenRLHFRunConfig, data_plan
 DRIVER_COVERAGE_ENV = "FP8RL_DRIVER_COVERAGE"
 
 #: Keys left out of the run identity (paths and caches do not change what a run computes).
-IDENTITY_EXCLUDE = ("openrlhf.data_dir", "openrlhf.final_eval", "openrlhf.eval_bf16",
-                    "openrlhf.ray_deadline_s", "openrlhf.save_steps", "openrlhf.dump_loss_inputs")
+IDENTITY_EXCLUDE = OpenRLHFRunConfig.BACKEND_IDENTITY_EXCLUDE
 #: Logical CPUs of a CPU job's Ray node (more than cores: Ray books one CPU per OpenRLHF actor; Ray
 #: starts about as many idle workers, so not many more).
 CPU_JOB_LOGICAL_CPUS = 6
@@ -55,22 +54,8 @@ def config_dict(cfg: OpenRLHFRunConfig) -> dict:
 
 
 def resolve_run_dir(cfg: OpenRLHFRunConfig) -> Path:
-    from fp8rl.config import IDENTITY_EXCLUDE as SHARED
-    from fp8rl.config import IDENTITY_LATE_DEFAULTS
-    from fp8rl.runs.identity import (
-        DEFAULT_EXCLUDE,
-        config_hash,
-        drop_defaults,
-        run_dir_name,
-        run_name,
-    )
-
-    if cfg.run_dir:
-        return Path(cfg.run_dir)
-    name = run_name(cfg.algorithm.name, cfg.model.slot, cfg.fp8.name, cfg.clip.arm, cfg.seed)
-    h = config_hash(drop_defaults(config_dict(cfg), IDENTITY_LATE_DEFAULTS),
-                    exclude=(*DEFAULT_EXCLUDE, *SHARED, *IDENTITY_EXCLUDE))
-    return Path(cfg.output_dir) / run_dir_name(name, h)
+    """The run directory of ``cfg`` (``RunConfig.resolve_run_dir``, with :data:`IDENTITY_EXCLUDE`)."""
+    return cfg.resolve_run_dir()
 
 
 def _runs_root(cfg_output_dir: str) -> Path:
