@@ -3,7 +3,7 @@
 Prints one line per cell of the sweep's manifest (run state, step, last rollout reward and
 policy entropy, Slurm job id and ``sacct`` state where there is one), the count per state, and
 the failed cells with their reasons (and the cells whose process died: ``DIED``, or whose run
-files cannot be read: ``DAMAGED``). Exit status: 0 if every cell is DONE, 1 if any FAILED, DIED
+files cannot be read, or that say DONE while ``metrics.jsonl`` is missing or short: ``DAMAGED``). Exit status: 0 if every cell is DONE, 1 if any FAILED, DIED
 or DAMAGED, 2 if cells are still missing or running. ``fp8rl.launch.status`` holds the logic.
 """
 
