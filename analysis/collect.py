@@ -127,7 +127,7 @@ def _classify(loaded: dict, in_manifest: bool) -> tuple[str, str | None, bool]:
     elif damaged_origin:
         cell, why = CELL_DAMAGED, unreadable(*damaged_origin)
     elif (lost := metrics_damage(st.get("state"), st.get("step"), bool(loaded.get("has_metrics")),
-                                 int(np.max(steps)) if len(steps) else None)) is not None:
+                                 [int(x) for x in steps])) is not None:
         cell, why = CELL_DAMAGED, lost
     elif st.get("state") == DONE and _short_of(loaded, st) is not None:
         cell, why = CELL_INCOMPLETE, _short_of(loaded, st)

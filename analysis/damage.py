@@ -7,47 +7,41 @@
   which code and which CPU numerics made them (``analysis.pooling`` groups runs by those), so the
   cell belongs to no group;
 - the run says it finished (``status.json`` DONE at step S) but its ``metrics.jsonl`` is missing,
-  or its last logged step is before S: steps it logged are gone (:func:`metrics_damage`).
+  or it lacks a row of a step 1..S: steps it logged are gone (:func:`metrics_damage`).
 
-A damaged cell is listed with the file, the error and the fix; its logged steps are left out of
-the report until it is fixed (the report is written from the rest). The fix that loses least is
-to put the file back from a copy of the run directory (the machine that ran it, a published copy);
-without one, rerun the cell.
+A damaged cell is listed with the file, the error and the fix that loses least (the launcher's:
+delete ``status.json``, ``provenance.json`` or ``config.yaml`` and relaunch, which writes it again
+and resumes from the checkpoint; put ``metrics.jsonl`` back from a copy, or rerun the cell); its
+logged steps are left out of the report until it is fixed (the report is written from the rest).
 """
 
 from __future__ import annotations
 
-from fp8rl.runs.rundir import DONE, METRICS_FILE, STATUS_FILE
+from fp8rl.runs.jsonl import REPAIRS
+from fp8rl.runs.rundir import DONE, METRICS_FILE, missing_step_rows
 
-#: What to do about a damaged file of a run directory (appended to the reason).
+#: What to do about a damaged file that no relaunch writes again (appended to the reason).
 RESTORE = ("restore it from a copy of this run directory (the machine that ran it, a published copy); "
            "without one, delete the run directory and relaunch the sweep to rerun the cell")
-#: What a damaged ``status.json`` needs (the launcher's own advice: the cell resumes from its checkpoint).
-STATUS_FIX = "delete it and relaunch: the cell resumes from its checkpoint"
 
 
 def unreadable(file: str, error: str) -> str:
-    """The reason of a cell whose ``file`` cannot be read: the file, the error, the fix."""
-    fix = STATUS_FIX if file == STATUS_FILE else RESTORE
-    return f"{file} unreadable ({error}): {fix}"
+    """The reason of a cell whose ``file`` cannot be read: the file, the error, and the launcher's
+    fix for it (``fp8rl.runs.jsonl.REPAIRS``: delete that file and relaunch, where the relaunch
+    writes it again), else :data:`RESTORE`."""
+    return f"{file} unreadable ({error}): {REPAIRS.get(file, RESTORE)}"
 
 
 def metrics_damage(state: str | None, status_step: int | None, has_metrics: bool,
-                   last_step: int | None) -> str | None:
+                   logged_steps: list[int]) -> str | None:
     """Why a finished run's ``metrics.jsonl`` is damaged, None when it is not (or nothing says).
 
     ``state``/``status_step``: what ``status.json`` says; ``has_metrics``: whether the file
-    exists; ``last_step``: its last readable logged step (None when it holds no row). A run that
-    says DONE at step S logged every step up to S (``fp8rl.runs``): a missing file, an empty one,
-    or one that ends before S lost steps.
+    exists; ``logged_steps``: the steps of its readable rows. A run that says DONE at step S logged
+    every step 1..S: the launcher's rule (``fp8rl.runs.rundir.missing_step_rows``), so status, the
+    launcher and the report agree on which cells are damaged.
     """
-    if state != DONE or status_step is None:
+    if state != DONE or not isinstance(status_step, int) or isinstance(status_step, bool) or status_step < 1:
         return None
-    says = f"{STATUS_FILE} says DONE at step {int(status_step)}"
-    if not has_metrics:
-        return f"{METRICS_FILE} missing ({says}): {RESTORE}"
-    if last_step is None:
-        return f"{METRICS_FILE} holds no step ({says}): {RESTORE}"
-    if int(last_step) < int(status_step):
-        return f"{METRICS_FILE} ends at step {int(last_step)} ({says}): {RESTORE}"
-    return None
+    lost = missing_step_rows(int(status_step), logged_steps if has_metrics else None)
+    return None if lost is None else f"{METRICS_FILE} {lost}"

@@ -107,6 +107,25 @@ class RunDirConflict(RuntimeError):
     """The run directory already holds a different config."""
 
 
+#: The fix of a DONE run whose ``metrics.jsonl`` lost step rows (:func:`missing_step_rows`).
+METRICS_REPAIR = (f"restore {METRICS_FILE} from a copy, or delete {STATUS_FILE} and {CHECKPOINT_DIR}/ and relaunch: "
+                  "the cell runs again from step 0 (its steps' rows cannot be made again from the final checkpoint)")
+
+
+def missing_step_rows(done_step: int, logged_steps: Iterable[object] | None) -> str | None:
+    """Why a run that says DONE at ``done_step`` lacks step rows, with the fix; None when
+    ``logged_steps`` (the ``step`` of each ``metrics.jsonl`` row; None: no file) holds every step
+    1..``done_step``. Pure: the one rule of the launcher, ``experiments.status`` and the report."""
+    if logged_steps is None:
+        return f"missing, but {STATUS_FILE} says the run finished {done_step} step(s); {METRICS_REPAIR}"
+    logged = set(logged_steps)
+    have = sum(1 for s in range(1, done_step + 1) if s in logged)
+    if have < done_step:
+        return (f"holds {have} of the {done_step} step rows that {STATUS_FILE} says the run finished (the file "
+                f"was cut or emptied); {METRICS_REPAIR}")
+    return None
+
+
 def utc_now() -> str:
     """Current time as ISO 8601 UTC with seconds, e.g. ``2026-11-30T12:00:00Z``."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -333,22 +352,15 @@ class RunDir:
         step = st.get("step")
         if not isinstance(step, int) or isinstance(step, bool) or step < 1:
             return None
-        fix = (f"restore {METRICS_FILE} from a copy, or delete {self.status_path} and {self.checkpoint_dir} "
-               "and relaunch: the cell runs again from step 0 (its steps' rows cannot be made again from "
-               "the final checkpoint)")
         refuse_symlink(self.metrics_path)
         if not self.metrics_path.exists():
-            return f"{self.metrics_path} is missing, but {STATUS_FILE} says the run finished {step} step(s); {fix}"
+            return f"{self.metrics_path}: {missing_step_rows(step, None)}"
         try:
             rows = read_jsonl(self.metrics_path)
         except ValueError as e:
-            return f"{' '.join(str(e).split())}; {fix}"
-        logged = {r.get(STEP) for r in rows if isinstance(r, dict)}
-        have = sum(1 for s in range(1, step + 1) if s in logged)
-        if have < step:
-            return (f"{self.metrics_path} holds {have} of the {step} step rows that {STATUS_FILE} says the run "
-                    f"finished (the file was cut or emptied); {fix}")
-        return None
+            return f"{' '.join(str(e).split())}; {METRICS_REPAIR}"
+        lost = missing_step_rows(step, [r.get(STEP) for r in rows if isinstance(r, dict)])
+        return None if lost is None else f"{self.metrics_path}: {lost}"
 
     # jsonl
     def metrics_writer(self, *, fsync: bool = True) -> JsonlWriter:

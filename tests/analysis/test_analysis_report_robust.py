@@ -110,7 +110,8 @@ def test_a_damaged_provenance_or_config_is_listed_and_the_rest_reported(sweep, t
     assert cells.loc[bad.name, "cell"] == "damaged"
     assert (cells.drop(index=bad.name)["cell"] == "ok").all()
     reason = cells.loc[bad.name, "reason"]
-    assert reason.startswith(f"{name} unreadable (") and "restore it from a copy of this run directory" in reason
+    assert reason.startswith(f"{name} unreadable (")
+    assert "delete it and relaunch" in reason and "keeping the rest of its run directory" in reason  # the launcher's fix
     text = (out / "report.md").read_text()
     row = next(ln for ln in text.splitlines() if bad.name in ln and "| damaged |" in ln)
     assert name in row
@@ -137,9 +138,12 @@ def test_a_done_cell_with_missing_or_short_metrics_is_damaged(sweep, tmp_path, c
     cells = pd.read_csv(out / "tables" / "cells.csv").set_index("run")
     assert cells.loc[bad.name, "cell"] == "damaged", cells.loc[bad.name].to_dict()
     reason = cells.loc[bad.name, "reason"]
-    want = {"deleted": "metrics.jsonl missing", "emptied": "metrics.jsonl holds no step",
-            "cut": f"metrics.jsonl ends at step {len(lines) // 2 - 1}"}[damage]
-    assert reason.startswith(f"{want} (status.json says DONE at step {STEPS - 1})"), reason
+    done = STEPS - 1
+    want = {"deleted": f"metrics.jsonl missing, but status.json says the run finished {done} step(s)",
+            "emptied": f"metrics.jsonl holds 0 of the {done} step rows",
+            "cut": f"metrics.jsonl holds {len(lines) // 2 - 1} of the {done} step rows"}[damage]
+    assert reason.startswith(want), reason
+    assert "restore metrics.jsonl from a copy" in reason
     text = (out / "report.md").read_text()
     assert "1 cells are missing, failed, damaged or incomplete" in text
     assert next(ln for ln in text.splitlines() if bad.name in ln and "| damaged |" in ln)
@@ -148,10 +152,12 @@ def test_a_done_cell_with_missing_or_short_metrics_is_damaged(sweep, tmp_path, c
 
 
 def test_metrics_damage_is_a_pure_rule():
-    assert metrics_damage("DONE", 19, True, 19) is None
-    assert metrics_damage("RUNNING", 19, False, None) is None  # not finished: not damage
-    assert metrics_damage("DONE", None, False, None) is None  # nothing says how far it went
-    assert metrics_damage("DONE", 19, True, 18).startswith("metrics.jsonl ends at step 18")
+    assert metrics_damage("DONE", 19, True, list(range(1, 20))) is None
+    assert metrics_damage("RUNNING", 19, False, []) is None  # not finished: not damage
+    assert metrics_damage("DONE", None, False, []) is None  # nothing says how far it went
+    assert metrics_damage("DONE", 19, True, list(range(1, 19))).startswith("metrics.jsonl holds 18 of the 19")
+    # a row lost in the middle is damage too: the launcher's rule (fp8rl.runs.rundir.missing_step_rows)
+    assert metrics_damage("DONE", 19, True, [s for s in range(1, 20) if s != 7]).startswith("metrics.jsonl holds 18")
 
 
 def test_collect_keeps_a_damaged_cell_out_of_steps_and_evals(sweep):
