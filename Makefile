@@ -156,12 +156,20 @@ slurm-down:
 # target (`make reproduce`), which works from a shell without the venv active (fp8rl.launch.interrupt).
 LAUNCH = FP8RL_RESUME="make $@$(if $(ARGS), ARGS='$(ARGS)')" $(BIN)/python -m experiments.launch
 
+# launch ARGS: run experiments.launch ARGS. A launch stopped for a signal (exit 130 Ctrl-C, 143
+# SIGTERM) hands that signal to make and the recipe's shell exits cleanly (its trap keeps it from
+# dying of the Ctrl-C itself), so make exits 128 + signal too without writing "Interrupt" or
+# "Error 130": under `make reproduce | tee log` a Ctrl-C kills tee as well, and that write to the
+# dead pipe killed make with SIGPIPE (exit 141) instead (tests/launch/test_launch_tee.py).
+launch = echo '$(subst ','\'',$(LAUNCH) $(1))'; trap : INT TERM; $(LAUNCH) $(1) || { rc=$$?; case $$rc in \
+	130) kill -INT $$PPID; exit 0;; 143) kill -TERM $$PPID; exit 0;; esac; exit $$rc; }
+
 # The README's main command: the paper's main table at mini scale, on this machine. ARGS: more
 # launch arguments (`make reproduce ARGS="workers=1"`).
 ARGS ?=
 .PHONY: reproduce
 reproduce: install-run
-	$(LAUNCH) +sweep=main_table $(ARGS)
+	@$(call launch,+sweep=main_table $(ARGS))
 
 # Calibrated Clipping against BF16 with intervals that can resolve +-25% (docs/results/mini/FINDINGS.md,
 # section 2): calibration_match (12 seeds x 10 cells) and the three calibration modes on full-FP8

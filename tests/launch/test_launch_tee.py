@@ -80,9 +80,13 @@ def _check_preempted_then_done(sweep: Path, resume: str) -> None:
 def test_ctrl_c_under_make_reproduce_piped_to_tee(tmp_path):
     root = tmp_path / "runs"
     args = shlex.join([*FAST, f"output_dir={root}"])
-    out = _ctrl_c_at_step_2(f"make -o install-run reproduce BIN={BIN} ARGS={shlex.quote(args)} 2>&1 "
-                            f"| tee {tmp_path}/log", root / "main_table")
+    # the shell survives the Ctrl-C (its trap) to print what make exited with
+    out = _ctrl_c_at_step_2(f"trap : INT; make -o install-run reproduce BIN={BIN} ARGS={shlex.quote(args)} 2>&1 "
+                            f"| tee {tmp_path}/log; echo \"make exited ${{PIPESTATUS[0]}}\"", root / "main_table")
     assert "[main_table] stopped (Ctrl-C): " in out, out[-3000:]
+    # 128 + SIGINT, as for the launcher alone; not 141 (make killed by SIGPIPE writing "Interrupt"
+    # to the pipe whose tee the Ctrl-C killed)
+    assert "make exited 130" in out, out[-1000:]
     assert "Traceback" not in out and "BrokenPipe" not in out, out[-3000:]
     resume = _resume_line(out)
     assert resume == f"make reproduce ARGS='{args}'", resume
