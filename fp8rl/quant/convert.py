@@ -65,6 +65,8 @@ GEMM scales               CPU                                CUDA
 per-tensor / per-row      ``torch._scaled_mm`` (runs on CPU)  capability >= 8.9
 block / MX (torchao,      ``emulate=True`` required          ``emulate=True`` required (no
 fp8rl)                                                       kernel wired in, see linear.py)
+FP4 / FP6 (nvfp4, mxfp4,  ``emulate=True`` required          ``emulate=True`` required (no
+mxfp6; ``microscale``)                                       kernel wired in; Blackwell has them)
 transformer_engine        not supported                      per recipe (``te.TE_KINDS``):
                                                              per-tensor 8.9, block 9.0,
                                                              MXFP8 10.x
@@ -152,6 +154,12 @@ def check_supported(
     if emulate:
         return
     fix = "set fp8.emulate=true (convert_to_fp8(..., emulate=True)) to emulate it in float32"
+    if recipe.microscaled:
+        raise Fp8UnsupportedError(
+            f"recipe {recipe.name!r} casts operands to FP4/FP6, which has no GEMM kernel wired in here "
+            f"(implementation {impl!r}); NVFP4/MXFP4/MXFP6 tensor-core GEMMs need a Blackwell GPU "
+            f"(sm100/sm103, compute capability 10.x) and CUDA >= 12.8; {fix}"
+        )
     if device_type == "cuda":
         if capability is None or tuple(capability) < _MIN_CUDA_CAPABILITY:
             raise Fp8UnsupportedError(

@@ -36,8 +36,9 @@ import struct
 import torch
 
 import fp8rl.quant.native as native
-from fp8rl.quant.formats import E4M3, Fp8Format
+from fp8rl.quant.formats import E4M3, Fp8Format, SubByteFormat
 from fp8rl.quant.granularity import Granularity, PerTensor
+from fp8rl.quant.microscale import fake_quantize_microscaled, is_microscaled
 from fp8rl.quant.quantize import (
     EPS,
     _as_2d,
@@ -94,12 +95,16 @@ def _round_magnitudes_(a: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
 def fake_quantize(
     x: torch.Tensor,
     granularity: Granularity,
-    fmt: Fp8Format = E4M3,
+    fmt: Fp8Format | SubByteFormat = E4M3,
     *,
     pow2_scale: bool = False,
     divide: bool = False,
 ) -> torch.Tensor:
     """The FP8 value of every element of ``x``, in float32: quantize, then dequantize.
+
+    FP4 / FP6 operands (a ``SubByteFormat``, or ``NVBlock``) go to
+    ``microscale.fake_quantize_microscaled`` first (OCP MX and NVFP4 scale rules), never to the
+    FP8 native kernels or fast paths below.
 
     What an emulated FP8 GEMM feeds its float32 matmul. ``divide=False`` dequantizes as
     :func:`dequantize` does, ``q * (1 / qscale)`` (the dequantization multiplier that
@@ -116,6 +121,13 @@ def fake_quantize(
     Raises:
         NonFiniteError: ``x`` contains inf or NaN.
     """
+    if is_microscaled(granularity, fmt):  # FP4 / FP6: never the FP8 native or fast paths
+        if pow2_scale or divide:
+            raise ValueError(
+                f"fake_quantize: {granularity} with {fmt.name} elements has its scale rule fixed by "
+                "the standard (fp8rl.quant.microscale); pow2_scale and divide do not apply"
+            )
+        return fake_quantize_microscaled(x, granularity, fmt)
     if x.dtype in _NATIVE_DTYPES and x.device.type == "cpu" and x.ndim and native.enabled():
         pow2 = pow2_scale or granularity.power_of_two
         if x.is_contiguous():  # row-major: the tensor path's and the fast paths' layout

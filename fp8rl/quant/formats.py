@@ -8,6 +8,18 @@ torchao's ``tensorwise`` recipe casts ``grad_output`` to E5M2 by default). Paper
 
 The ROCm ``fnuz`` variants are deliberately absent (the project targets NVIDIA and CPU);
 adding them is a new registry entry, not a code change.
+
+Sub-byte element formats (``SubByteFormat``): FP4 ``E2M1`` and FP6 ``E2M3`` / ``E3M2`` of the OCP
+Microscaling Formats (MX) Specification v1.0, section 5.3 (tables 4 and 5; ``E2M1`` is also the
+element of NVIDIA's NVFP4). They have no one-byte torch dtype (CPU torch 2.13 has only the
+packed ``torch.float4_e2m1fn_x2``, two codes per byte, with no arithmetic), so a
+``SubByteFormat`` is defined by its bit fields alone: 1 sign bit, ``exp_bits`` exponent bits
+with bias ``2^(exp_bits-1) - 1``, ``man_bits`` mantissa bits, subnormals at exponent field 0,
+and **no Inf or NaN encoding**: every code is a finite number (MX v1.0 5.3), so the largest
+finite value is the all-ones exponent and mantissa (E2M1 6, E2M3 7.5, E3M2 28). Conversion to
+them saturates: a value above the largest finite one becomes it (MX v1.0 5.3 and 6.3: "clamped
+to the maximum normal"), which ``fp8rl.quant.microscale`` applies after rounding to nearest
+even. Codes are stored unpacked, one per ``uint8`` (``SubByteFormat.values()`` decodes them).
 """
 
 from __future__ import annotations
@@ -19,7 +31,7 @@ import torch
 
 from fp8rl.registry import Registry
 
-__all__ = ["E4M3", "E5M2", "FORMATS", "Fp8Format"]
+__all__ = ["E2M1", "E2M3", "E3M2", "E4M3", "E5M2", "FORMATS", "ElementFormat", "Fp8Format", "SubByteFormat"]
 
 
 @dataclass(frozen=True)
@@ -60,8 +72,86 @@ class Fp8Format:
         return self.name
 
 
-FORMATS: Registry[Fp8Format] = Registry("FP8 format")
+@dataclass(frozen=True)
+class SubByteFormat:
+    """One OCP MX sub-byte float element format (FP4 / FP6), defined by its bit fields.
+
+    Attributes:
+        name: short name (``"e2m1"``, ``"e2m3"``, ``"e3m2"``).
+        exp_bits, man_bits: exponent and explicit mantissa bits (1 sign bit besides).
+
+    No torch dtype: values are float32 on the format's grid, codes ``uint8`` (one per byte).
+    """
+
+    name: str
+    exp_bits: int
+    man_bits: int
+
+    def __post_init__(self) -> None:
+        if self.exp_bits < 1 or self.man_bits < 0 or 1 + self.exp_bits + self.man_bits > 8:
+            raise ValueError(
+                f"SubByteFormat {self.name!r}: need exp_bits >= 1, man_bits >= 0 and at most 8 bits "
+                f"in all, got E{self.exp_bits}M{self.man_bits}"
+            )
+
+    #: no torch storage dtype (the codes are uint8, one per byte)
+    dtype = None
+
+    @property
+    def bits(self) -> int:
+        return 1 + self.exp_bits + self.man_bits
+
+    @property
+    def bias(self) -> int:
+        return 2 ** (self.exp_bits - 1) - 1
+
+    @property
+    def mantissa_bits(self) -> int:
+        return self.man_bits
+
+    @property
+    def min_normal_exp(self) -> int:
+        """Exponent of the smallest normal value, ``1 - bias`` (0 for E2M1/E2M3, -2 for E3M2)."""
+        return 1 - self.bias
+
+    @property
+    def emax(self) -> int:
+        """Exponent of the largest normal value (2 for E2M1/E2M3, 4 for E3M2; MX v1.0 table 4)."""
+        return 2**self.exp_bits - 1 - self.bias
+
+    @property
+    def max(self) -> float:
+        """Largest finite value: all exponent and mantissa bits set (no Inf/NaN codes)."""
+        return (2.0 - 2.0 ** -self.man_bits) * 2.0**self.emax
+
+    def values(self) -> torch.Tensor:
+        """float32 ``[2**bits]``: the value of every code (sign bit the top bit), from the bit
+        fields: ``(-1)^s 2^(1-bias) (m / 2^M)`` at exponent field 0, else
+        ``(-1)^s 2^(e-bias) (1 + m / 2^M)``."""
+        out = []
+        for code in range(2**self.bits):
+            sign = -1.0 if code >> (self.bits - 1) else 1.0
+            e = (code >> self.man_bits) & (2**self.exp_bits - 1)
+            m = code & (2**self.man_bits - 1)
+            frac = m / 2.0**self.man_bits
+            mag = 2.0 ** (1 - self.bias) * frac if e == 0 else 2.0 ** (e - self.bias) * (1 + frac)
+            out.append(sign * mag)
+        return torch.tensor(out, dtype=torch.float32)
+
+    def short_str(self) -> str:
+        return self.name
+
+
+#: What an operand may be cast to: an FP8 format or a sub-byte OCP MX element format.
+ElementFormat = Fp8Format | SubByteFormat
+
+FORMATS: Registry[ElementFormat] = Registry("element format")
 E4M3 = Fp8Format("e4m3", torch.float8_e4m3fn)
 E5M2 = Fp8Format("e5m2", torch.float8_e5m2)
 FORMATS.add(E4M3.name, E4M3)
 FORMATS.add(E5M2.name, E5M2)
+E2M1 = SubByteFormat("e2m1", 2, 1)
+E2M3 = SubByteFormat("e2m3", 2, 3)
+E3M2 = SubByteFormat("e3m2", 3, 2)
+for _f in (E2M1, E2M3, E3M2):
+    FORMATS.add(_f.name, _f)

@@ -19,6 +19,7 @@ PerRow         per token             per output channel      ``(R, 1)``
 PerBlock(1,128)  1x128 tiles         --                      ``(R, ceil(C/128))``
 PerBlock(128,128)  --                128x128 blocks          ``(ceil(R/128), ceil(C/128))``
 MX(32)         1x32, E8M0 scale      1x32, E8M0 scale        ``(R, ceil(C/32))``
+NVBlock(16)    1x16, E4M3 scale      1x16, E4M3 scale        ``(R, ceil(C/16))`` + one FP32
 =============  ====================  ======================  ==========================
 
 The backward GEMMs reuse the convention: for dgrad (``grad_x = grad_y @ W``) the weight enters
@@ -46,7 +47,7 @@ from typing import ClassVar
 
 from fp8rl.registry import Registry
 
-__all__ = ["GRANULARITIES", "MX", "Granularity", "PerBlock", "PerRow", "PerTensor"]
+__all__ = ["GRANULARITIES", "MX", "Granularity", "NVBlock", "PerBlock", "PerRow", "PerTensor"]
 
 
 class Granularity:
@@ -139,8 +140,31 @@ class MX(Granularity):
         return f"mx{self.block}"
 
 
+@dataclass(frozen=True)
+class NVBlock(Granularity):
+    """NVIDIA NVFP4 two-level scaling: ``1 x block`` groups (16) along the contraction dim, each
+    with an E4M3 scale, under one FP32 scale for the whole tensor.
+
+    Block scale shape ``(*lead, ceil(C / block))`` plus the per-tensor scale; the formula is in
+    ``fp8rl.quant.microscale``. Only with the ``E2M1`` element format (``NVFP4``).
+    """
+
+    block: int = 16
+
+    def __post_init__(self) -> None:
+        if self.block < 1:
+            raise ValueError(f"NVBlock block must be positive, got {self.block}; NVFP4 uses 16")
+
+    def block_shape(self, rows: int, cols: int) -> tuple[int, int]:
+        return 1, self.block
+
+    def short_str(self) -> str:
+        return f"nv{self.block}"
+
+
 GRANULARITIES: Registry[type[Granularity]] = Registry("scaling granularity")
 GRANULARITIES.add("tensor", PerTensor)
 GRANULARITIES.add("row", PerRow)
 GRANULARITIES.add("block", PerBlock)
 GRANULARITIES.add("mx", MX)
+GRANULARITIES.add("nv", NVBlock)

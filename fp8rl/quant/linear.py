@@ -23,6 +23,8 @@ Deviations / choices:
   ``BlockWise1x128``/``BlockWise128x128`` scaling on Hopper, not exercised in this project yet,
   see ``benchmarks/gpu_fp8_linear.py``); ``convert_to_fp8`` therefore requires ``emulate=True``
   for them on every device.
+- FP4 / FP6 operands (``nvfp4``, ``mxfp4``, ``mxfp6``; ``fp8rl.quant.microscale``) are always
+  emulated: no FP4/FP6 GEMM kernel is wired in (``convert_to_fp8`` requires ``emulate=True``).
 - On CUDA, row-scaled ``_scaled_mm`` cannot write float32; like torchao we compute in bfloat16
   and cast, so float32 models see a bfloat16-rounded FP8 GEMM output there. On CPU the output
   is written in float32 directly.
@@ -39,6 +41,7 @@ from fp8rl.quant.fake import fake_quantize
 from fp8rl.quant.granularity import Granularity, PerBlock, PerRow, PerTensor
 from fp8rl.quant.lowp import linear as lowp_linear
 from fp8rl.quant.lowp import matmul as lowp_matmul
+from fp8rl.quant.microscale import dequantize_microscaled, is_microscaled, quantize_microscaled
 from fp8rl.quant.quantize import dequantize, quantize
 from fp8rl.quant.recipes import OperandConfig, Recipe
 
@@ -113,6 +116,13 @@ def fp8_mm(
     Returns:
         ``[M, N]`` in ``out_dtype``.
     """
+    if is_microscaled(a_cfg.granularity, a_cfg.fmt) or is_microscaled(b_cfg.granularity, b_cfg.fmt):
+        # FP4 / FP6: codes and scales, dequantized, float32 matmul (no kernel is wired in)
+        da, db = (dequantize_microscaled(quantize_microscaled(t, c.granularity, c.fmt), c.granularity, c.fmt)
+                  if is_microscaled(c.granularity, c.fmt)
+                  else dequantize(*quantize(t, c.granularity, c.fmt, pow2_scale=pow2_scales), c.granularity)
+                  for t, c in ((a, a_cfg), (b, b_cfg)))
+        return (da @ db.t()).to(out_dtype or a.dtype)
     qa, sa = quantize(a, a_cfg.granularity, a_cfg.fmt, pow2_scale=pow2_scales)
     qb, sb = quantize(b, b_cfg.granularity, b_cfg.fmt, pow2_scale=pow2_scales)
     return scaled_gemm(

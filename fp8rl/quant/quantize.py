@@ -188,6 +188,11 @@ def quantize(
     Raises:
         NonFiniteError: ``x`` contains inf or NaN (the message gives the first index).
     """
+    if fmt.dtype is None:
+        raise TypeError(
+            f"quantize: {fmt.name} has no torch dtype; FP4/FP6 operands are quantized by "
+            "fp8rl.quant.microscale.quantize_microscaled (codes and scales)"
+        )
     x2, (br, bc) = _as_2d(x, granularity)
     core = _compiled_quantize_blocks() if compile else _quantize_blocks
     q, qscale, amax = core(x2, br, bc, fmt.max, pow2_scale or granularity.power_of_two, fmt.dtype)

@@ -24,6 +24,9 @@ name                    operands                                                
 ``rowwise_with_gw_hp``  per-row fprop, dgrad weight per-tensor, wgrad in high precision torchao
 ``blockwise``           1x128 activations/grads, 128x128 weights, E4M3 (DeepSeek-V3)    transformer_engine
 ``mxfp8``               MX 1x32 E8M0 scales, E4M3 everywhere                            transformer_engine
+``nvfp4``               NVFP4: 1x16 E4M3 block scales + FP32 tensor scale, E2M1         fp8rl (emulated)
+``mxfp4``               MXFP4: MX 1x32 E8M0 scales (OCP rule), E2M1 everywhere          fp8rl (emulated)
+``mxfp6``               MXFP6: MX 1x32 E8M0 scales (OCP rule), E2M3; gradients E3M2     fp8rl (emulated)
 ======================  ==============================================================  ==================
 
 The ``impl`` column is the implementation used when FP8 GEMMs run on FP8 kernels; with
@@ -46,6 +49,18 @@ Choices made here:
   ``pow2_scales`` to try TE's default.
 - ``mxfp8`` quantizes wgrad operands in 1x32 groups along the token dimension (the contraction
   dimension of wgrad), as the MX GEMM requires.
+- FP4 / FP6 recipes (``nvfp4``, ``mxfp4``, ``mxfp6``; formats and scale rules in
+  ``fp8rl.quant.microscale``): all three GEMMs, every operand quantized in ``1 x block`` groups
+  along its GEMM's contraction dimension (wgrad: along tokens), round to nearest even, no
+  transform. They run emulated only (``fp8.emulate=true``): no FP4/FP6 GEMM kernel is wired in
+  (``convert.check_supported`` refuses, naming the GPU generation, Blackwell sm100+, that has
+  them). ``impl`` is ``fp8rl``. What they leave out of the recipes they are named after [G]:
+  NVIDIA's NVFP4 *training* recipe (arXiv:2509.25149 section 4; Transformer Engine's
+  ``NVFP4BlockScaling``) adds 16x16 2-D weight blocks, a 16x16 random Hadamard transform on the
+  wgrad operands, stochastic rounding of gradients and BF16 for some final layers; none is
+  implemented here, so ``nvfp4`` is the NVFP4 *format* with nearest-even everywhere, not that
+  recipe. ``mxfp6`` casts gradients to E3M2 (the wider-range FP6, by analogy with FP8's hybrid
+  E5M2 gradients) and inputs/weights to E2M3; the OCP spec does not prescribe which [G].
 - ``tensorwise_delayed`` (``scaling="delayed"``): each operand's scale comes from the maximum
   (``amax_compute_algo="max"``) or the latest (``"most_recent"``) of the last
   ``amax_history_len`` amaxes instead of the current tensor's amax. Defaults are Transformer
@@ -58,8 +73,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fp8rl.quant.formats import E4M3, E5M2, Fp8Format
-from fp8rl.quant.granularity import MX, Granularity, PerBlock, PerRow, PerTensor
+from fp8rl.quant.formats import E2M1, E2M3, E3M2, E4M3, E5M2, Fp8Format, SubByteFormat
+from fp8rl.quant.granularity import MX, Granularity, NVBlock, PerBlock, PerRow, PerTensor
+from fp8rl.quant.microscale import check_microscaled
 from fp8rl.registry import Registry
 
 __all__ = ["AMAX_COMPUTE_ALGOS", "GEMMS", "RECIPES", "SCALINGS", "OperandConfig", "Recipe", "get_recipe"]
@@ -77,7 +93,7 @@ class OperandConfig:
     """How one GEMM operand is cast to FP8: scaling ``granularity`` and element ``fmt``."""
 
     granularity: Granularity
-    fmt: Fp8Format = E4M3
+    fmt: Fp8Format | SubByteFormat = E4M3
 
     def __post_init__(self) -> None:
         if not isinstance(self.granularity, Granularity):
@@ -85,8 +101,9 @@ class OperandConfig:
                 f"OperandConfig.granularity must be a Granularity instance (PerTensor(), PerRow(), "
                 f"PerBlock(r, c), MX(32)), got {self.granularity!r}"
             )
-        if not isinstance(self.fmt, Fp8Format):
-            raise TypeError(f"OperandConfig.fmt must be E4M3 or E5M2, got {self.fmt!r}")
+        if not isinstance(self.fmt, (Fp8Format, SubByteFormat)):
+            raise TypeError(f"OperandConfig.fmt must be E4M3, E5M2, E2M1, E2M3 or E3M2, got {self.fmt!r}")
+        check_microscaled(self.granularity, self.fmt)
 
     def short_str(self) -> str:
         return f"{self.granularity.short_str()}_{self.fmt.short_str()}"
@@ -181,6 +198,14 @@ class Recipe:
         return self.fprop or self.dgrad or self.wgrad
 
     @property
+    def microscaled(self) -> bool:
+        """True when an FP8 GEMM of this recipe has an FP4/FP6 operand (``fp8rl.quant.microscale``)."""
+        return any(
+            c is not None and isinstance(c.fmt, SubByteFormat)
+            for gemm in GEMMS if getattr(self, gemm) for c in self.operands(gemm)
+        )
+
+    @property
     def hybrid(self) -> bool:
         """True when the gradient operands are E5M2."""
         cfgs = [c for c in (self.grad_output, self.grad_output_for_wgrad) if c is not None]
@@ -198,6 +223,11 @@ class Recipe:
         """Same recipe with gradients in E5M2 (``hybrid=True``) or E4M3; renamed if it changes."""
         if not self.enabled or self.hybrid == hybrid:
             return self
+        if self.microscaled:
+            raise ValueError(
+                f"recipe {self.name!r} casts to FP4/FP6; hybrid (E5M2 / E4M3 gradients) is an FP8 option "
+                f"and has no meaning for it: leave hybrid unset"
+            )
         fmt = E5M2 if hybrid else E4M3
 
         def swap(c: OperandConfig | None) -> OperandConfig | None:
@@ -315,6 +345,36 @@ _register(
         weight=OperandConfig(PerBlock(128, 128), E4M3),
         grad_output=OperandConfig(PerBlock(1, 128), E4M3),
         impl="transformer_engine",
+        **_ALL,
+    )
+)
+_register(
+    Recipe(
+        "nvfp4",
+        input=OperandConfig(NVBlock(16), E2M1),
+        weight=OperandConfig(NVBlock(16), E2M1),
+        grad_output=OperandConfig(NVBlock(16), E2M1),
+        impl="fp8rl",
+        **_ALL,
+    )
+)
+_register(
+    Recipe(
+        "mxfp4",
+        input=OperandConfig(MX(32), E2M1),
+        weight=OperandConfig(MX(32), E2M1),
+        grad_output=OperandConfig(MX(32), E2M1),
+        impl="fp8rl",
+        **_ALL,
+    )
+)
+_register(
+    Recipe(
+        "mxfp6",
+        input=OperandConfig(MX(32), E2M3),
+        weight=OperandConfig(MX(32), E2M3),
+        grad_output=OperandConfig(MX(32), E3M2),
+        impl="fp8rl",
         **_ALL,
     )
 )

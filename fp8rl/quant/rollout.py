@@ -20,6 +20,14 @@ Layout (matches vLLM's ``Fp8LinearMethod.create_weights`` for ``quant_method: fp
   ``"fp8rl_weight_granularity": "row"`` [deviation].
 - ``mxfp8``: ``<layer>.weight_scale_inv`` float32 ``[N, ceil(K/32)]`` (powers of two); vLLM's
   MXFP8 layout stores E8M0 bytes instead -- ours is marked ``"fp8rl_weight_granularity": "mx32"``.
+- FP4 / FP6 (``nvfp4``, ``mxfp4``, ``mxfp6``; ``fp8rl.quant.microscale``): ``<layer>.weight``
+  uint8 ``[N, K]``, one element code per byte (unpacked), ``<layer>.weight_scale`` float32
+  ``[N, ceil(K/block)]`` (E4M3 block scales for NVFP4, E8M0 powers of two for MX) and, NVFP4 only,
+  ``<layer>.weight_scale_2`` float32 ``()`` (the per-tensor decode scale). The names are
+  ModelOpt's NVFP4 checkpoint names, but ModelOpt packs two codes per byte and stores E4M3 /
+  E8M0 bytes, so the config is ``{"quant_method": "fp8rl_microscaled", ...}`` [deviation]: the
+  mini engine's own layout, not a vLLM checkpoint. Activations are fake-quantized per call in
+  the recipe's ``input`` format; the GEMM is emulated (no FP4/FP6 kernel is wired in).
 - Activations: dynamic (no ``input_scale``), quantized with the recipe's ``input`` granularity
   (per-tensor, per-token, or 1x128 tiles), as vLLM's dynamic schemes do.
 
@@ -52,8 +60,14 @@ from fp8rl.quant.convert import (
     swap_linears,
 )
 from fp8rl.quant.fake import fake_quantize
+from fp8rl.quant.formats import SubByteFormat
 from fp8rl.quant.granularity import MX, PerBlock, PerRow, PerTensor
 from fp8rl.quant.linear import SharedInput, cached_operand, has_scaled_mm_kernel, scaled_gemm
+from fp8rl.quant.microscale import (
+    MicroscaledTensor,
+    dequantize_microscaled,
+    quantize_microscaled,
+)
 from fp8rl.quant.quantize import dequantize, quantize
 from fp8rl.quant.recipes import Recipe, get_recipe
 
@@ -69,8 +83,19 @@ __all__ = [
 
 def scale_key(recipe: Recipe) -> str:
     """State-dict suffix of the weight scale: ``weight_scale`` or (block/MX) ``weight_scale_inv``."""
-    g = _weight_cfg(recipe).granularity
-    return "weight_scale_inv" if isinstance(g, (PerBlock, MX)) else "weight_scale"
+    cfg = _weight_cfg(recipe)
+    if _microscaled(cfg):
+        return "weight_scale"
+    return "weight_scale_inv" if isinstance(cfg.granularity, (PerBlock, MX)) else "weight_scale"
+
+
+def _microscaled(cfg) -> bool:
+    """The weight is FP4/FP6: codes + block scales (+ NVFP4's per-tensor scale ``weight_scale_2``)."""
+    return isinstance(cfg.fmt, SubByteFormat)
+
+
+def _has_tensor_scale(cfg) -> bool:
+    return _microscaled(cfg) and not isinstance(cfg.granularity, MX)
 
 
 def _weight_cfg(recipe: Recipe):
@@ -84,7 +109,12 @@ def rollout_quant_config(recipe: Recipe | str) -> dict | None:
     recipe = get_recipe(recipe)
     if not recipe.enabled:
         return None
-    g = _weight_cfg(recipe).granularity
+    wcfg = _weight_cfg(recipe)
+    g = wcfg.granularity
+    if _microscaled(wcfg):
+        return {"quant_method": "fp8rl_microscaled", "activation_scheme": "dynamic",
+                "fp8rl_weight_format": wcfg.fmt.name, "fp8rl_weight_granularity": g.short_str(),
+                "fp8rl_input_format": recipe.input.fmt.name}  # type: ignore[union-attr]
     cfg: dict = {"quant_method": "fp8", "activation_scheme": "dynamic"}
     if isinstance(g, PerBlock):
         cfg["weight_block_size"] = [g.rows, g.cols]
@@ -95,9 +125,15 @@ def rollout_quant_config(recipe: Recipe | str) -> dict | None:
     return cfg
 
 
-def _quantize_weight(w: torch.Tensor, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_weight(w: torch.Tensor, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(q, scale, tensor_scale)``: FP8 ``q`` and its scale (``tensor_scale`` None), or FP4/FP6
+    codes, block scales and (NVFP4) the per-tensor scale."""
     cfg = _weight_cfg(recipe)
-    return quantize(w.detach(), cfg.granularity, cfg.fmt, pow2_scale=recipe.pow2_scales)
+    if _microscaled(cfg):
+        mt = quantize_microscaled(w.detach(), cfg.granularity, cfg.fmt)
+        return mt.codes, mt.block_scale, mt.tensor_scale
+    q, s = quantize(w.detach(), cfg.granularity, cfg.fmt, pow2_scale=recipe.pow2_scales)
+    return q, s, None
 
 
 def _default_is_linear_weight(key: str, tensor: torch.Tensor) -> bool:
@@ -135,9 +171,11 @@ def quantize_for_rollout(
         chosen = (module in linear_names and key.endswith(".weight")) if linear_names is not None \
             else _default_is_linear_weight(key, tensor)
         if chosen:
-            q, s = _quantize_weight(tensor, recipe)
+            q, s, s2 = _quantize_weight(tensor, recipe)
             out[key] = q
             out[f"{module}.{suffix}"] = s
+            if s2 is not None:
+                out[f"{module}.weight_scale_2"] = s2
     return out, rollout_quant_config(recipe)
 
 
@@ -159,8 +197,11 @@ class Fp8InferenceLinear(nn.Module):
         self._scale_name = scale_key(recipe)
         gr, gc = wcfg.granularity.grid(out_features, in_features)
         scale_shape: tuple[int, ...] = () if isinstance(wcfg.granularity, PerTensor) else (gr, gc)
-        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=wcfg.fmt.dtype, device=device))
+        wdtype = torch.uint8 if _microscaled(wcfg) else wcfg.fmt.dtype  # FP4/FP6: one code per byte
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=wdtype, device=device))
         self.register_buffer(self._scale_name, torch.ones(scale_shape, dtype=torch.float32, device=device))
+        if _has_tensor_scale(wcfg):  # NVFP4's per-tensor FP32 decode scale
+            self.register_buffer("weight_scale_2", torch.ones((), dtype=torch.float32, device=device))
         self.register_buffer("bias", torch.zeros(out_features, dtype=out_dtype, device=device) if bias else None)
         self._dq_cache: tuple | None = None  # see dequantized_weight
 
@@ -174,9 +215,11 @@ class Fp8InferenceLinear(nn.Module):
         """Quantize a high-precision ``[N, K]`` weight into the buffers (in place)."""
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(f"weight shape {tuple(weight.shape)} != {(self.out_features, self.in_features)}")
-        q, s = _quantize_weight(weight, self.recipe)
+        q, s, s2 = _quantize_weight(weight, self.recipe)
         self.weight.copy_(q)
         self.scale.copy_(s.reshape(self.scale.shape))
+        if s2 is not None:
+            self.weight_scale_2.copy_(s2)
         if self.bias is not None:
             if bias is None:
                 raise ValueError("this layer has a bias; pass it")
@@ -200,10 +243,17 @@ class Fp8InferenceLinear(nn.Module):
         bit-identical to dequantizing per call.
         """
         w, s = self.weight, self.scale
+        s2 = getattr(self, "weight_scale_2", None)
+        v2 = None if s2 is None else (id(s2), s2._version)
         c = self._dq_cache
-        if c is None or c[0] is not w or c[1] != w._version or c[2] is not s or c[3] != s._version:
-            dq = dequantize(w, s, _weight_cfg(self.recipe).granularity)
-            c = self._dq_cache = (w, w._version, s, s._version, dq)
+        if (c is None or c[0] is not w or c[1] != w._version or c[2] is not s or c[3] != s._version
+                or c[5] != v2):
+            cfg = _weight_cfg(self.recipe)
+            if _microscaled(cfg):
+                dq = dequantize_microscaled(MicroscaledTensor(w, s, s2), cfg.granularity, cfg.fmt)
+            else:
+                dq = dequantize(w, s, cfg.granularity)
+            c = self._dq_cache = (w, w._version, s, s._version, dq, v2)
         return c[4]
 
     @torch.no_grad()
@@ -287,7 +337,7 @@ def sync_rollout_weights(
         for name, m in fp8.items():
             if m.recipe != want:
                 raise ValueError(f"rollout layer {name!r} uses recipe {m.recipe.name!r}, not {want.name!r}")
-    owned = {f"{n}.{s}" for n in fp8 for s in ("weight", "bias", "weight_scale", "weight_scale_inv")}
+    owned = {f"{n}.{s}" for n in fp8 for s in ("weight", "bias", "weight_scale", "weight_scale_inv", "weight_scale_2")}
     plain = {k: v for k, v in rollout_model.state_dict().items() if k not in owned}
     needed = [f"{n}.weight" for n in fp8] + list(plain)
     missing = [k for k in needed if k not in trainer_state_dict]

@@ -215,6 +215,12 @@ def te_recipe_kind(recipe: Recipe | str) -> str:
                 f"recipe {name!r} casts an operand differently in two GEMMs ({base} vs {over}); "
                 f"Transformer Engine has one setting per operand; use impl='fp8rl'"
             )
+    if recipe.microscaled:
+        raise ValueError(
+            f"recipe {name!r} casts operands to FP4/FP6; Transformer Engine's NVFP4BlockScaling "
+            f"(in the pinned TE {TE_VERSION}; Blackwell sm100+) is not mapped to it here (its recipe adds 2-D weight "
+            f"blocks, a Hadamard transform and stochastic rounding); use impl='fp8rl' with emulate=True"
+        )
     i, w, g = recipe.input, recipe.weight, recipe.grad_output
     assert i is not None and w is not None and g is not None  # Recipe.__post_init__ checks it
     if i.fmt != E4M3 or w.fmt != E4M3:

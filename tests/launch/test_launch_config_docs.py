@@ -40,7 +40,8 @@ def test_launch_config_tree_exists():
     assert {p.stem for p in (REPO / "sweeps" / "sweep").glob("*.yaml")} >= {
         "main_table", "entropy_granularity", "calibration_ablation", "quick", "smoke"}
     assert {p.stem for p in (REPO / "sweeps" / "fp8").glob("*.yaml")} == {
-        "fp32", "bf16", "rollout_only", "tensorwise", "tensorwise_delayed", "rowwise", "blockwise", "mxfp8"}
+        "fp32", "bf16", "rollout_only", "tensorwise", "tensorwise_delayed", "rowwise", "blockwise", "mxfp8",
+        "nvfp4", "mxfp4", "mxfp6"}
     assert (REPO / "slurm" / "profiles" / "example.yaml").is_file()
 
 

@@ -41,7 +41,7 @@ CASES = [(n, impl) for n in FP8_NAMES for impl in _impls(n)]
 
 def test_registry_has_the_paper_arms():
     assert set(RECIPES) == {"bf16", "tensorwise", "tensorwise_delayed", "rowwise", "rowwise_with_gw_hp",
-                            "blockwise", "mxfp8"}
+                            "blockwise", "mxfp8", "nvfp4", "mxfp4", "mxfp6"}
     with pytest.raises(RegistryError, match="valid names are: bf16, blockwise"):
         RECIPES["block"]
 

@@ -278,6 +278,9 @@ def test_default_impl_per_recipe():
         "blockwise": ("transformer_engine", "fp8rl"),
         "mxfp8": ("transformer_engine", "fp8rl"),
         "tensorwise_delayed": ("transformer_engine", None),
+        "nvfp4": ("fp8rl", "fp8rl"),
+        "mxfp4": ("fp8rl", "fp8rl"),
+        "mxfp6": ("fp8rl", "fp8rl"),
     }
     assert set(want) == set(RECIPES) - {"bf16"}
     for name, (hw, emu) in want.items():

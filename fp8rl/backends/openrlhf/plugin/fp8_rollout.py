@@ -24,7 +24,8 @@ rollout recipe  ``quantization=``      vLLM 0.29 online method (weights / activa
 Linear layers only: the LM head (``ParallelLMHead``), embeddings, norms and attention stay BF16,
 as in the trainer. Other rollout recipes (``mxfp8``: Blackwell only, not in the paper's tables)
 are rejected by :func:`check_rollout_recipe` when a paper-scale config is validated, with the
-list of supported ones.
+list of supported ones; the FP4/FP6 recipes (``nvfp4``, ``mxfp4``, ``mxfp6``) with a line naming
+the GPU generation (Blackwell, sm100+) and the versions they would need.
 
 Deviation: at paper scale the rollout's FP8 arithmetic is vLLM's own (its quantizer and
 kernels); the mini backend emulates the recipes with ``fp8rl.quant.rollout``. The tensorwise
@@ -84,6 +85,12 @@ def check_rollout_recipe(recipe: str | Recipe) -> None:
 
     recipe = get_recipe(recipe)
     recipe_name = recipe.name
+    if recipe.enabled and recipe_name not in VLLM_QUANTIZATION and recipe.microscaled:
+        raise ValueError(
+            f"fp8.rollout_recipe={recipe_name!r} (FP4/FP6) is refused at paper scale: it needs Blackwell "
+            f"GPUs (sm100+, CUDA >= 12.8) and an FP4 rollout that fp8rl does not map to vLLM 0.29 (whose "
+            f"FP4 paths load pre-quantized ModelOpt/Quark checkpoints, not online-quantized synced "
+            f"weights); run it at mini scale (emulated), or use one of {sorted(VLLM_QUANTIZATION)} (or bf16)")
     if recipe.enabled and recipe_name not in VLLM_QUANTIZATION:
         raise ValueError(
             f"fp8.rollout_recipe={recipe_name!r} has no vLLM 0.29 online quantization at paper scale; "
