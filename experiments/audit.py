@@ -1,4 +1,4 @@
-"""FP8 noise audit: log-prob mismatch and PPO-ratio noise per FP8 recipe.
+"""Noise audit: log-prob mismatch and PPO-ratio noise per FP8 (and FP4/FP6) recipe.
 
     python -m experiments.audit                                   # tiny random Qwen3, all recipes
     python -m experiments.audit --recipes tensorwise blockwise --sweep-dir runs/main_table
@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AuditConfig, str]:
     d = AuditConfig()
     p = argparse.ArgumentParser(prog="python -m experiments.audit", description=__doc__.split("\n\n")[0],
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES), help="FP8 recipe names")
+    p.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES), help="recipe names (fp8rl.quant.RECIPES: FP8, and FP4/FP6 nvfp4, mxfp4, mxfp6)")
     p.add_argument("--model", default=None, help="local Hugging Face causal-LM path (default: tiny random Qwen3)")
     p.add_argument("--num-seqs", type=int, default=d.num_seqs)
     p.add_argument("--prompt-len", type=int, default=d.prompt_len)

@@ -3,13 +3,16 @@
 The FP8 half of "full-pipeline FP8" (paper: FP8 rollout + FP8 training GEMMs; see
 ``reference/paper.md`` "FP8 scaling granularities"). Modules:
 
-- ``formats``      ``Fp8Format``, ``E4M3`` (max 448), ``E5M2`` (max 57344).
-- ``granularity``  ``PerTensor``, ``PerRow``, ``PerBlock(r, c)``, ``MX(32)``; the one meaning of
+- ``formats``      ``Fp8Format``, ``E4M3`` (max 448), ``E5M2`` (max 57344); ``SubByteFormat``
+                   ``E2M1`` (FP4), ``E2M3`` / ``E3M2`` (FP6), OCP MX bit fields.
+- ``microscale``   FP4/FP6 quantization: OCP MX (E8M0 scales) and NVFP4 (two-level) rules.
+- ``granularity``  ``PerTensor``, ``PerRow``, ``PerBlock(r, c)``, ``MX(32)``, ``NVBlock(16)``; the one meaning of
                    "axis" (contraction dimension last) is documented there.
 - ``quantize``     ``quantize(x, granularity, fmt) -> (q, scale)``, ``dequantize``, ``sqnr_db``.
 - ``recipes``      ``Recipe`` (per operand granularity + format, per GEMM FP8 flag, dynamic or
                    delayed scaling), ``RECIPES``: ``bf16``, ``tensorwise``, ``tensorwise_delayed``,
-                   ``rowwise``, ``rowwise_with_gw_hp``, ``blockwise``, ``mxfp8``;
+                   ``rowwise``, ``rowwise_with_gw_hp``, ``blockwise``, ``mxfp8``, and the
+                   emulated FP4/FP6 ``nvfp4``, ``mxfp4``, ``mxfp6``;
                    ``get_recipe(name, hybrid=..., amax_history_len=..., amax_compute_algo=...)``.
 - ``linear``       ``Fp8Linear`` / ``fp8_linear``: our FP8 training linear (``_scaled_mm`` or emulation).
 - ``convert``      ``convert_to_fp8(model, recipe, module_filter=, emulate=, impl=)`` (torchao,
@@ -51,8 +54,16 @@ from fp8rl.quant.convert import (
     to_torchao_config,
 )
 from fp8rl.quant.fake import fake_quantize
-from fp8rl.quant.formats import E4M3, E5M2, FORMATS, Fp8Format
-from fp8rl.quant.granularity import GRANULARITIES, MX, Granularity, PerBlock, PerRow, PerTensor
+from fp8rl.quant.formats import E2M1, E2M3, E3M2, E4M3, E5M2, FORMATS, Fp8Format, SubByteFormat
+from fp8rl.quant.granularity import (
+    GRANULARITIES,
+    MX,
+    Granularity,
+    NVBlock,
+    PerBlock,
+    PerRow,
+    PerTensor,
+)
 from fp8rl.quant.linear import Fp8Linear, fp8_linear, fp8_mm, scaled_gemm
 from fp8rl.quant.quantize import (
     EPS,
@@ -85,6 +96,9 @@ from fp8rl.quant.te import TE_KINDS, TE_VERSION, te_recipe_kind, te_skipped_laye
 __all__ = [
     "AMAX_COMPUTE_ALGOS",
     "DEFAULT_SKIP_NAMES",
+    "E2M1",
+    "E2M3",
+    "E3M2",
     "E4M3",
     "E5M2",
     "EPS",
@@ -102,12 +116,14 @@ __all__ = [
     "Fp8Linear",
     "Fp8UnsupportedError",
     "Granularity",
+    "NVBlock",
     "NonFiniteError",
     "OperandConfig",
     "PerBlock",
     "PerRow",
     "PerTensor",
     "Recipe",
+    "SubByteFormat",
     "check_supported",
     "convert_for_rollout",
     "convert_to_fp8",

@@ -36,6 +36,9 @@ Choices made here [G] (the paper gives no protocol for this measurement):
 - the ratio-noise multiple depends on the step size: the FP8 noise floor is roughly fixed by the
   weight-rounding flips, while the high-precision ratio noise scales with ``lr`` (docs: sweep);
 - the reference and every FP8 model compute in ``dtype`` (BF16 by default) on fp32 masters;
+- the FP4 / FP6 recipes (``nvfp4``, ``mxfp4``, ``mxfp6``; ``fp8rl.quant.microscale``) are measured
+  exactly as the FP8 ones (their "FP8" columns then hold the FP4/FP6 model's numbers); they have
+  no kernels, so they need ``emulate=True``;
 - FP8 GEMMs are emulated by default (``emulate=True``): the audit measures numerics, and
   emulation equals an FP8 kernel up to float32 accumulation order; ``emulate=False`` uses
   ``torch._scaled_mm`` where the recipe allows and raises where it does not.
@@ -58,7 +61,7 @@ from fp8rl.quant.recipes import RECIPES, get_recipe
 
 __all__ = ["AuditConfig", "AuditRow", "build_tiny_qwen3", "format_table", "run_audit", "write_csv"]
 
-DEFAULT_RECIPES = ("bf16", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8")
+DEFAULT_RECIPES = ("bf16", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8", "nvfp4", "mxfp4", "mxfp6")
 
 
 @dataclass(frozen=True)
