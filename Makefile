@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 # On CPU-only machines torch must be installed before the project, or pip pulls a CUDA build.
 TORCH   ?= torch==2.13.0
-# The transformers release the golden numbers were recorded with (tests/mini/test_mini_golden.py:
+# The transformers release the golden numbers were recorded with (tests/mini/test_mini_golden_proc.py:
 # they are stored per torch CPU level and transformers version, and skip for any other): pinned
 # here so that a fresh clone checks them. The package itself accepts any 5.x (pyproject.toml).
 TRANSFORMERS ?= transformers==5.24.0
@@ -76,13 +76,13 @@ KERNEL_LEVELS ?= default avx2 avx512
 .PHONY: test-kernel-levels
 test-kernel-levels: install
 	@rc=0; for level in $(KERNEL_LEVELS); do echo "=== ATEN_CPU_CAPABILITY=$$level"; \
-	  ATEN_CPU_CAPABILITY=$$level $(PYTEST_N) -rs tests/mini/test_mini_golden.py \
-	    tests/mini/test_mini_numerics.py tests/quant/test_quant_linear.py || rc=1; done; exit $$rc
+	  ATEN_CPU_CAPABILITY=$$level $(PYTEST_N) -rs tests/mini/test_mini_golden_proc.py \
+	    tests/mini/test_mini_numerics_proc.py tests/quant/test_quant_linear.py || rc=1; done; exit $$rc
 
 # This machine's golden numbers (tests/mini/golden_numerics.json, keyed by its numerics fingerprint):
 # only from a commit whose numbers are known to be right, never from the change under test.
 record-golden: install
-	FP8RL_RECORD_GOLDEN=1 $(BIN)/python -m pytest -q tests/mini/test_mini_golden.py -k logged
+	FP8RL_RECORD_GOLDEN=1 $(BIN)/python -m pytest -q tests/mini/test_mini_golden_proc.py -k logged
 
 # Every notebook of analysis/notebooks, executed headless on the published runs
 # (docs/results/mini/runs/entropy_granularity); fails on any cell error (analysis/run_notebooks.py).
@@ -160,7 +160,7 @@ LAUNCH = FP8RL_RESUME="make $@$(if $(ARGS), ARGS='$(ARGS)')" $(BIN)/python -m ex
 # SIGTERM) hands that signal to make and the recipe's shell exits cleanly (its trap keeps it from
 # dying of the Ctrl-C itself), so make exits 128 + signal too without writing "Interrupt" or
 # "Error 130": under `make reproduce | tee log` a Ctrl-C kills tee as well, and that write to the
-# dead pipe killed make with SIGPIPE (exit 141) instead (tests/launch/test_launch_tee.py).
+# dead pipe killed make with SIGPIPE (exit 141) instead (tests/launch/test_launch_tee_proc.py).
 launch = echo '$(subst ','\'',$(LAUNCH) $(1))'; trap : INT TERM; $(LAUNCH) $(1) || { rc=$$?; case $$rc in \
 	130) kill -INT $$PPID; exit 0;; 143) kill -TERM $$PPID; exit 0;; esac; exit $$rc; }
 

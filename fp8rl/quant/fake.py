@@ -24,7 +24,7 @@ leaves the PyTorch code below.
 
 Tested bit for bit against ``dequantize(quantize(...))`` and, for the fast paths, against the
 tensor path (``tests/quant/test_quant_quantize.py``, ``tests/quant/test_quantize_grid.py``); the
-native kernels against the PyTorch code, bits and strides (``tests/quant/test_quant_native.py``);
+native kernels against the PyTorch code, bits and strides (``tests/quant/test_quant_native_proc.py``);
 timed by ``benchmarks/bench_fake_quant.py``.
 """
 

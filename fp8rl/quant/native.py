@@ -24,8 +24,8 @@ tensor code, and the scales :func:`apply` is given), ``fake._one_qscale`` (one s
 floats) and ``fq_full``'s C. Every float operation in the C code is a basic IEEE operation (product, sum,
 difference, quotient, sign copy) on float32, compiled with ``-ffp-contract=off`` (no fused
 multiply-add) and without fast-math, so it rounds exactly as PyTorch's vectorised kernels
-do; the bits are tested against the tensor path (``tests/quant/test_quant_native.py``) and,
-through whole runs, by the golden numbers (``tests/mini/test_mini_golden.py``).
+do; the bits are tested against the tensor path (``tests/quant/test_quant_native_proc.py``) and,
+through whole runs, by the golden numbers (``tests/mini/test_mini_golden_proc.py``).
 
 Built on first use with the C compiler (``$CC``, else ``cc``) into
 ``$FP8RL_NATIVE_CACHE`` (default ``~/.cache/fp8rl/native``), one shared library per

@@ -1,4 +1,4 @@
-"""Test-only: run the mini CLI and kill it at a named point (``tests/faults/test_faults_resume.py``).
+"""Test-only: run the mini CLI and kill it at a named point (``tests/faults/test_faults_resume_proc.py``).
 
 ``python tests/faults/kill_at.py POINT SIGNAL [mini CLI args ...]`` patches one function of the
 mini backend in this process, then runs ``python -m fp8rl.backends.mini``'s ``main`` with the

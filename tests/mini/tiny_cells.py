@@ -1,7 +1,7 @@
 """The tiny mini runs of the tests, and the golden cells, as plain functions (no pytest).
 
 ``tiny_config`` builds what the ``tiny`` fixture hands to tests; ``CELLS`` are the golden cells
-(``test_mini_golden.py``) and ``cell_numbers`` runs one and returns its logged numbers without wall
+(``test_mini_golden_proc.py``) and ``cell_numbers`` runs one and returns its logged numbers without wall
 times. Run as a script, it runs golden cells in this fresh process and writes their numbers and this
 machine's numerics fingerprint as JSON: the golden tests' determinism check and the numerics-factor
 experiment (``python -m experiments.numerics --factors``) start it::

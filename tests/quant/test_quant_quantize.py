@@ -320,7 +320,7 @@ def test_one_scale_fast_path_equals_the_tensor_path(dtype, divide):
     if dtype != torch.float32:
         scales = [s for s in scales if s == 0 or 1e-4 < s < 6e4]  # finite and normal in fp16
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native, "enabled", lambda: False)  # PyTorch's code (the kernels: test_quant_native.py)
+        mp.setattr(native, "enabled", lambda: False)  # PyTorch's code (the kernels: test_quant_native_proc.py)
         calls = _count_calls(mp, qmod, "_fake_quantize_one_scale")
         for i, scale in enumerate(scales):
             x = (torch.randn(24, 40, generator=g) * scale).to(dtype)
@@ -371,7 +371,7 @@ def test_row_block_fast_path_equals_the_tensor_path(gname, dtype, divide, pow2):
     g = GRANS[gname]
     gen = torch.Generator().manual_seed(5)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native, "enabled", lambda: False)  # PyTorch's code (the kernels: test_quant_native.py)
+        mp.setattr(native, "enabled", lambda: False)  # PyTorch's code (the kernels: test_quant_native_proc.py)
         calls = _count_calls(mp, qmod, "_fake_quantize_rows")
         for shape in [(40, 128), (6, 5, 256), (33, 96 if gname == "mx32" else 128)]:
             x = torch.randn(*shape, generator=gen) * torch.logspace(-30, 20, shape[-2])[:, None]
@@ -406,7 +406,7 @@ def test_transposed_operand_path_equals_the_tensor_path(gname, dtype, divide, fm
     g = GRANS[gname]
     gen = torch.Generator().manual_seed(9)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native, "enabled", lambda: False)  # PyTorch's code (the kernels: test_quant_native.py)
+        mp.setattr(native, "enabled", lambda: False)  # PyTorch's code (the kernels: test_quant_native_proc.py)
         calls = _count_calls(mp, qmod, "_fake_quantize_transposed")
         for rows, cols in [(40, 128), (80, 256), (33, 96 if gname == "mx32" else 128), (7, 1)]:
             y = torch.randn(cols, rows, generator=gen) * torch.logspace(-30, 20, rows)[None, :]

@@ -35,7 +35,7 @@ sequence from its running batch; the mini engine now does too, **without changin
   ``B / 32`` gathers per batch, each a copy of the cache.
 
 ``tests/mini/test_mini_live_rows.py`` checks the tokens, log-probs and masks against decoding
-every row, for every rollout recipe; ``tests/mini/test_mini_golden.py`` checks whole cells.
+every row, for every rollout recipe; ``tests/mini/test_mini_golden_proc.py`` checks whole cells.
 """
 
 from __future__ import annotations

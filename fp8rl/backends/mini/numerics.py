@@ -2,7 +2,7 @@
 
 A mini run is deterministic on one machine (fixed seeds, deterministic algorithms, one thread per
 cell), but its bits differ between machines, and RL amplifies the last bit: one flipped sampled
-token parts two trajectories. Golden numbers (``tests/mini/test_mini_golden.py``), the shared
+token parts two trajectories. Golden numbers (``tests/mini/test_mini_golden_proc.py``), the shared
 step-0 evaluation cache and the report's "published numbers" claim all need to know whether two
 machines compute the same bits. Measured on a 2-core AMD EPYC with AVX-512
 (``benchmarks/numerics_factors.py``; docs/numerics.md has the table):
@@ -17,7 +17,7 @@ machines compute the same bits. Measured on a 2-core AMD EPYC with AVX-512
   numbers of an AVX2-only EPYC bit for bit. torch and transformers versions decide them too.
 - **Does not**: oneDNN's ISA (``ONEDNN_MAX_CPU_ISA``; the mini backend runs no oneDNN GEMM), the
   native ``fake_quantize`` kernels on or off (``FP8RL_NATIVE=0``: the same bits by construction,
-  ``tests/quant/test_quant_native.py``), the process (every cell twice in fresh processes gives
+  ``tests/quant/test_quant_native_proc.py``), the process (every cell twice in fresh processes gives
   identical numbers).
 - **Held fixed, not fingerprinted**: the thread count (golden cells and the launcher's workers run
   one thread per cell; more threads split MKL's and ATen's reductions differently).

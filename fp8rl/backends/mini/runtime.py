@@ -50,7 +50,7 @@ def keep_freed_memory() -> bool:
     pages, faulted in and zeroed by the kernel on every allocation. With blocks up to 32 MiB
     served from the heap, 256 MiB of free heap kept before a trim and 16 MiB of padding per heap
     growth, they are reused (a mini run holds a few hundred MB at most). Numbers do not change
-    (the same operations on other addresses: ``tests/mini/test_mini_golden.py``); the step gets
+    (the same operations on other addresses: ``tests/mini/test_mini_golden_proc.py``); the step gets
     faster (``docs/benchmarks.md``).
 
     Process-wide and not undone (glibc has no getter), applied once; a no-op off glibc. Returns
@@ -81,7 +81,7 @@ def torch_settings(deterministic: bool, num_threads: int, device: str = "cpu") -
     of never-written memory visible. The mini backend reads no such memory (its KV cache reads
     only written positions), so the fill changes no number, and at mini scale it costs a few
     percent of a step (thousands of small fills per step): it is off for the run. The
-    algorithms stay deterministic. ``tests/mini/test_mini_golden.py`` checks that logged numbers
+    algorithms stay deterministic. ``tests/mini/test_mini_golden_proc.py`` checks that logged numbers
     are unchanged.
 
     It also calls :func:`keep_freed_memory` (process-wide, not restored).

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
 from pty_shell import PtyShell  # noqa: E402
-from test_launch_interrupt import _furthest  # noqa: E402  (the furthest step a RUNNING cell reached)
+from test_launch_interrupt_proc import _furthest  # noqa: E402  (the furthest step a RUNNING cell reached)
 
 # long enough that a Ctrl-C at step 2 lands while the cells run on any machine: with 10 steps the
 # cells of this tiny config finished before the stop reached them on an AVX-512 EPYC (a race)

@@ -26,7 +26,7 @@ command that records them, and what runs everywhere still guards the numerics:
 Record from a commit whose numbers are right (before the change under test), never from the
 change itself (``make record-golden``, which runs)::
 
-    FP8RL_RECORD_GOLDEN=1 python -m pytest -q tests/mini/test_mini_golden.py
+    FP8RL_RECORD_GOLDEN=1 python -m pytest -q tests/mini/test_mini_golden_proc.py
 
 (recording writes this machine's entry and keeps the others; ``FP8RL_GOLDEN_FILE`` points it at
 another file).
@@ -49,7 +49,7 @@ from fp8rl.backends.mini import numerics
 GOLDEN = Path(os.environ.get("FP8RL_GOLDEN_FILE") or Path(__file__).with_name("golden_numerics.json"))
 TINY_CELLS = Path(__file__).with_name("tiny_cells.py")
 REPO = Path(__file__).resolve().parents[2]
-RECORD_HINT = "FP8RL_RECORD_GOLDEN=1 python -m pytest -q tests/mini/test_mini_golden.py (make record-golden)"
+RECORD_HINT = "FP8RL_RECORD_GOLDEN=1 python -m pytest -q tests/mini/test_mini_golden_proc.py (make record-golden)"
 
 
 def _recorded() -> dict:

@@ -1,7 +1,7 @@
 """A report refused for a disk that fills while it writes leaves nothing in an ``--out`` that did not
 exist before: not even the metrics cache it wrote first (issue 50, item 4).
 
-A real tmpfs (mounted for the test, as ``test_faults_disk.py`` does; skipped where mounting is not
+A real tmpfs (mounted for the test, as ``test_faults_disk_proc.py`` does; skipped where mounting is not
 permitted) with room for the parsed-metrics cache (``OUT/.cache``, written while collecting) but not
 for the figures; ``python -m analysis.report`` runs as a real process.
 """

@@ -5,7 +5,7 @@ what happens without them (no compiler, ``FP8RL_NATIVE=0``).
 The reference is ``fake_quantize`` with the kernels off (its PyTorch fast paths, themselves
 tested against the tensor path and ``dequantize(quantize(...))`` in
 ``test_quant_quantize.py``) and the tensor path ``_fake_quantize_tensor`` itself; whole runs
-are covered by the golden numbers (``tests/mini/test_mini_golden.py``), which also check that
+are covered by the golden numbers (``tests/mini/test_mini_golden_proc.py``), which also check that
 an FP8 cell called the kernels.
 """
 
