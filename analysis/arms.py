@@ -33,7 +33,6 @@ and variants sort by name after their base.
 
 from __future__ import annotations
 
-import functools
 import re
 import zlib
 from dataclasses import dataclass
@@ -84,21 +83,6 @@ def split_clip(clip: str) -> tuple[str, str]:
         base, _, rest = clip.partition("[")
         return base, rest[:-1]
     return clip, ""
-
-
-def arm_calibrates(clip: str) -> bool:
-    """Whether the clip arm of ``clip`` (its base, ``split_clip``) runs a clip method that
-    calibrates (``fp8rl.rl.clipping``: the arm's method and its class attribute ``calibrates``):
-    the arms the calibration tables are about. An arm this code does not register (a run made by
-    other code) does not count. Imports the registry, and so torch, on first use."""
-    return _base_calibrates(split_clip(clip)[0])
-
-
-@functools.cache
-def _base_calibrates(base: str) -> bool:
-    from fp8rl.rl.clipping import CLIP_ARMS, method_calibrates
-
-    return base in CLIP_ARMS and method_calibrates(CLIP_ARMS[base].method)
 
 
 def arm_label(fp8: str, clip: str) -> str:

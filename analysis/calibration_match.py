@@ -37,7 +37,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.arms import FP8_LABELS, arm_calibrates, arm_label, select, split_clip
+from analysis.arms import FP8_LABELS, arm_label, select, split_clip
 from analysis.bf16_ratio import bf16_ratios
 from analysis.clip_config import arm_modes
 from analysis.clip_tables import run_mechanism
@@ -115,7 +115,7 @@ def halfwidth_rows(coll: Collection) -> pd.DataFrame:
         if ref is None:
             continue
         for fp8, clip in arms:
-            if fp8 == "bf16" or not arm_calibrates(clip):
+            if fp8 == "bf16" or split_clip(clip)[0] != "calibrated":
                 continue
             cal = cis.get((algo, model, fp8, clip))
             contrast = next((c for c in ("vanilla", "tis") if (fp8, c) in arms), "")

@@ -35,7 +35,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from analysis.arms import FP8_LABELS, arm_calibrates, arm_label, select, split_clip
+from analysis.arms import FP8_LABELS, arm_label, select, split_clip
 from analysis.bf16_ratio import bf16_ratios
 from analysis.calibration_match import agreement_rows, agreement_table, halfwidth_table
 from analysis.clip_config import NO_MODE, SAME_BATCH, arm_modes, run_settings
@@ -54,7 +54,7 @@ def construction_note(fp8: str, method: str, mode: str, estimator: str) -> str:
     """What an arm's calibration numbers hold by construction (one sentence; module docstring)."""
     if fp8 == "bf16":
         return "no FP8: the run is its own shadow"
-    if not arm_calibrates(method):
+    if method != "calibrated":
         return "nothing (never calibrates): S is its own BF16 shadow against BF16"
     if mode == SAME_BATCH and estimator == "in_sample":
         return ("FP8-clipped / own shadow ~1 (each mini-batch clips as many A<0 tokens as its shadow), "

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from analysis.arms import arm_calibrates, split_clip
+from analysis.arms import split_clip
 from analysis.collect import Collection
 from fp8rl.runs.rundir import CONFIG_FILE
 
@@ -68,7 +68,7 @@ def run_settings(coll: Collection) -> pd.DataFrame:
         if clip is None or (isinstance(clip, float) and clip != clip):
             continue
         base, variant = _variant(str(clip))
-        if not arm_calibrates(base):
+        if base != "calibrated":
             rows.append({"run": str(run), "method": base, "mode": NO_MODE, "lower_estimator": ""})
             continue
         cfg = config_clip(str(run_dir)) if isinstance(run_dir, str) and (
@@ -91,7 +91,7 @@ def arm_modes(coll: Collection) -> dict[tuple[str, str, str, str], str]:
     runs = coll.runs.dropna(subset=["algorithm", "model"])
     for (algo, model, fp8, clip), g in runs.groupby(["algorithm", "model", "fp8", "clip"], sort=False):
         base, variant = _variant(str(clip))
-        if not arm_calibrates(base):
+        if base != "calibrated":
             mode = NO_MODE
         elif MODE_KEY in variant:
             mode = variant[MODE_KEY]

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.arms import arm_calibrates, arm_label, arm_order_key, select
+from analysis.arms import arm_label, arm_order_key, select, split_clip
 from analysis.bf16_ratio import bf16_ratios
 from analysis.collect import Collection
 from analysis.counts import RATIOS, ci_columns, count_ratios, reference_text, run_counts
@@ -208,7 +208,7 @@ def calibration_table(coll: Collection, *, name: str = "calibration") -> Table:
     rows = []
     for algo, model, arms in blocks(coll):
         for fp8, clip in arms:
-            if not arm_calibrates(clip):
+            if split_clip(clip)[0] != "calibrated":
                 continue
             g = select(st, algo, model, fp8, clip)
             if g.empty:

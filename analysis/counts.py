@@ -38,7 +38,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.arms import arm_calibrates, select
+from analysis.arms import select, split_clip
 from analysis.bf16_ratio import Arm, bf16_ratios
 from analysis.collect import Collection
 from analysis.ratio_ci import RatioCI
@@ -80,7 +80,7 @@ def run_counts(coll: Collection) -> pd.DataFrame:
         df[f"{c}_steps"] = n[m].to_numpy(dtype=int) if m else 0
     axes = coll.runs[["run", "algorithm", "model", "fp8", "clip"]].astype({"run": str})
     df = df.merge(axes, on="run", how="left")
-    stand_in = [(f == "bf16") and not arm_calibrates(str(c)) for f, c in zip(df["fp8"], df["clip"],
+    stand_in = [(f == "bf16") and split_clip(str(c))[0] != "calibrated" for f, c in zip(df["fp8"], df["clip"],
                                                                                        strict=True)]
     df["s_value"] = np.where(np.isfinite(df["own_shadow"].to_numpy(dtype=float)), df["own_shadow"],
                              np.where(stand_in, df["n_neg_low"], math.nan)).astype(float)

@@ -41,7 +41,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from analysis.arms import FP8_LABELS, arm_calibrates, arm_label, select, split_clip
+from analysis.arms import FP8_LABELS, arm_label, select, split_clip
 from analysis.bf16_ratio import keyed_values
 from analysis.clip_config import NO_MODE, run_settings
 from analysis.collect import CELL_OK, Collection
@@ -136,11 +136,11 @@ def entropy_rows(coll: Collection) -> tuple[pd.DataFrame, list[str]]:
     for algo, model, arms in blocks(coll):
         ref = bf16_reference(arms)
         bf16 = _by_key(select(per_run, algo, model, *ref)) if ref else {}
-        tis_refs = {(f, tis_clip(arms, f)) for f, c in arms if arm_calibrates(c)}
+        tis_refs = {(f, tis_clip(arms, f)) for f, c in arms if split_clip(c)[0] == "calibrated"}
         for fp8, clip in arms:
             method = split_clip(clip)[0]
             r_arm = select(per_run, algo, model, fp8, clip)
-            tis = tis_clip(arms, fp8) if arm_calibrates(clip) else ""
+            tis = tis_clip(arms, fp8) if method == "calibrated" else ""
             tis_vals = _by_key(select(per_run, algo, model, fp8, tis)) if tis else {}
             for mode, r in r_arm.groupby("mode", sort=True):
                 mine = _by_key(r)
@@ -220,7 +220,7 @@ def entropy_paired_table(coll: Collection, *, name: str = "entropy_paired") -> T
         end = num(r["end_entropy_mean"], ".4f") + (sep + num(r["end_entropy_std"], ".4f")
                                                   if np.isfinite(r["end_entropy_std"]) else "")
         is_bf16_ref = r["fp8"] == "bf16" and r["clip"] == r["bf16_clip"]
-        calibrated = arm_calibrates(r["method"])
+        calibrated = r["method"] == "calibrated"
         share = (r["share_text"] or "n/a") if calibrated and r["tis_clip"] and r["bf16_clip"] else ""
         return [esc(r["arm"]), esc(r["mode"]), str(r["runs"]), end,
                 *(esc(c) for c in diff(r, "bf16", is_bf16_ref, "no BF16 arm")),

@@ -37,6 +37,7 @@ import torch
 
 import fp8rl.quant.native as native
 from fp8rl.quant.formats import E4M3, Fp8Format, SubByteFormat
+from fp8rl.quant.formats import round_magnitudes_ as _round_magnitudes_
 from fp8rl.quant.granularity import Granularity, PerTensor
 from fp8rl.quant.microscale import fake_quantize_microscaled, is_microscaled
 from fp8rl.quant.quantize import (
@@ -82,14 +83,6 @@ def round_to_fp8_grid(y: torch.Tensor, fmt: Fp8Format = E4M3) -> torch.Tensor:
     if y.dtype != torch.float32:
         raise TypeError(f"round_to_fp8_grid needs float32, got {y.dtype}")
     return _round_magnitudes_(y.abs(), fmt).copysign_(y)
-
-
-def _round_magnitudes_(a: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
-    """``round_to_fp8_grid`` of a float32 tensor ``a >= 0`` (or ``-0.0``), in place; returns ``a``."""
-    c_bits = a.view(torch.int32) & 0x7F800000  # |y|'s exponent field: 2^e
-    c_bits.clamp_(min=(fmt.min_normal_exp + 127) << 23).add_((23 - fmt.mantissa_bits) << 23)
-    c = c_bits.view(torch.float32)
-    return a.add_(c).sub_(c)
 
 
 def fake_quantize(

@@ -31,7 +31,8 @@ import torch
 
 from fp8rl.registry import Registry
 
-__all__ = ["E2M1", "E2M3", "E3M2", "E4M3", "E5M2", "FORMATS", "ElementFormat", "Fp8Format", "SubByteFormat"]
+__all__ = ["E2M1", "E2M3", "E3M2", "E4M3", "E5M2", "FORMATS", "ElementFormat", "Fp8Format", "SubByteFormat",
+           "round_magnitudes_"]
 
 
 @dataclass(frozen=True)
@@ -155,3 +156,16 @@ E2M3 = SubByteFormat("e2m3", 2, 3)
 E3M2 = SubByteFormat("e3m2", 3, 2)
 for _f in (E2M1, E2M3, E3M2):
     FORMATS.add(_f.name, _f)
+
+
+def round_magnitudes_(a: torch.Tensor, fmt) -> torch.Tensor:
+    """Round a float32 tensor ``a >= 0`` (or ``-0.0``) to ``fmt``'s grid, nearest even, in place;
+    returns ``a`` (no saturation). ``fmt``: any format with ``min_normal_exp`` and
+    ``mantissa_bits`` (FP8, FP6, FP4). Adding and subtracting ``c = 2^(e + 23 - m)`` (``e`` the
+    value's exponent, at least the smallest normal's) leaves the float32 addition to round at the
+    format's last mantissa bit, ties to even, subnormals included (``fake.round_to_fp8_grid``,
+    ``microscale``)."""
+    c_bits = a.view(torch.int32) & 0x7F800000  # |y|'s exponent field: 2^e
+    c_bits.clamp_(min=(fmt.min_normal_exp + 127) << 23).add_((23 - fmt.mantissa_bits) << 23)
+    c = c_bits.view(torch.float32)
+    return a.add_(c).sub_(c)

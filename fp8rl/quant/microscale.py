@@ -39,7 +39,7 @@ one float32 rounding of the real product ``q_i * s_b * s_t``, which is what a GE
 two scales one after the other in float32 computes up to accumulation order.
 
 ``rne`` is round to nearest, ties to even, on the element grid (subnormals included), computed
-by ``fake._round_magnitudes_`` (the FP8 grid rounding; it only needs the mantissa width and the
+by ``formats.round_magnitudes_`` (the FP8 grid rounding; it only needs the mantissa width and the
 smallest normal exponent). Inputs are converted to float32 first (exactly, from BF16/FP16).
 
 Choices and deviations [G]:
@@ -68,7 +68,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fp8rl.quant.formats import E2M1, E4M3, ElementFormat, SubByteFormat
+from fp8rl.quant.formats import E2M1, E4M3, ElementFormat, SubByteFormat, round_magnitudes_
 from fp8rl.quant.granularity import MX, Granularity, NVBlock
 from fp8rl.quant.quantize import EPS, _as_2d, _blocked, _raise_non_finite
 
@@ -125,9 +125,7 @@ def _round_grid(a: torch.Tensor, fmt) -> torch.Tensor:
     """``sat(rne(a))`` for float32 ``a >= 0``, in place: nearest even on ``fmt``'s grid, then
     clamped to ``fmt.max`` (values above ``2 max`` are clamped first: they saturate either way, and
     the grid rounding's constant stays inside float32's range)."""
-    from fp8rl.quant.fake import _round_magnitudes_
-
-    return _round_magnitudes_(a.clamp_(max=2 * fmt.max), fmt).clamp_(max=fmt.max)
+    return round_magnitudes_(a.clamp_(max=2 * fmt.max), fmt).clamp_(max=fmt.max)
 
 
 def _block_decode_scales(axb: torch.Tensor, granularity: Granularity, fmt: SubByteFormat,

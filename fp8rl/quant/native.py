@@ -14,7 +14,7 @@ microseconds each. Three small C functions (``csrc/fake_quantize.c``) do the sam
   the largest patterns and is reported as non-finite, as ``amax`` propagates it);
 - ``fq_apply``: per element, ``|x| * qscale`` in float32, rounded onto the FP8 grid by
   ``(a + c) - c`` with ``c`` the format's spacing at ``a``'s binade times ``2^23`` (exactly
-  ``fake._round_magnitudes_``), ``x``'s sign copied back, then ``* (1 / qscale)`` or
+  ``formats.round_magnitudes_``), ``x``'s sign copied back, then ``* (1 / qscale)`` or
   ``/ qscale``;
 - ``fq_full``: both passes in one call, with the scales computed in C (in double, as
   ``quantize._qscale`` computes them without a power of two), for the common case.
@@ -203,7 +203,7 @@ def _checked(x2: torch.Tensor, br: int, bc: int) -> tuple[int, int]:
 
 
 def _grid(fmt) -> tuple[int, int]:
-    """The rounding constants of ``fake._round_magnitudes_`` for ``fmt``: the exponent field of
+    """The rounding constants of ``formats.round_magnitudes_`` for ``fmt``: the exponent field of
     its smallest normal, and the shift from a binade to the grid's ``2^23``-scaled spacing."""
     got = _GRID.get(fmt.dtype)
     if got is None:
