@@ -12,10 +12,10 @@ clip method (``vanilla``, ``tis``, ``calibrated``). Labels follow the paper's wo
     ("tensorwise", "calibrated")   -> "FP8 tensorwise + calibrated"
 
 Style: the **colour** comes from the FP8 setting (one hue family per granularity: BF16
-black, rollout-only grey, tensorwise reds, rowwise blues, blockwise greens, MXFP8 purples) and
-its **shade** from the clip method (vanilla light, TIS medium, calibrated dark); the **line
-style** also comes from the clip method (vanilla dotted, TIS dashed, calibrated solid), so the
-figures stay readable in greyscale. The mapping is a fixed table, so an arm has the same look
+black, rollout-only grey, tensorwise reds, rowwise blues, blockwise greens, MXFP8 purples, MXFP6
+oranges, NVFP4 magentas, MXFP4 steel blues) and its **shade** from the clip method (vanilla
+light, TIS medium, calibrated dark); the **line style** also comes from the clip method
+(vanilla dotted, TIS dashed, calibrated solid), so the figures stay readable in greyscale. The mapping is a fixed table, so an arm has the same look
 in every figure whatever subset of arms a sweep holds.
 
 Unknown values never crash (the axes are extensible registries): an unknown FP8 setting gets
@@ -45,6 +45,9 @@ FP8_LABELS: dict[str, str] = {
     "rowwise": "FP8 rowwise",
     "blockwise": "FP8 blockwise",
     "mxfp8": "FP8 MXFP8",
+    "mxfp6": "FP6 MXFP6",
+    "nvfp4": "FP4 NVFP4",
+    "mxfp4": "FP4 MXFP4",
 }
 #: Display order and label suffix of the known clip methods.
 CLIP_LABELS: dict[str, str] = {"vanilla": "vanilla", "tis": "TIS", "calibrated": "calibrated"}
@@ -57,6 +60,9 @@ _COLOURS: dict[str, tuple[str, str, str]] = {
     "rowwise": ("#74a9cf", "#2b8cbe", "#045a8d"),
     "blockwise": ("#78c679", "#31a354", "#006837"),
     "mxfp8": ("#9e9ac8", "#756bb1", "#54278f"),
+    "mxfp6": ("#fdd49e", "#fdbb84", "#d7301f"),
+    "nvfp4": ("#c994c7", "#dd1c77", "#980043"),
+    "mxfp4": ("#a6bddb", "#3690c0", "#034e7b"),
 }
 _FALLBACK: tuple[str, ...] = ("#8c564b", "#e377c2", "#bcbd22", "#17becf", "#d95f02", "#7570b3")
 _LINESTYLES: dict[str, str] = {"vanilla": ":", "tis": "--", "calibrated": "-"}

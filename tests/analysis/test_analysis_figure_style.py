@@ -172,3 +172,14 @@ def test_a_metric_equal_to_another_is_drawn_once(two_reports, tmp_path, monkeypa
     axes = [ax for ax in kept["reward_accuracy"].axes if ax.get_visible()]
     assert len(axes) == 3 and {ax.get_ylabel() for ax in axes} == {"mean reward", ""}
     assert "rollout/acc equals rollout/reward_mean at every step of every run, so it is drawn once" in paths.caption
+
+
+def test_every_fp8_arm_of_the_launcher_has_a_label_and_a_colour_family():
+    """An ``fp8=`` arm (``fp8rl.config.fp8.fp8_arms``, one per recipe) drawn with the fallback
+    label and a hashed colour is a figure nobody can read across reports: each has its entry."""
+    from analysis.arms import _COLOURS, FP8_LABELS
+    from fp8rl.config.fp8 import fp8_arms
+
+    missing = [a for a in fp8_arms() if a not in FP8_LABELS or a not in _COLOURS]
+    # the old fp32 arm and the training-only recipes are drawn with the fallback on purpose
+    assert set(missing) <= {"fp32", "rowwise_with_gw_hp", "tensorwise_delayed"}, missing
