@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8rl.launch.keys import SWEEPS_DIR
+from fp8rl.launch.yamlcheck import config_dirs
 
 
 def _options(group: str, dirs: Sequence[Path]) -> list[str] | None:
@@ -119,18 +120,6 @@ def _values(parsed) -> list[Any] | None:
     if parsed.is_sweep_override():
         return None
     return [parsed.value()]
-
-
-def config_dirs(argv: Iterable[str]) -> list[Path]:
-    """``sweeps/`` and every ``--config-dir`` of the command line."""
-    argv = list(argv)
-    dirs = [SWEEPS_DIR]
-    for i, a in enumerate(argv):
-        if a in ("-cd", "--config-dir") and i + 1 < len(argv):
-            dirs.append(Path(argv[i + 1]))
-        elif a.startswith("--config-dir="):
-            dirs.append(Path(a.split("=", 1)[1]))
-    return dirs
 
 
 def override_value_errors(overrides: Iterable[str], dirs: Sequence[Path] = (SWEEPS_DIR,), *,

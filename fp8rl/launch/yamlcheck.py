@@ -18,10 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from fp8rl.launch.keys import cli_overrides
-
-#: The config tree of ``python -m experiments.launch``.
-SWEEPS_DIR = Path(__file__).resolve().parents[2] / "sweeps"
+from fp8rl.launch.keys import SWEEPS_DIR, cli_overrides
 
 
 def config_dirs(argv: Sequence[str]) -> list[Path]:

@@ -43,3 +43,28 @@ def known_specs():
 def write_known_sweep(path):
     make_sweep(path, known_specs(), sweep="known")
     return path
+
+
+def capture_figures(monkeypatch) -> dict:
+    """Make the report keep each figure it draws (``{name: Figure}``, open) instead of rendering a
+    PNG (the slow part): ``save_figure`` of the figure modules returns the paths it would write."""
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    import analysis.bars as bars
+    import analysis.curves as curves
+    import analysis.granularity as granularity
+
+    kept = {}
+
+    def save(fig, out_dir, name, caption, **k):
+        kept[name] = fig
+        paths = curves.FigurePaths(png=Path(out_dir) / f"{name}.png", csv=Path(out_dir) / f"{name}.csv")
+        paths.caption = caption
+        return paths
+
+    for module in (granularity, bars):
+        monkeypatch.setattr(module, "save_figure", save)
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)
+    return kept

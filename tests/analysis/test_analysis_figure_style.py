@@ -6,17 +6,15 @@ markers: each carries ``gid = "<fp8>|<clip>[|band|surge]"``), for two reports of
 sweeps with different subsets of methods, and compared with one mapping."""
 
 import dataclasses
-from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from analysis_known import capture_figures
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_hex
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-import analysis.bars as bars
 import analysis.curves as curves
 import analysis.granularity as granularity
 from analysis.arms import split_clip
@@ -26,21 +24,6 @@ from analysis.style import METHOD_COLOURS, REFERENCE_COLOUR, method_colour, supp
 from fp8rl.runs.synthetic import RunSpec, make_sweep
 
 STEPS = 40
-
-
-def _capture(monkeypatch):
-    kept = {}
-
-    def save(fig, out_dir, name, caption, **k):  # keep the figure; no PNG (rendering is the slow part)
-        kept[name] = fig
-        paths = curves.FigurePaths(png=Path(out_dir) / f"{name}.png", csv=Path(out_dir) / f"{name}.csv")
-        paths.caption = caption
-        return paths
-
-    for module in (granularity, bars):
-        monkeypatch.setattr(module, "save_figure", save)
-    monkeypatch.setattr(plt, "close", lambda fig=None: None)
-    return kept
 
 
 def _main_like(path):
@@ -92,7 +75,7 @@ def test_one_colour_per_method_in_every_figure_of_every_report(two_reports, tmp_
     seen: dict[str, set[str]] = {}
     drawn_figures = set()
     for i, coll in enumerate(two_reports):
-        kept = _capture(monkeypatch)
+        kept = capture_figures(monkeypatch)
         write_report(coll, tmp_path / f"r{i}", figures=list(ALL_FIGURES))
         assert {"entropy", "entropy_vs_bf16", "eval_accuracy", "clipfrac_neg_low", "clipfrac_summary",
                 "reward_accuracy"} <= set(kept)
@@ -129,7 +112,7 @@ def test_colours_are_looked_up_by_key_not_label():
 
 def test_bands_and_error_bars_stay_within_the_metric_range(two_reports, tmp_path, monkeypatch):
     coll = two_reports[0]
-    kept = _capture(monkeypatch)
+    kept = capture_figures(monkeypatch)
     write_report(coll, tmp_path / "r", figures=["clipfrac_neg_low", "clipfrac_summary", "entropy", "mismatch_kl"])
     lows = []
     for name in ("clipfrac_neg_low", "entropy", "mismatch_kl"):
@@ -150,7 +133,7 @@ def test_bands_and_error_bars_stay_within_the_metric_range(two_reports, tmp_path
 
 
 def test_one_y_scale_per_metric(two_reports, tmp_path, monkeypatch):
-    kept = _capture(monkeypatch)
+    kept = capture_figures(monkeypatch)
     granularity.plot_by_granularity(two_reports[0], curves.spec_by_name(
         __import__("analysis.figures", fromlist=["FIGURES"]).FIGURES, "clipfrac_neg_low"), tmp_path)
     fig = kept["clipfrac_neg_low"]
@@ -165,7 +148,7 @@ def test_a_metric_equal_to_another_is_drawn_once(two_reports, tmp_path, monkeypa
     steps = coll.steps.copy()
     steps["rollout/acc"] = steps["rollout/reward_mean"]  # the mini backend: reward = accuracy
     coll = dataclasses.replace(coll, steps=steps)
-    kept = _capture(monkeypatch)
+    kept = capture_figures(monkeypatch)
     from analysis.figures import plot_figure
 
     paths = plot_figure(coll, "reward_accuracy", tmp_path)

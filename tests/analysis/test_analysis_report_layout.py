@@ -5,14 +5,10 @@ report.md states the headline tables before the per-cell detail, which it folds.
 
 import dataclasses
 import re
-from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pytest
+from analysis_known import capture_figures
 
-import analysis.bars as bars
-import analysis.curves as curves
-import analysis.granularity as granularity
 from analysis.collect import collect
 from analysis.figures import FIGURE_NAMES, plot_figure
 from analysis.granularity import MAX_PANELS
@@ -40,23 +36,8 @@ def big(tmp_path_factory):
     return dataclasses.replace(coll, steps=st)
 
 
-def _capture(monkeypatch):
-    kept = {}
-
-    def save(fig, out_dir, name, caption, **k):
-        kept[name] = fig
-        paths = curves.FigurePaths(png=Path(out_dir) / f"{name}.png", csv=Path(out_dir) / f"{name}.csv")
-        paths.caption = caption
-        return paths
-
-    for module in (granularity, bars):
-        monkeypatch.setattr(module, "save_figure", save)
-    monkeypatch.setattr(plt, "close", lambda fig=None: None)
-    return kept
-
-
 def test_no_image_has_more_than_max_panels_and_none_is_drawn_twice(big, tmp_path, monkeypatch):
-    kept = _capture(monkeypatch)
+    kept = capture_figures(monkeypatch)
     for name in FIGURE_NAMES:
         plot_figure(big, name, tmp_path)
     assert kept
