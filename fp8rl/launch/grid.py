@@ -124,6 +124,66 @@ class SweepPlan:
     base_overrides: tuple[str, ...] = field(default_factory=tuple)
 
 
+def _plan_point(overrides: list[str], container: dict, launch: dict, first_index: int, total: int, seeds: int,
+                profiles: dict[str, ClusterProfile]) -> tuple[list[CellPlan], list[str], Path | None]:
+    """The cells of one grid point (one per seed), built into its backend's config and checked:
+    ``(cells, errors, runs root)``; the root is None when the point's launch fields are wrong."""
+    label = cell_label(first_index, total, overrides)
+    cell_errors, backend, profile = launch_field_errors(launch, profiles)
+    if cell_errors or backend is None:
+        return [], [f"{label}: {m}" for m in cell_errors], None
+    if not str(container.get("output_dir", "runs")).strip():  # Path("") is the current directory
+        return [], [f"{label}: output_dir is empty: give the runs root (default runs); an empty path "
+                    "would write the sweep into the current directory"], None
+    root = Path(str(container.get("output_dir", "runs"))).expanduser().absolute()
+    sweep_dir = root / launch["sweep_name"]
+    cls = backend.load_config_class()
+    names = {f.name for f in dataclasses.fields(cls)}
+    sub = {k: v for k, v in container.items() if k in names}
+    sub["output_dir"] = str(sweep_dir)
+    if total > 1 and sub.get("run_dir"):
+        return [], [f"{label}: run_dir: set to {sub['run_dir']!r} but the sweep has {total} cells; leave "
+                    "run_dir=null so each cell gets its own directory"], root
+    if backend.shared_cache and get_dotted(sub, backend.shared_cache[0]) is None:
+        set_dotted(sub, backend.shared_cache[0], str(root / backend.shared_cache[1]))
+    base_seed = int(sub.get("seed", 0))
+    resolve = backend.load_resolve_run_dir()
+    cells: list[CellPlan] = []
+    for s in range(seeds):  # other seeds of a point fail the same way: the first error ends it
+        index = first_index + s
+        cell_overrides = [*overrides, f"seed={base_seed + s}"] if seeds > 1 else list(overrides)
+        seed_label = cell_label(index, total, cell_overrides)
+        try:
+            run_cfg = build_dataclass(cls, {**sub, "seed": base_seed + s})
+        except Exception as e:  # __post_init__ ValueError, or OmegaConf's own errors
+            return cells, [f"{seed_label}: {exception_text(e)}"], root
+        resources = profile.resources_for(run_cfg.model.slot) if profile else None
+        if resources is not None and backend.resources is not None:  # what this cell needs
+            resources = backend.load_resources()(run_cfg, resources)
+        check_cell = backend.load_check_cell()
+        if check_cell is not None:
+            try:
+                check_cell(run_cfg, resources)
+            except ValueError as e:
+                return cells, [f"{seed_label}: {exception_text(e)}"], root
+        value_errors = cell_value_errors(run_cfg, launch["launcher"])
+        if value_errors:
+            return cells, [f"{seed_label}: {m}" for m in value_errors], root
+        run_dir = Path(resolve(run_cfg))
+        from fp8rl.runs.identity import parse_run_name
+
+        parts = parse_run_name(run_dir.name)
+        cells.append(CellPlan(
+            index=index, total=total, overrides=tuple(cell_overrides), seed=base_seed + s, backend=backend.name,
+            config=dataclasses.asdict(run_cfg), run_dir=run_dir,
+            name=run_dir.name[: -len(parts["hash"]) - 1] if parts["hash"] else run_dir.name,
+            hash=parts["hash"] or "", steps=int(getattr(run_cfg, "steps", 0)),
+            axes={"algorithm": parts["algorithm"], "model": parts["model"], "fp8": parts["fp8"],
+                  "clip": parts["clip"], "seed": base_seed + s, "scale": launch["scale"]},
+            resources=resources, state=_state_of(run_dir)))
+    return cells, [], root
+
+
 def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: Sequence[str], *,
                exact: bool = False) -> SweepPlan:
     """Expand and validate the whole sweep; raises :class:`SweepError` listing every problem.
@@ -165,8 +225,7 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
     first_launch: dict | None = None
     composed = compose_cells(master_cfg, config_loader, grid, exact=exact)
     for gi, (overrides, container) in enumerate(zip(grid, composed, strict=True)):
-        first_index = gi * seeds + 1
-        label = cell_label(first_index, total, overrides)
+        label = cell_label(gi * seeds + 1, total, overrides)
         if isinstance(container, Exception):  # Hydra/OmegaConf composition errors name the key
             errors.append(f"{label}: {exception_text(container)}")
             continue
@@ -178,69 +237,12 @@ def plan_sweep(master_cfg, config_loader, params: Mapping[str, str], arguments: 
         first_launch = first_launch or launch
         for k, v in launch.items():
             launch_values.setdefault(k, set()).add(repr(v))
-
-        cell_errors, backend, profile = launch_field_errors(launch, profiles)
-        if cell_errors or backend is None:
-            errors += [f"{label}: {m}" for m in cell_errors]
-            continue
-
-        if not str(container.get("output_dir", "runs")).strip():  # Path("") is the current directory
-            errors.append(f"{label}: output_dir is empty: give the runs root (default runs); an empty path "
-                          "would write the sweep into the current directory")
-            continue
-        root = Path(str(container.get("output_dir", "runs"))).expanduser().absolute()
-        roots.add(root)
-        sweep_dir = root / launch["sweep_name"]
-        cls = backend.load_config_class()
-        names = {f.name for f in dataclasses.fields(cls)}
-        sub = {k: v for k, v in container.items() if k in names}
-        sub["output_dir"] = str(sweep_dir)
-        if total > 1 and sub.get("run_dir"):
-            errors.append(f"{label}: run_dir: set to {sub['run_dir']!r} but the sweep has {total} "
-                          "cells; leave run_dir=null so each cell gets its own directory")
-            continue
-        if backend.shared_cache and get_dotted(sub, backend.shared_cache[0]) is None:
-            set_dotted(sub, backend.shared_cache[0], str(root / backend.shared_cache[1]))
-        base_seed = int(sub.get("seed", 0))
-        resolve = backend.load_resolve_run_dir()
-        for s in range(seeds):
-            index = first_index + s
-            seed_label = cell_label(index, total, [*overrides, f"seed={base_seed + s}"] if seeds > 1 else overrides)
-            sub_s = {**sub, "seed": base_seed + s}
-            try:
-                run_cfg = build_dataclass(cls, sub_s)
-            except Exception as e:  # __post_init__ ValueError, or OmegaConf's own errors
-                errors.append(f"{seed_label}: {exception_text(e)}")
-                break  # other seeds of this grid point fail the same way
-            resources = profile.resources_for(run_cfg.model.slot) if profile else None
-            if resources is not None and backend.resources is not None:  # what this cell needs
-                resources = backend.load_resources()(run_cfg, resources)
-            check_cell = backend.load_check_cell()
-            if check_cell is not None:
-                try:
-                    check_cell(run_cfg, resources)
-                except ValueError as e:
-                    errors.append(f"{seed_label}: {exception_text(e)}")
-                    break
-            value_errors = cell_value_errors(run_cfg, launch["launcher"])
-            if value_errors:
-                errors += [f"{seed_label}: {m}" for m in value_errors]
-                break
-            run_dir = Path(resolve(run_cfg))
-            from fp8rl.runs.identity import parse_run_name
-
-            parts = parse_run_name(run_dir.name)
-            cells.append(CellPlan(
-                index=index, total=total,
-                overrides=tuple([*overrides, f"seed={base_seed + s}"] if seeds > 1 else overrides),
-                seed=base_seed + s, backend=backend.name, config=dataclasses.asdict(run_cfg),
-                run_dir=run_dir, name=run_dir.name[: -len(parts["hash"]) - 1] if parts["hash"] else run_dir.name,
-                hash=parts["hash"] or "", steps=int(getattr(run_cfg, "steps", 0)),
-                axes={"algorithm": parts["algorithm"], "model": parts["model"], "fp8": parts["fp8"],
-                      "clip": parts["clip"], "seed": base_seed + s, "scale": launch["scale"]},
-                resources=resources,
-                state=_state_of(run_dir),
-            ))
+        point_cells, point_errors, root = _plan_point(overrides, container, launch, gi * seeds + 1, total, seeds,
+                                                      profiles)
+        cells += point_cells
+        errors += point_errors
+        if root is not None:
+            roots.add(root)
 
     for key in ("launcher", "cluster", "sweep_name", "output_dir", "dry_run", "wait",
                 "array_parallelism", "workers", "progress", "gpus_per_node"):

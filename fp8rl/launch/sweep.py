@@ -29,6 +29,7 @@ import contextlib
 import shlex
 import signal
 import sys
+from dataclasses import dataclass, field
 
 from fp8rl.launch.grid import CellPlan, SweepError, SweepPlan, plan_sweep
 
@@ -79,9 +80,7 @@ LAUNCH_LOG = "launch.log"
 def execute(plan: SweepPlan, stream=None) -> int:
     """Launch the plan's cells that need running; returns an exit status."""
     from fp8rl.launch.launchers import LAUNCHERS
-    from fp8rl.launch.slurm import active_jobs
-    from fp8rl.runs import DONE, MANIFEST_FILE, Cell, read_manifest, write_manifest
-    from fp8rl.runs.lock import probe
+    from fp8rl.runs import MANIFEST_FILE, Cell, read_manifest, write_manifest
     from fp8rl.runs.manifest import ManifestDamaged
 
     stream = stream or sys.stderr
@@ -96,24 +95,8 @@ def execute(plan: SweepPlan, stream=None) -> int:
             print(f"Error: {e}; nothing was run, submitted or written", file=stream)
             return 1
     old_ids = {k: c.job_id for k, c in previous.items() if c.job_id}
-    active = active_jobs(old_ids.values()) if old_ids else set()
-
-    todo, skipped_done, skipped_active, elsewhere, damaged = [], [], [], [], []
-    for c in plan.cells:
-        key = c.run_dir.name
-        why = damaged_status(c.run_dir)
-        if why is not None:  # its status.json cannot be read: say so, run the other cells
-            damaged.append((c, why))
-        elif c.state == DONE:
-            skipped_done.append(c)
-        elif old_ids.get(key) in active:
-            skipped_active.append(c)
-        else:
-            held, owner = probe(c.run_dir)
-            if held:  # another live process (a second launch, a Slurm task) runs it
-                elsewhere.append((c, owner))
-            else:
-                todo.append(c)
+    t = triage(plan, old_ids)
+    todo, skipped_done, skipped_active, elsewhere, damaged = t.todo, t.done, t.active, t.elsewhere, t.damaged
 
     if todo:  # this machine must be able to run them (a local GPU profile: enough GPUs)
         LAUNCHERS[plan.launcher].preflight(todo, plan)
@@ -175,6 +158,49 @@ def execute(plan: SweepPlan, stream=None) -> int:
         print(f"  {name}: skipped, {reason}", file=stream)
     if result.job_ids:
         write_manifest(plan.sweep_dir, plan.sweep_name, manifest_cells(result.job_ids))
+    return _outcome(plan, result, len(damaged), stream)
+
+
+@dataclass
+class Triage:
+    """The plan's cells by what a launch does with them (:func:`triage`)."""
+
+    todo: list = field(default_factory=list)  #: to run or submit
+    done: list = field(default_factory=list)  #: DONE: skipped
+    active: list = field(default_factory=list)  #: their Slurm job is still queued or running: left alone
+    elsewhere: list = field(default_factory=list)  #: ``(cell, owner)``: another live process runs it
+    damaged: list = field(default_factory=list)  #: ``(cell, why)``: a run file cannot be trusted: not run
+
+
+def triage(plan: SweepPlan, old_ids: dict[str, str]) -> Triage:
+    """Sort the plan's cells: damaged, DONE, with a live Slurm job (``old_ids``: the manifest's job
+    id per run directory name), owned by another process, or to run."""
+    from fp8rl.launch.slurm import active_jobs
+    from fp8rl.runs import DONE
+    from fp8rl.runs.lock import probe
+
+    active = active_jobs(old_ids.values()) if old_ids else set()
+    t = Triage()
+    for c in plan.cells:
+        why = damaged_status(c.run_dir)
+        if why is not None:  # its status.json cannot be read: say so, run the other cells
+            t.damaged.append((c, why))
+        elif c.state == DONE:
+            t.done.append(c)
+        elif old_ids.get(c.run_dir.name) in active:
+            t.active.append(c)
+        else:
+            held, owner = probe(c.run_dir)
+            if held:  # another live process (a second launch, a Slurm task) runs it
+                t.elsewhere.append((c, owner))
+            else:
+                t.todo.append(c)
+    return t
+
+
+def _outcome(plan: SweepPlan, result, n_damaged: int, stream) -> int:
+    """Say how a launch that ran to its end went (failed cells with their run logs and the resume
+    command, damaged ones, or all finished); its exit status."""
     if result.failed:
         print(f"[{plan.sweep_name}] {len(result.failed)} cell(s) FAILED:", file=stream)
         from fp8rl.runs.runlog import log_path
@@ -187,8 +213,8 @@ def execute(plan: SweepPlan, stream=None) -> int:
 
             print(f"[{plan.sweep_name}] after fixing the cause, resume with: {resume_command()}", file=stream)
         return 1
-    if damaged:
-        print(f"[{plan.sweep_name}] {len(damaged)} cell(s) DAMAGED, not run (the fix is above)", file=stream)
+    if n_damaged:
+        print(f"[{plan.sweep_name}] {n_damaged} cell(s) DAMAGED, not run (the fix is above)", file=stream)
         return 1
     if result.waited:
         print(f"[{plan.sweep_name}] all {len(plan.cells)} cell(s) finished; runs in {plan.sweep_dir}", file=stream)
