@@ -20,11 +20,13 @@ shadow, which bounds rule which tokens, and collects the step's metrics:
 
 The paper's sweep axis ``clip`` has three arms, each a pair of independent choices (clip
 method x train/rollout IS correction, ``fp8rl.rl.correction.IS_CORRECTIONS``), registered
-in ``CLIP_ARMS``:
+in ``CLIP_ARMS``, and two controls for Calibrated Clipping that need no shadow (issue 46):
 
-    vanilla    = ClipArm(method="vanilla",    is_correction="none")
-    tis        = ClipArm(method="vanilla",    is_correction="tis")
-    calibrated = ClipArm(method="calibrated", is_correction="tis")
+    vanilla       = ClipArm(method="vanilla",       is_correction="none")
+    tis           = ClipArm(method="vanilla",       is_correction="tis")
+    calibrated    = ClipArm(method="calibrated",    is_correction="tis")
+    no_lower_clip = ClipArm(method="no_lower_clip", is_correction="tis")  # A<0 never clipped below
+    wide_lower    = ClipArm(method="wide_lower",    is_correction="tis")  # lower bound fixed at 0.6
 
 Choices made here: the vanilla method's ``update`` accepts and ignores calibration stats
 (it never has calibration steps, so a generic loop never calls it); options a method does
@@ -42,8 +44,8 @@ from fp8rl.registry import Registry
 from fp8rl.rl.calibration import Bounds, CalibratedClipController, StepPlan
 from fp8rl.rl.correction import IS_CORRECTIONS
 
-__all__ = ["CLIP_ARMS", "CLIP_METHODS", "CalibratingMethod", "ClipArm", "ClipMethod", "VanillaClip", "make_clipper",
-           "method_calibrates"]
+__all__ = ["CLIP_ARMS", "CLIP_METHODS", "CalibratingMethod", "ClipArm", "ClipMethod", "NoLowerClip", "VanillaClip",
+           "WideLowerClip", "make_clipper", "method_calibrates"]
 
 
 @runtime_checkable
@@ -166,6 +168,41 @@ class VanillaClip:
         return f"VanillaClip(eps_low={self.eps_low}, eps_high={self.eps_high})"
 
 
+#: ``no_lower_clip``'s lower bound: a ratio no FP8 noise reaches (log-ratio < -69), so the lower clip
+#: is off in effect while ``Bounds`` keeps ``0 < low``.
+NO_LOWER_CLIP_LOW = 1e-30
+#: ``wide_lower``'s lower bound: the paper's wide start (``clip.init_bounds`` [0.6, 1.8]), held fixed.
+WIDE_LOWER_LOW = 0.6
+
+
+@CLIP_METHODS.register("no_lower_clip")
+class NoLowerClip(VanillaClip):
+    """A control for Calibrated Clipping (issue 46): A<0 tokens are never clipped below (the lower
+    bound is :data:`NO_LOWER_CLIP_LOW`), the upper bound is vanilla's ``1 + eps_high``. Whatever
+    calibration gains by moving the lower bound down, this arm gains without a shadow."""
+
+    def __init__(self, eps_low: float, eps_high: float) -> None:
+        super().__init__(eps_low, eps_high)
+        self._bounds = Bounds(NO_LOWER_CLIP_LOW, 1.0 + self.eps_high)
+
+    def __repr__(self) -> str:
+        return f"NoLowerClip(eps_high={self.eps_high})"
+
+
+@CLIP_METHODS.register("wide_lower")
+class WideLowerClip(VanillaClip):
+    """A control for Calibrated Clipping (issue 46): a fixed, wider lower bound
+    (:data:`WIDE_LOWER_LOW`, the paper's wide start, i.e. eps_low = 0.4) and vanilla's upper bound;
+    no shadow. Calibration earns credit only for what it does beyond a fixed wide bound."""
+
+    def __init__(self, eps_low: float, eps_high: float) -> None:
+        super().__init__(eps_low, eps_high)
+        self._bounds = Bounds(min(WIDE_LOWER_LOW, 1.0 - self.eps_low), 1.0 + self.eps_high)
+
+    def __repr__(self) -> str:
+        return f"WideLowerClip(low={self._bounds.low}, eps_high={self.eps_high})"
+
+
 CLIP_METHODS.add("calibrated", CalibratedClipController)
 
 
@@ -209,3 +246,6 @@ CLIP_ARMS: Registry[ClipArm] = Registry("clip arm")
 CLIP_ARMS.add("vanilla", ClipArm(method="vanilla", is_correction="none"))
 CLIP_ARMS.add("tis", ClipArm(method="vanilla", is_correction="tis"))
 CLIP_ARMS.add("calibrated", ClipArm(method="calibrated", is_correction="tis"))
+# controls for Calibrated Clipping (issue 46): no shadow, TIS like the calibrated arm
+CLIP_ARMS.add("no_lower_clip", ClipArm(method="no_lower_clip", is_correction="tis"))
+CLIP_ARMS.add("wide_lower", ClipArm(method="wide_lower", is_correction="tis"))

@@ -69,7 +69,8 @@ def test_launch_sweep_file_header_names_artefact_and_command(name):
 
 @pytest.mark.parametrize("axes", [
     ("algorithm=grpo,dapo,dr_grpo", "model=8b,14b,32b"),
-    ("fp8=bf16,rollout_only,tensorwise,rowwise,blockwise,mxfp8", "clip=vanilla,tis,calibrated"),
+    ("fp8=bf16,rollout_only,tensorwise,rowwise,blockwise,mxfp8,mxfp6,nvfp4,mxfp4",
+     "clip=vanilla,tis,calibrated,no_lower_clip,wide_lower"),
 ], ids=["algorithm-x-model", "fp8-x-clip"])
 def test_launch_every_group_option_composes_and_validates(launch, tmp_path, axes):
     """Every option of every axis group, as dry-run grids: every cell is valid, nothing written."""

@@ -76,6 +76,19 @@ def test_five_step_run_writes_every_metric(tiny, arm, clip):
     assert set(first) >= {"prompt", "response", "answer", "reward", "garbled"}
 
 
+@pytest.mark.parametrize(("clip", "low"), [("no_lower_clip", 1e-30), ("wide_lower", 0.6)])
+def test_the_calibration_controls_train_with_their_own_bounds_and_tis(tiny, clip, low):
+    """The two controls of Calibrated Clipping run end to end at mini scale: their lower bound in
+    force every step, vanilla's upper bound, and no BF16 shadow pass (their TIS: the arm table,
+    ``tests/rl/test_clipping.py``)."""
+    summary = run_mini(tiny("tensorwise", clip, steps=3))
+    assert summary["state"] == "DONE", summary
+    rows = RunDir(summary["run_dir"]).read_metrics()
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r[M.CLIP_LOW] == low and r[M.CLIP_HIGH] == 1.2 for r in rows)
+    assert all(M.PERF_SHADOW_S not in r and "clip/calibrations" not in r for r in rows)
+
+
 def test_same_seed_same_metrics(tiny, tmp_path):
     a = run_mini(tiny("tensorwise", "calibrated", steps=3, run_dir=str(tmp_path / "a")))
     b = run_mini(tiny("tensorwise", "calibrated", steps=3, run_dir=str(tmp_path / "b")))

@@ -100,3 +100,17 @@ def test_the_spec_carries_typed_options_and_resolved_recipes_through_its_json(tm
                        ({"clip_options": [0.6]}, "CalibrationOptions or None")):
         with pytest.raises((KeyError, TypeError, ValueError), match=match):
             PluginSpec(**bad)
+
+
+@pytest.mark.parametrize("arm", ["no_lower_clip", "wide_lower"])
+def test_the_calibration_controls_are_built_by_the_paper_scale_plugin_with_the_mini_bounds(tmp_path, arm):
+    """The controls of issue 46 at paper scale: the plugin's loss builds the same method, with the
+    same bounds as the mini trainer's, and the cell keeps TIS (its OpenRLHF flags carry the cap)."""
+    from fp8rl.rl.clipping import make_clipper
+
+    cfg = _cell(tmp_path, arm)
+    spec = PluginSpec.from_json(PluginSpec.from_config(cfg, run_dir=tmp_path / "run").to_json())
+    a = cfg.algorithm
+    assert spec.clip_method == arm and spec.clip_options is None
+    assert spec.make_clipper().bounds(0) == make_clipper(arm, a.eps_low, a.eps_high).bounds(0)
+    assert cfg.clip.is_correction == "tis" and cfg.clip.correction_params() == {"cap": cfg.clip.tis_cap}

@@ -32,19 +32,21 @@ def batch(seed=0, B=32, T=64, noise=0.15):
 
 
 def test_registries_hold_the_documented_names():
-    assert CLIP_METHODS.names() == ["calibrated", "vanilla"]
-    assert CLIP_ARMS.names() == ["calibrated", "tis", "vanilla"]
+    assert CLIP_METHODS.names() == ["calibrated", "no_lower_clip", "vanilla", "wide_lower"]
+    assert CLIP_ARMS.names() == ["calibrated", "no_lower_clip", "tis", "vanilla", "wide_lower"]
     assert CLIP_ARMS["vanilla"] == ClipArm("vanilla", "none")
     assert CLIP_ARMS["tis"] == ClipArm("vanilla", "tis")
     assert CLIP_ARMS["calibrated"] == ClipArm("calibrated", "tis")
+    assert CLIP_ARMS["no_lower_clip"] == ClipArm("no_lower_clip", "tis")
+    assert CLIP_ARMS["wide_lower"] == ClipArm("wide_lower", "tis")
     for arm in CLIP_ARMS.values():
         assert arm.method in CLIP_METHODS and arm.is_correction in IS_CORRECTIONS
 
 
 def test_unknown_names_raise_listing_valid_ones():
-    with pytest.raises(RegistryError, match="valid names are: calibrated, vanilla"):
+    with pytest.raises(RegistryError, match="valid names are: calibrated, no_lower_clip, vanilla, wide_lower"):
         make_clipper("calibrate", 0.2, 0.28)
-    with pytest.raises(RegistryError, match="valid names are: calibrated, tis, vanilla"):
+    with pytest.raises(RegistryError, match="valid names are: calibrated, no_lower_clip, tis, vanilla, wide_lower"):
         CLIP_ARMS["calibrate"]
     with pytest.raises(RegistryError, match="clip method"):
         ClipArm("fixed", "tis")
@@ -121,7 +123,32 @@ def test_the_calibrating_api_the_plan_calls_is_public():
 
     assert isinstance(make_clipper("calibrated", 0.2, 0.28), CalibratingMethod)
     assert not isinstance(make_clipper("vanilla", 0.2, 0.28), CalibratingMethod)
-    assert {n: method_calibrates(n) for n in CLIP_METHODS} == {"vanilla": False, "calibrated": True}
+    assert {n: method_calibrates(n) for n in CLIP_METHODS} == {"vanilla": False, "calibrated": True,
+                                                               "no_lower_clip": False, "wide_lower": False}
     called = {node.attr for node in ast.walk(ast.parse(inspect.getsource(plan)))
               if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ctl"}
     assert called and not {c for c in called if c.startswith("_")}, called
+
+
+@pytest.mark.parametrize(("method", "low"), [("no_lower_clip", 1e-30), ("wide_lower", 0.6)])
+def test_the_controls_bounds_and_what_they_do_to_the_gradient_of_a_negative_advantage_token(method, low):
+    """The two controls of Calibrated Clipping (issue 46): vanilla's upper bound, their own lower
+    bound, no shadow, no state but the epsilons; and the PPO loss's gradient of A<0 tokens below
+    vanilla's 0.8 is zero under vanilla, non-zero under a control down to its own bound."""
+    from fp8rl.rl.policy_loss import ppo_token_loss
+
+    eps_low, eps_high = 0.2, 0.28
+    clip = make_clipper(method, eps_low, eps_high)
+    assert (clip.bounds(0).low, clip.bounds(0).high) == (low, 1 + eps_high)
+    assert not clip.calibrates and not clip.needs_shadow(0) and not clip.is_calibration_step(0)
+    clip.load_state_dict(make_clipper(method, eps_low, eps_high).state_dict())
+    ratios = torch.tensor([[0.05, 0.5, 0.7, 0.9, 1.1]])  # A<0 tokens from far below to above 0.8
+    grads = {}
+    for name, c in (("vanilla", make_clipper("vanilla", eps_low, eps_high)), (method, clip)):
+        lp = ratios.log().clone().requires_grad_(True)
+        loss, _ = ppo_token_loss(lp, torch.zeros_like(lp), -torch.ones_like(lp), torch.ones_like(lp, dtype=torch.bool),
+                                 low=c.bounds(0).low, high=c.bounds(0).high)
+        loss.sum().backward()
+        grads[name] = (lp.grad != 0).flatten().tolist()
+    assert grads["vanilla"] == [False, False, False, True, True]  # below 0.8: clipped, no gradient
+    assert grads[method] == [r >= low for r in ratios.flatten().tolist()]
