@@ -50,7 +50,11 @@ FP8_LABELS: dict[str, str] = {
     "mxfp4": "FP4 MXFP4",
 }
 #: Display order and label suffix of the known clip methods.
-CLIP_LABELS: dict[str, str] = {"vanilla": "vanilla", "tis": "TIS", "calibrated": "calibrated"}
+CLIP_LABELS: dict[str, str] = {"vanilla": "vanilla", "tis": "TIS", "calibrated": "calibrated",
+                               "no_lower_clip": "no lower clip", "wide_lower": "wide lower bound"}
+#: Which of an FP8 setting's three shades (light, medium, dark) each clip method takes; the two
+#: controls of Calibrated Clipping share the dash-dot line and take the light and dark shades.
+_SHADE: dict[str, int] = {"vanilla": 0, "tis": 1, "calibrated": 2, "no_lower_clip": 0, "wide_lower": 2}
 
 # (vanilla, tis, calibrated) shades per FP8 setting: light -> dark
 _COLOURS: dict[str, tuple[str, str, str]] = {
@@ -65,7 +69,8 @@ _COLOURS: dict[str, tuple[str, str, str]] = {
     "mxfp4": ("#a6bddb", "#3690c0", "#034e7b"),
 }
 _FALLBACK: tuple[str, ...] = ("#8c564b", "#e377c2", "#bcbd22", "#17becf", "#d95f02", "#7570b3")
-_LINESTYLES: dict[str, str] = {"vanilla": ":", "tis": "--", "calibrated": "-"}
+_LINESTYLES: dict[str, str] = {"vanilla": ":", "tis": "--", "calibrated": "-", "no_lower_clip": "-.",
+                               "wide_lower": "-."}
 
 
 @dataclass(frozen=True)
@@ -121,8 +126,7 @@ def arm_style(fp8: str, clip: str) -> ArmStyle:
     fp8, clip = str(fp8), split_clip(clip)[0]
     if fp8 in _COLOURS:
         shades = _COLOURS[fp8]
-        idx = list(CLIP_LABELS).index(clip) if clip in CLIP_LABELS else 1
-        color = shades[idx]
+        color = shades[_SHADE.get(clip, 1)]
     else:
         color = _FALLBACK[zlib.crc32(fp8.encode()) % len(_FALLBACK)]
     linestyle = _LINESTYLES.get(clip, "-.")

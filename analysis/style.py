@@ -1,7 +1,8 @@
 """One colour per clip method in every figure of every report, and bands that respect the support.
 
 **Colours** (:data:`METHOD_COLOURS`, Okabe-Ito, readable by colour-blind readers): vanilla
-orange, TIS blue, calibrated green; :data:`REFERENCE_COLOUR` (black) is the BF16 reference (the
+orange, TIS blue, calibrated green, and the controls of Calibrated Clipping ``no_lower_clip``
+reddish purple and ``wide_lower`` vermillion; :data:`REFERENCE_COLOUR` (black) is the BF16 reference (the
 block's BF16 arm drawn over the FP8 panels, the zero line of a difference to BF16, the dashed
 line of a bar summary). Figures show the FP8 setting by panel, never by colour, so a method
 looks the same in every panel, figure and report. :func:`method_colour` takes a clip **key**
@@ -27,9 +28,10 @@ import numpy as np
 from analysis.arms import CLIP_LABELS, split_clip
 from analysis.ratio_ci import t_quantile
 
-METHOD_COLOURS: dict[str, str] = {"vanilla": "#E69F00", "tis": "#0072B2", "calibrated": "#009E73"}
+METHOD_COLOURS: dict[str, str] = {"vanilla": "#E69F00", "tis": "#0072B2", "calibrated": "#009E73",
+                                  "no_lower_clip": "#CC79A7", "wide_lower": "#D55E00"}
 REFERENCE_COLOUR = "#000000"
-FALLBACK: tuple[str, ...] = ("#CC79A7", "#D55E00", "#56B4E9", "#882255", "#44AA99", "#999933")
+FALLBACK: tuple[str, ...] = ("#56B4E9", "#882255", "#44AA99", "#999933", "#117733", "#AA4499")
 #: (line style, marker) of the variants of one method, in display order (the first: the plain line).
 VARIANT_STYLES: tuple[tuple[str, str | None], ...] = (
     ("-", None), ("--", None), (":", None), ("-.", None), ("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
