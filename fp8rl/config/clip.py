@@ -55,6 +55,10 @@ class ClipConfig(_CalibrationFields):
             TIS) or ``calibrated`` (Calibrated Clipping + TIS); ``CLIP_ARMS`` maps the arm to
             (clip method, IS correction).
         tis_cap: TIS truncation C (paper: 2).
+        score_centering_topk: k, the sampler's top-k ids and log-probs logged per generated
+            token for the Score Centering arms (``score_centering``, ``score_centering_tis``);
+            the other arms log none. Default 8 (our choice: the mini vocabulary has 3 specials +
+            the alphabet; vLLM's default ``max_logprobs`` is 20).
         shadow_diagnostics: on a non-calibrated arm (vanilla, tis), also run the BF16 shadow on
             every step's mini-batches and log which tokens FP8 clips against which BF16 would
             clip (``shadow/*`` agreement metrics) without changing training. The calibrated arm
@@ -70,6 +74,7 @@ class ClipConfig(_CalibrationFields):
 
     arm: str = "vanilla"
     tis_cap: float = 2.0
+    score_centering_topk: int = 8
     shadow_diagnostics: bool = False
 
     def __post_init__(self) -> None:
@@ -79,6 +84,10 @@ class ClipConfig(_CalibrationFields):
         if self.lower_estimator is not None:
             _check_registry("fp8rl.rl.calibration", "LOWER_ESTIMATORS", self.lower_estimator, "clip.lower_estimator")
         _require(self.tis_cap > 0, f"clip.tis_cap must be > 0 (inf = no truncation), got {self.tis_cap}")
+        _require(isinstance(self.score_centering_topk, int) and not isinstance(self.score_centering_topk, bool)
+                 and self.score_centering_topk >= 1,
+                 f"clip.score_centering_topk must be an integer >= 1 (the sampler's top-k ids logged per "
+                 f"token), got {self.score_centering_topk!r}")
         _require(isinstance(self.shadow_diagnostics, bool),
                  f"clip.shadow_diagnostics must be true or false, got {self.shadow_diagnostics!r}")
         b = list(self.init_bounds)
@@ -99,6 +108,25 @@ class ClipConfig(_CalibrationFields):
         from fp8rl.rl.clipping import CLIP_ARMS
 
         return CLIP_ARMS[self.arm].is_correction
+
+    @property
+    def score_centering(self) -> bool:
+        """Whether the arm adds the Score Centering term to the loss."""
+        from fp8rl.rl.clipping import CLIP_ARMS
+
+        return CLIP_ARMS[self.arm].score_centering
+
+    def score_centering_options(self) -> dict | None:
+        """``{"mode", "bounds", "topk"}`` of the arm's Score Centering term (None: the arm has
+        none): the mode is the arm's IS correction, the bounds its (tis: ``(0, tis_cap)``, as
+        ``TIS`` never clamps from below; icepop: the correction's defaults)."""
+        if not self.score_centering:
+            return None
+        from fp8rl.rl.score_centering import DEFAULT_BOUNDS
+
+        mode = self.is_correction
+        bounds = None if mode == "none" else ((0.0, float(self.tis_cap)) if mode == "tis" else DEFAULT_BOUNDS[mode])
+        return {"mode": mode, "bounds": bounds, "topk": int(self.score_centering_topk)}
 
     def calibration_options(self) -> CalibrationOptions:
         """The calibration options as one validated ``CalibrationOptions`` (built for every arm:

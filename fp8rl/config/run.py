@@ -220,4 +220,5 @@ IDENTITY_LATE_DEFAULTS: dict[str, object] = {
     "clip.sample_max": 0.125,
     "clip.sample_pool": 8,
     "clip.sample_target": 5.0,
+    "clip.score_centering_topk": 8,
 }

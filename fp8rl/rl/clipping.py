@@ -28,6 +28,12 @@ in ``CLIP_ARMS``, and two controls for Calibrated Clipping that need no shadow (
     no_lower_clip = ClipArm(method="no_lower_clip", is_correction="tis")  # A<0 never clipped below
     wide_lower    = ClipArm(method="wide_lower",    is_correction="tis")  # lower bound fixed at 0.6
 
+and Score Centering (issue 47; ``fp8rl.rl.score_centering``), an additive term on the loss that
+composes with the arm's IS correction (its mode is the correction's name):
+
+    score_centering     = ClipArm(method="vanilla", is_correction="none", score_centering=True)
+    score_centering_tis = ClipArm(method="vanilla", is_correction="tis",  score_centering=True)
+
 Choices made here: the vanilla method's ``update`` accepts and ignores calibration stats
 (it never has calibration steps, so a generic loop never calls it); options a method does
 not know raise ``TypeError`` naming the method.
@@ -232,14 +238,24 @@ def make_clipper(method: str, eps_low: float, eps_high: float, **options: Any) -
 
 @dataclass(frozen=True)
 class ClipArm:
-    """One value of the sweep axis ``clip``: a clip method and a train/rollout IS correction."""
+    """One value of the sweep axis ``clip``: a clip method, a train/rollout IS correction and
+    whether the loss adds the Score Centering term (``fp8rl.rl.score_centering``; its mode is
+    the IS correction's name, so the term composes with the correction the arm applies)."""
 
     method: str
     is_correction: str
+    score_centering: bool = False
 
     def __post_init__(self) -> None:
+        from fp8rl.rl.score_centering import SCORE_CENTERING_MODES
+
         CLIP_METHODS.check(self.method)
         IS_CORRECTIONS.check(self.is_correction)
+        if not isinstance(self.score_centering, bool):
+            raise TypeError(f"score_centering must be True or False, got {self.score_centering!r}")
+        if self.score_centering and self.is_correction not in SCORE_CENTERING_MODES:
+            raise ValueError(f"Score Centering has no mode for the IS correction {self.is_correction!r}; "
+                             f"its modes: {list(SCORE_CENTERING_MODES)}")
 
 
 CLIP_ARMS: Registry[ClipArm] = Registry("clip arm")
@@ -249,3 +265,6 @@ CLIP_ARMS.add("calibrated", ClipArm(method="calibrated", is_correction="tis"))
 # controls for Calibrated Clipping (issue 46): no shadow, TIS like the calibrated arm
 CLIP_ARMS.add("no_lower_clip", ClipArm(method="no_lower_clip", is_correction="tis"))
 CLIP_ARMS.add("wide_lower", ClipArm(method="wide_lower", is_correction="tis"))
+# Score Centering (issue 47): alone, and composed with TIS
+CLIP_ARMS.add("score_centering", ClipArm(method="vanilla", is_correction="none", score_centering=True))
+CLIP_ARMS.add("score_centering_tis", ClipArm(method="vanilla", is_correction="tis", score_centering=True))

@@ -15,7 +15,7 @@ CASES = [
     ("group-typo", ["algorithm=dapoo"], ["algorithm/dapoo", "dapo", "dr_grpo", "grpo"]),
     ("sweep-file-typo", ["+sweep=main_tabel"], ["sweep/main_tabel", "main_table"]),
     ("sweep-axis-typo", ["+sweep=smoke", "fp8=bf16,tensorwse"], ["fp8", "'tensorwse'", "rowwise", "tensorwise"]),
-    ("clip-typo-in-axis", ["+sweep=quick", "clip=vanilla,calibratd"], ["clip", "'calibratd'", "calibrated, no_lower_clip, tis, vanilla, wide_lower"]),
+    ("clip-typo-in-axis", ["+sweep=quick", "clip=vanilla,calibratd"], ["clip", "'calibratd'", "calibrated, no_lower_clip, score_centering, score_centering_tis, tis, vanilla, wide_lower"]),
     ("wrong-type", ["steps=abc"], ["steps", "abc"]),
     ("wrong-type-in-axis", ["+sweep=smoke", "steps=2,abc"], ["steps", "abc", "cell"]),
     ("unknown-key", ["algorithm.eps_lo=0.1"], ["eps_lo"]),

@@ -33,12 +33,16 @@ def batch(seed=0, B=32, T=64, noise=0.15):
 
 def test_registries_hold_the_documented_names():
     assert CLIP_METHODS.names() == ["calibrated", "no_lower_clip", "vanilla", "wide_lower"]
-    assert CLIP_ARMS.names() == ["calibrated", "no_lower_clip", "tis", "vanilla", "wide_lower"]
+    assert CLIP_ARMS.names() == ["calibrated", "no_lower_clip", "score_centering", "score_centering_tis", "tis",
+                                 "vanilla", "wide_lower"]
     assert CLIP_ARMS["vanilla"] == ClipArm("vanilla", "none")
     assert CLIP_ARMS["tis"] == ClipArm("vanilla", "tis")
     assert CLIP_ARMS["calibrated"] == ClipArm("calibrated", "tis")
     assert CLIP_ARMS["no_lower_clip"] == ClipArm("no_lower_clip", "tis")
     assert CLIP_ARMS["wide_lower"] == ClipArm("wide_lower", "tis")
+    assert CLIP_ARMS["score_centering"] == ClipArm("vanilla", "none", score_centering=True)
+    assert CLIP_ARMS["score_centering_tis"] == ClipArm("vanilla", "tis", score_centering=True)
+    assert not any(CLIP_ARMS[a].score_centering for a in ("vanilla", "tis", "calibrated"))
     for arm in CLIP_ARMS.values():
         assert arm.method in CLIP_METHODS and arm.is_correction in IS_CORRECTIONS
 
@@ -46,7 +50,7 @@ def test_registries_hold_the_documented_names():
 def test_unknown_names_raise_listing_valid_ones():
     with pytest.raises(RegistryError, match="valid names are: calibrated, no_lower_clip, vanilla, wide_lower"):
         make_clipper("calibrate", 0.2, 0.28)
-    with pytest.raises(RegistryError, match="valid names are: calibrated, no_lower_clip, tis, vanilla, wide_lower"):
+    with pytest.raises(RegistryError, match="valid names are: calibrated, no_lower_clip, score_centering, score_centering_tis, tis, vanilla, wide_lower"):
         CLIP_ARMS["calibrate"]
     with pytest.raises(RegistryError, match="clip method"):
         ClipArm("fixed", "tis")
@@ -152,3 +156,20 @@ def test_the_controls_bounds_and_what_they_do_to_the_gradient_of_a_negative_adva
         grads[name] = (lp.grad != 0).flatten().tolist()
     assert grads["vanilla"] == [False, False, False, True, True]  # below 0.8: clipped, no gradient
     assert grads[method] == [r >= low for r in ratios.flatten().tolist()]
+
+
+def test_score_centering_arm_needs_a_centering_mode_and_a_bool():
+    with pytest.raises(TypeError, match="True or False"):
+        ClipArm("vanilla", "tis", score_centering="yes")  # type: ignore[arg-type]
+
+
+def test_clip_config_score_centering_options_follow_the_arm():
+    from fp8rl.config.clip import ClipConfig
+
+    assert ClipConfig(arm="tis").score_centering_options() is None
+    assert ClipConfig(arm="score_centering").score_centering_options() == {"mode": "none", "bounds": None, "topk": 8}
+    assert ClipConfig(arm="score_centering_tis", tis_cap=3.0, score_centering_topk=4).score_centering_options() == {
+        "mode": "tis", "bounds": (0.0, 3.0), "topk": 4}
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="clip.score_centering_topk must be an integer >= 1"):
+            ClipConfig(arm="score_centering", score_centering_topk=bad)
