@@ -60,7 +60,9 @@ class Calibration:
     *these* A<0 FP8 ratios below ``low`` (in-sample; with ``unbiased`` it differs from alpha
     by design, see ``lower.py``); ``p_target``/``p_achieved``: the contribution balance (NaN
     for the other upper rules); ``n_pos``: A>0 tokens read (-1 when the rule reads none);
-    ``shadow_*``: BF16 shadow measurements (NaN for ``static``).
+    ``shadow_*``: BF16 shadow measurements (NaN for ``static``); ``k``: the A<0 tokens whose
+    BF16 shadow ratio is below the vanilla bound 1 - eps_low (what vanilla BF16 clips among the
+    ``n_neg``; -1 for ``static``, which reads no shadow).
     """
 
     low: float
@@ -73,3 +75,4 @@ class Calibration:
     p_achieved: float
     shadow_clipfrac_neg_low: float
     shadow_ratio_neg_q01: float
+    k: int = -1

@@ -74,7 +74,7 @@ import torch
 
 from fp8rl.rl.calibration.bounds import Bounds, DegenerateCalibration
 from fp8rl.rl.calibration.estimators import calibrate_bounds
-from fp8rl.rl.calibration.metrics import LOW_DATA_TOKENS, AgreementTally, calibration_metrics
+from fp8rl.rl.calibration.metrics import LOW_DATA_TOKENS, AgreementTally, calibration_metrics, event_metrics
 from fp8rl.rl.calibration.options import CalibrationOptions, options_from
 from fp8rl.rl.calibration.plan import StepPlan
 from fp8rl.rl.calibration.sampling import (
@@ -370,7 +370,9 @@ class CalibratedClipController:
         ``shadow/ratio_neg_q01`` (shadow reference), ``clip/low_raw``, ``clip/high_raw`` (before
         EMA), ``clip/alpha_achieved`` (FP8 A<0 fraction below ``clip/low_raw``), and
         ``clip/p_target``, ``clip/p_achieved`` (contribution rule), ``clip/n_neg`` (A<0 tokens the
-        estimate read), ``clip/low_data`` (1 when alpha n < 5) and ``clip/pooled_calibrations``.
+        estimate read), ``clip/low_data`` (1 when alpha n < 5) and ``clip/pooled_calibrations``;
+        the data of the step's calibrations (``metrics.event_metrics``: ``clip/k``, ``clip/n``,
+        ``clip/alpha_n``, ``clip/k_zero``, ``clip/events``, ``clip/alpha_run``).
         The agreement counted by ``update`` / ``update_batch`` at ``step`` (the plan counts its
         own: ``StepPlan.finish``).
         """
@@ -379,6 +381,8 @@ class CalibratedClipController:
             bounds=st.bounds, n_calibrations=st.n_calibrations, n_degenerate=st.n_degenerate, last=st.last,
             last_step=st.last_calibration_step, last_pooled=st.last_pooled, step=step,
             reference=self.reference, static_alpha=self.alpha, upper_rule=self.upper_rule)
+        if step is None or step == st.events_step:
+            out.update(event_metrics(st.events, st.run_alpha))
         out.update(self._agreement.metrics(step))
         return out
 

@@ -187,6 +187,7 @@ def calibrate_bounds(
     vl = 1.0 - eps_low
     q01 = math.nan
     clipped = None
+    k = -1
     if static:
         shadow_frac = math.nan
         alpha_v = float(alpha)
@@ -242,4 +243,5 @@ def calibrate_bounds(
         p_achieved=p_a,
         shadow_clipfrac_neg_low=shadow_frac,
         shadow_ratio_neg_q01=q01,
+        k=k,
     )

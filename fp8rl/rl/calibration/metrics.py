@@ -17,7 +17,7 @@ import torch
 from fp8rl.rl.calibration.agreement import COUNT_KEYS, agreement_counts, agreement_metrics
 from fp8rl.rl.calibration.estimators import Bounds, Calibration
 
-__all__ = ["LOW_DATA_TOKENS", "AgreementTally", "calibration_metrics"]
+__all__ = ["LOW_DATA_TOKENS", "AgreementTally", "calibration_metrics", "event_metrics"]
 
 #: ``clip/low_data`` flags a calibration whose alpha n (A<0 tokens below L) is under this.
 LOW_DATA_TOKENS = 5
@@ -61,6 +61,26 @@ class AgreementTally:
         state = state or {}
         self.step = state.get("step")
         self.counts = torch.tensor(state.get("counts", [0] * len(COUNT_KEYS)), dtype=torch.int64)
+
+
+def event_metrics(events: list[tuple[int, int, float]], run_alpha: float) -> dict[str, float]:
+    """How much data the calibrations of one step had (issue 46), means over them:
+
+    ``clip/k`` (A<0 tokens BF16 clips below 1 - eps_low; not for a static alpha), ``clip/n``
+    (A<0 tokens measured), ``clip/alpha_n`` (the BF16-clipped count to expect among them,
+    ``CalibrationState``), ``clip/k_zero`` (share of the step's calibrations with k = 0),
+    ``clip/events`` (calibrations counted) and ``clip/alpha_run`` (the run's BF16 rate so far).
+    ``events``: ``[(k, n, alpha_n)]``, k = -1 for a static reference."""
+    if not events:
+        return {}
+    m = len(events)
+    out = {"clip/n": sum(e[1] for e in events) / m, "clip/alpha_n": sum(e[2] for e in events) / m,
+           "clip/events": float(m)}
+    ks = [e[0] for e in events if e[0] >= 0]
+    if ks:
+        out.update({"clip/k": sum(ks) / len(ks), "clip/k_zero": sum(k == 0 for k in ks) / len(ks),
+                    "clip/alpha_run": run_alpha})
+    return out
 
 
 def calibration_metrics(*, bounds: Bounds, n_calibrations: int, n_degenerate: int, last: Calibration | None,

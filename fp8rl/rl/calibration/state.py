@@ -7,7 +7,13 @@ raw bounds) and ``schedule`` (which steps measure). Choices, as in the controlle
   the previous bound; 0 = the raw bounds exactly); then L is clamped to ``[low_min, 1)`` and H
   to ``(1, high_max]``;
 - the window keeps the tokens of the last ``window - 1`` successful calibrations; a degenerate
-  calibration adds nothing to it and keeps the bounds.
+  calibration adds nothing to it and keeps the bounds;
+- the data of each calibration (issue 46): ``k`` (its A<0 tokens BF16 clips below 1 - eps_low),
+  ``n`` (its A<0 tokens) and ``alpha_n``, the BF16-clipped count to expect among ``n`` tokens:
+  the run's BF16 clip rate so far (sum of k over sum of n of every successful calibration, this
+  one included; a pooled token counts once per calibration it feeds) times ``n``. It is read
+  from the BF16 shadow only, never from FP8 ratios; with a static alpha (no shadow) it is
+  ``alpha n``. A calibration with ``alpha_n`` near 0 has almost no BF16 events to match.
 """
 
 from __future__ import annotations
@@ -65,6 +71,12 @@ class CalibrationState:
         self.last_degenerate_reason: str | None = None
         self.last: Calibration | None = None
         self.last_pooled = 0
+        #: running sums of k and n over the successful shadow calibrations (the run's BF16 rate)
+        self.k_total = 0
+        self.n_total = 0
+        #: ``(step, [(k, n, alpha_n), ...])``: the calibrations of the last step that calibrated
+        self.events_step: int | None = None
+        self.events: list[tuple[int, int, float]] = []
 
     def degenerate(self, step: int, reason: str) -> None:
         """A calibration at ``step`` that could not estimate: bounds and window unchanged."""
@@ -84,7 +96,25 @@ class CalibrationState:
         self.last = cal
         self.last_calibration_step = step
         self.n_calibrations += 1
+        self._record(step, cal)
         return self.bounds
+
+    def _record(self, step: int, cal: Calibration) -> None:
+        """Add ``cal``'s ``(k, n, alpha_n)`` to its step's events (module docstring)."""
+        if cal.k >= 0:  # shadow reference: the BF16 rate pooled over the run
+            self.k_total += int(cal.k)
+            self.n_total += int(cal.n_neg)
+            rate = self.k_total / self.n_total
+        else:  # static reference: the configured alpha
+            rate = float(cal.alpha)
+        if step != self.events_step:
+            self.events_step, self.events = step, []
+        self.events.append((int(cal.k), int(cal.n_neg), rate * int(cal.n_neg)))
+
+    @property
+    def run_alpha(self) -> float:
+        """The run's BF16 clip rate so far (sum k / sum n; NaN before any shadow calibration)."""
+        return self.k_total / self.n_total if self.n_total else math.nan
 
     def state_dict(self) -> dict[str, Any]:
         """Plain Python plus, with a window, the pooled tokens as tensors."""
@@ -97,6 +127,10 @@ class CalibrationState:
             "last_degenerate_reason": self.last_degenerate_reason,
             "last": None if self.last is None else dict(self.last.__dict__),
             "last_pooled": self.last_pooled,
+            "k_total": self.k_total,
+            "n_total": self.n_total,
+            "events_step": self.events_step,
+            "events": [list(e) for e in self.events],
             "pool": [{"ratio": r.clone(), "shadow_ratio": None if sh is None else sh.clone(), "advantages": a.clone()}
                      for r, sh, a in self.pool],
         }
@@ -110,4 +144,8 @@ class CalibrationState:
         self.last_degenerate_reason = state["last_degenerate_reason"]
         self.last = None if state["last"] is None else Calibration(**state["last"])
         self.last_pooled = int(state.get("last_pooled", 0))
+        self.k_total = int(state.get("k_total", 0))
+        self.n_total = int(state.get("n_total", 0))
+        self.events_step = state.get("events_step")
+        self.events = [(int(k), int(n), float(a)) for k, n, a in state.get("events", [])]
         self.pool = [(p["ratio"], p["shadow_ratio"], p["advantages"]) for p in state.get("pool", [])]
