@@ -13,6 +13,12 @@ raises. A correction without rollout log-probs raises too (upstream fails there 
 engines were not asked for them, and a silent fallback to no correction would hide it. The loss adds each micro-batch's counts to ``self.step_metrics``
 (``plugin.metrics.StepMetrics``), never to ``experience.info`` (see ``metrics`` for why).
 
+**Score Centering** (``PluginSpec.score_centering``; ``plugin.score_centering``): the per-token
+loss becomes ``loss_mat * IS weights + A * C`` before the same reduction, with C
+``fp8rl.rl.score_centering.score_centering_term`` of the trainer's log p at the sampler's top-k
+ids (``sc_inputs``, handed over per micro-batch by ``binding.actor``) and the sampler's log q; the
+term's mode must be the IS correction the flags give (:func:`check_score_centering`).
+
 **Calibrated Clipping.** The loss follows the step's plan (``fp8rl.rl.calibration.plan``; the
 binding, ``binding.calibrate``, runs it): it clips with the bounds of its optimizer-step window
 (``window.bounds()``: the bounds in force until the window's calibration, the window's own after
@@ -52,6 +58,43 @@ def correction_from_upstream(level: str, mode: str, gating: str, threshold: Sequ
     return "icepop", {"low": low, "high": high}
 
 
+def check_score_centering(options: dict | None, correction: str, correction_params: dict) -> None:
+    """The spec's Score Centering options must fit the IS correction the flags gave the loss: the
+    term's mode is the correction's name and its tis bounds ``(0, cap)`` (``ClipConfig.score_centering_options``)."""
+    if options is None:
+        return
+    if options["mode"] != correction:
+        raise ValueError(f"the plugin spec's Score Centering mode {options['mode']!r} disagrees with the IS correction "
+                         f"{correction!r} of the --algo.advantage.is_correction_* flags: the term must compose "
+                         "with the correction the loss applies (clip arm and command built from different configs?)")
+    if correction == "tis" and tuple(options["bounds"]) != (0.0, float(correction_params["cap"])):
+        raise ValueError(f"the plugin spec's Score Centering tis bounds {tuple(options['bounds'])} disagree with the "
+                         f"TIS cap {correction_params['cap']} of --algo.advantage.is_correction_threshold")
+
+
+def score_centering_terms(options: dict, inputs, advantages: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Score Centering of one micro-batch: ``{"loss_term": A * C [B, T], "term": C, "train_logp_topk",
+    "sampler_logp_topk", "topk_ids", "sums"}`` (``sums``: ``plugin.score_centering.step_sums``).
+
+    ``inputs``: ``(train_logp_topk [B, T, k] with gradient, sampler_logp_topk [B, T, k], ids [B, T, k])``,
+    handed over by the binding's forward hook (``binding.actor.score_centering_hook``)."""
+    from fp8rl.backends.openrlhf.plugin.score_centering import step_sums
+    from fp8rl.rl.score_centering import score_centering_loss_mat, score_centering_term
+
+    if inputs is None:
+        raise RuntimeError("the plugin spec has Score Centering but the loss got no top-k log-probs for this "
+                           "micro-batch (binding.actor's forward hook did not run)")
+    train_lp, sampler_lp, ids = inputs
+    if train_lp.shape[:2] != advantages.shape or train_lp.shape[-1] != int(options["topk"]):
+        raise ValueError(f"top-k log-probs of shape {tuple(train_lp.shape)} for advantages "
+                         f"{tuple(advantages.shape)} and k = {options['topk']}")
+    mask = mask.bool()
+    term = score_centering_term(train_lp, sampler_lp, options["mode"], bounds=options["bounds"], mask=mask)
+    loss_term = score_centering_loss_mat(term, advantages, mask)
+    return {"loss_term": loss_term, "term": term, "train_logp_topk": train_lp, "sampler_logp_topk": sampler_lp,
+            "topk_ids": ids, "sums": step_sums(train_lp, sampler_lp, loss_term, mask)}
+
+
 def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
     """A subclass of upstream ``PolicyLoss`` (``base``) computing the loss with our kernel.
 
@@ -78,6 +121,7 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
             self.correction, self.correction_params = correction_from_upstream(
                 self.is_correction_level, self.is_correction_mode, self.is_correction_gating,
                 self.is_correction_threshold)
+            check_score_centering(spec.score_centering, self.correction, self.correction_params)
             self.agg_mode = "token-mean" if self.token_level_loss else "seq-mean-token-mean"
             self.spec = spec
             self.clipper = spec.make_clipper()
@@ -87,6 +131,7 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
             self.sink = None
             self.pending = None
             self.all_gather: Callable | None = None
+            self.sc_inputs = None
 
         def forward(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
                     dp_size=1, batch_num_tokens=None, global_batch_size=None):
@@ -116,6 +161,11 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
                 log_probs, old_log_probs, rollout_log_probs if corrected else None, advantages, action_mask,
                 low=low, high=high, dual_clip=self.dual_clip, correction=self.correction,
                 correction_params=self.correction_params if corrected else None, return_weights=True)
+            sc = None
+            if spec.score_centering is not None:  # + A * C per token, before the reduction (IS weights applied)
+                sc = score_centering_terms(spec.score_centering, self.sc_inputs, advantages, action_mask)
+                self.sc_inputs = None
+                loss_mat = loss_mat + sc["loss_term"]
             if batch_num_tokens is None and global_batch_size is None:
                 loss = aggregate(loss_mat, action_mask, self.agg_mode)
             else:
@@ -124,13 +174,16 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
             if self.step_metrics is not None:
                 self.step_metrics.add(ratio, advantages, action_mask, low=low, high=high,
                                       mismatch_kl=m.get("rollout/mismatch_kl"))
+                if sc is not None:
+                    self.step_metrics.add_score_centering(sc["sums"])
             if spec.dump_dir:
                 dump(spec.dump_dir, self, ratio=ratio, advantages=advantages, mask=action_mask, low=low,
                      high=high, loss=loss, token_loss=loss_mat, log_probs=log_probs, old_log_probs=old_log_probs,
                      rollout_log_probs=rollout_log_probs, is_weights=weights,
                      correction=self.correction, correction_params=dict(self.correction_params),
                      agg_mode=self.agg_mode, dp_size=int(dp_size), dual_clip=self.dual_clip,
-                     batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size)
+                     batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                     **({} if sc is None else {f"sc_{k}": v for k, v in sc.items() if k != "sums"}))
             return loss, m["actor/clipfrac"], m["actor/ppo_kl"], m.get("rollout/mismatch_k1"), \
                 m.get("rollout/is_clipfrac")
 

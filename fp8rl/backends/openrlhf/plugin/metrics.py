@@ -28,6 +28,9 @@ summed over the step's mini-batches). Metrics (names as in docs/design.md):
 - ``actor/ratio_neg_q01|q50|q99``: quantiles over the A<0 ratios of the whole step (all ranks).
 - ``rollout/mismatch_kl``: the k3 estimate summed over tokens / number of tokens (TIS arms).
 - ``perf/shadow_s``: seconds in BF16 shadow forwards (calibration steps).
+- ``sc/head_mass``, ``sc/rho``, ``sc/term_abs`` (Score Centering arms): sum_H q, rho and |A * C|
+  summed over the response tokens of the step (all ranks) / their number: means over response
+  tokens, as the mini backend defines them (``fp8rl.runs.metrics``).
 
 Calibration values (``clip/*``, ``shadow/*``) come from the controller once per step
 (``clipper.metrics(step)``, identical on every rank), not through this accumulator.
@@ -43,8 +46,11 @@ from fp8rl.runs import metrics as M
 
 #: Count keys of ``fp8rl.rl.diagnostics.clip_counts``.
 COUNT_KEYS = ("tokens", "neg", "pos", "neg_low", "neg_high", "pos_low", "pos_high")
-#: Everything :meth:`StepMetrics.finalize` sums over the ranks: the counts and the mismatch sums.
-SUMMED_KEYS = (*COUNT_KEYS, "mismatch_sum", "mismatch_tokens", "has_mismatch")
+#: Score Centering's per-token sums (``plugin.score_centering.step_sums``) and their token count.
+SC_KEYS = ("sc_head", "sc_rho", "sc_term_abs", "sc_tokens")
+#: Everything :meth:`StepMetrics.finalize` sums over the ranks: the counts, the mismatch sums and
+#: Score Centering's sums.
+SUMMED_KEYS = (*COUNT_KEYS, "mismatch_sum", "mismatch_tokens", "has_mismatch", *SC_KEYS)
 
 
 def all_reduce_keyed(values: Mapping[str, torch.Tensor], all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None,
@@ -74,6 +80,7 @@ class StepMetrics:
         self.mismatch_tokens: torch.Tensor | None = None
         self.shadow_s = 0.0
         self.micro_batches = 0
+        self.sc: dict[str, torch.Tensor] = {}
 
     def add(self, ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *, low: float,
             high: float, mismatch_kl: torch.Tensor | None = None) -> None:
@@ -95,6 +102,14 @@ class StepMetrics:
                 self.mismatch_tokens = n if self.mismatch_tokens is None else self.mismatch_tokens + n
         self.micro_batches += 1
 
+    def add_score_centering(self, sums: Mapping[str, torch.Tensor]) -> None:
+        """One micro-batch's Score Centering sums (``plugin.score_centering.step_sums``: keys :data:`SC_KEYS`)."""
+        if set(sums) != set(SC_KEYS):
+            raise KeyError(f"Score Centering sums need keys {SC_KEYS}, got {sorted(sums)}")
+        for k, v in sums.items():
+            v = v.detach().to(torch.float64)
+            self.sc[k] = v if k not in self.sc else self.sc[k] + v
+
     def finalize(self, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  all_gather: Callable[[torch.Tensor], list[torch.Tensor]] | None = None) -> dict[str, float]:
         """The step's metrics over all ranks (``None`` collectives: this rank only). Every rank must
@@ -106,6 +121,7 @@ class StepMetrics:
         if self.mismatch_sum is not None:
             local.update(mismatch_sum=self.mismatch_sum.to(device), mismatch_tokens=self.mismatch_tokens.to(device),
                          has_mismatch=torch.ones((), dtype=torch.float64, device=device))
+        local.update({k: v.to(device) for k, v in self.sc.items()})
         total = all_reduce_keyed(local, all_reduce_sum, device=device)
         counts = {k: total[k] for k in COUNT_KEYS}
         out = {k: float(v) for k, v in fractions_from_counts(counts).items() if k != M.ACTOR_CLIPFRAC}
@@ -120,6 +136,10 @@ class StepMetrics:
             out[M.ROLLOUT_MISMATCH_KL] = float(total["mismatch_sum"] / total["mismatch_tokens"])
         if self.shadow_s:
             out[M.PERF_SHADOW_S] = self.shadow_s
+        if float(total["sc_tokens"]) > 0:  # Score Centering arms: means over the step's response tokens
+            n = total["sc_tokens"]
+            out.update({M.SC_HEAD_MASS: float(total["sc_head"] / n), M.SC_RHO: float(total["sc_rho"] / n),
+                        M.SC_TERM_ABS: float(total["sc_term_abs"] / n)})
         return out
 
     def _device(self) -> torch.device:

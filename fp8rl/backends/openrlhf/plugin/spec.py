@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # annotations only: the module imports the standard library a
 
 #: Modules the plugin binds into when they are imported (``hook``, ``binding.bind_module``).
 TARGETS = ("openrlhf.utils.deepspeed.deepspeed", "openrlhf.trainer.ray.ppo_actor", "openrlhf.trainer.ppo_trainer",
-           "openrlhf.trainer.ppo_utils.samples_generator")
+           "openrlhf.trainer.ppo_utils.samples_generator", "openrlhf.utils.agent")
 
 #: The only OpenRLHF version the plugin binds into.
 OPENRLHF_VERSION = "0.11.2"
@@ -112,6 +112,10 @@ class PluginSpec:
             upstream's unseeded rollout.
         engine_max_num_seqs: vLLM's ``max_num_seqs`` for the rollout engines (None: vLLM's default;
             ``openrlhf.engine_max_num_seqs``).
+        score_centering: the Score Centering options of the cell's arm (``ClipConfig.score_centering_options``:
+            ``{"mode", "bounds", "topk"}``), None for an arm without the term. With them the rollout
+            asks vLLM for the top-``topk`` log-probs and the loss adds the term
+            (``plugin.score_centering``); they need ``seed`` (the seeded rollout carries the top-k).
     """
 
     clip_method: str = "vanilla"
@@ -127,10 +131,15 @@ class PluginSpec:
     dump_dir: str | None = None
     seed: int | None = None
     engine_max_num_seqs: int | None = None
+    score_centering: dict | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"plugin spec device={self.device!r} must be one of {DEVICES}")
+        object.__setattr__(self, "score_centering", _score_centering_options(self.score_centering))
+        if self.score_centering is not None and self.seed is None:
+            raise ValueError("plugin spec score_centering needs a seed: the seeded rollout (binding.rollout) is "
+                             "what asks vLLM for the top-k and carries it; every cell sets one (PluginSpec.from_config)")
         from fp8rl.quant.recipes import get_recipe
         from fp8rl.rl.calibration import CalibrationOptions
 
@@ -148,6 +157,9 @@ class PluginSpec:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["trainer_recipe"], d["rollout_recipe"] = self.trainer_recipe.name, self.rollout_recipe.name
         d["clip_options"] = self.clip_options.to_dict() if self.clip_options is not None else None
+        sc = self.score_centering
+        d["score_centering"] = None if sc is None else {
+            **sc, "bounds": None if sc["bounds"] is None else list(sc["bounds"])}
         return d
 
     def to_json(self) -> str:
@@ -177,7 +189,8 @@ class PluginSpec:
                    trainer_impl=cfg.fp8.impl, trainer_emulate=bool(cfg.fp8.emulate), max_steps=cfg.steps,
                    device=cfg.openrlhf.device,
                    dump_dir=f"{run_dir}/openrlhf/dumps" if dump else None, seed=int(cfg.seed),
-                   engine_max_num_seqs=cfg.openrlhf.engine_max_num_seqs)
+                   engine_max_num_seqs=cfg.openrlhf.engine_max_num_seqs,
+                   score_centering=cfg.clip.score_centering_options())
         try:  # what every actor will build: refused here, before submission, not inside the job
             spec.make_clipper()
         except (TypeError, ValueError) as e:
@@ -196,3 +209,37 @@ class PluginSpec:
                              "(the cell's CalibrationOptions); the spec has none")
         return make_clipper(self.clip_method, self.eps_low, self.eps_high, options=self.clip_options,
                             seed=int(self.seed or 0))
+
+
+#: Keys of ``PluginSpec.score_centering`` (``ClipConfig.score_centering_options``).
+SCORE_CENTERING_KEYS = ("mode", "bounds", "topk")
+
+
+def _score_centering_options(opts) -> dict | None:
+    """``PluginSpec.score_centering`` checked and normalised: ``{"mode", "bounds": (lo, hi) | None,
+    "topk"}`` or None (an empty dict is None)."""
+    if not opts:
+        return None
+    if not isinstance(opts, dict) or set(opts) != set(SCORE_CENTERING_KEYS):
+        raise ValueError(f"plugin spec score_centering must be a dict with keys {list(SCORE_CENTERING_KEYS)} "
+                         f"(ClipConfig.score_centering_options), got {opts!r}")
+    from fp8rl.rl.score_centering import SCORE_CENTERING_MODES
+
+    mode, bounds, topk = opts["mode"], opts["bounds"], opts["topk"]
+    if mode not in SCORE_CENTERING_MODES:
+        raise ValueError(f"plugin spec score_centering mode {mode!r} must be one of {list(SCORE_CENTERING_MODES)}")
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"plugin spec score_centering topk must be an integer >= 1 (clip.score_centering_topk), "
+                         f"got {topk!r}")
+    if mode == "none":
+        if bounds is not None:
+            raise ValueError("plugin spec score_centering mode 'none' takes no bounds")
+    else:
+        try:
+            lo, hi = (float(x) for x in bounds)
+        except (TypeError, ValueError):
+            raise ValueError(f"plugin spec score_centering mode {mode!r} needs bounds [lo, hi], got {bounds!r}") from None
+        if not 0.0 <= lo < hi:
+            raise ValueError(f"plugin spec score_centering bounds need 0 <= lo < hi, got {bounds!r}")
+        bounds = (lo, hi)
+    return {"mode": mode, "bounds": bounds, "topk": int(topk)}

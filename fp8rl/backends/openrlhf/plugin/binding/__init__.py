@@ -2,7 +2,8 @@
 
 A package by concern: ``actor`` (the PPO actors: strategy, loss, ``ActorPPOTrainer``),
 ``trainer`` (the PPO trainer actor: the step limit), ``driver`` (engine kwargs, the attestation
-before training), ``vllm_worker`` (the weight-sync extension of the vLLM workers); this module
+before training), ``vllm_worker`` (the weight-sync extension of the vLLM workers), ``agent`` (the
+vLLM engine actors' response: Score Centering's top-k); this module
 holds the entry points and the checks shared by them.
 
 Every upstream object the plugin changes, where it is reached, and why that place:
@@ -21,7 +22,9 @@ upstream object (0.11.2)                       process                 what the 
                                                                        replay-buffer shuffle resumes exactly)
 ``ActorPPOTrainer.training_step``              PPO actors              BF16 shadow of the current policy on every
                                                                        micro-batch of a measured step (periodic,
-                                                                       pooled)
+                                                                       pooled); Score Centering: the micro-batch's
+                                                                       top-k to the loss, log p at its ids from a
+                                                                       forward hook on the actor (its one forward)
 ``ppo_actor.iter_grad_accum_global_norm``      PPO actors              ``same_batch``: before each optimizer-step
 (module attribute)                                                     window, the no-grad pre-pass and the window's
                                                                        bounds; ``ppo_train`` reads the name from
@@ -44,7 +47,11 @@ upstream object (0.11.2)                       process                 what the 
 ``_generate_vllm`` / ``generate_eval_samples``                         sampler's seed, one seeded request per
                                                                        sample, groups in dispatch order
 ``vllm_engine.RolloutRayActor`` (attribute)    driver                  engine kwargs: vLLM online FP8 quantization,
-                                                                       our worker extension
+                                                                       our worker extension; Score Centering
+                                                                       cells: ``processed_logprobs``, k logprobs
+``SingleTurnAgentExecutor.execute``            vLLM engine actors      Score Centering cells: the sampler's top-k
+                                                                       ids and log-probs added to the response
+                                                                       (``agent``; ``plugin.score_centering``)
 ``RayActorGroup.async_init_model_from_pretrained``  driver             waits for the policy actors, then asks each
                                                                        one (``attest``) whether the plugin is bound
                                                                        and FP8 is in place; raises before training
@@ -107,6 +114,7 @@ BINDERS = {
     "openrlhf.trainer.ray.ppo_actor": ("actor", "bind_ppo_actor"),
     "openrlhf.trainer.ppo_trainer": ("trainer", "bind_ppo_trainer"),
     "openrlhf.trainer.ppo_utils.samples_generator": ("trainer", "bind_samples_generator"),
+    "openrlhf.utils.agent": ("agent", "bind_agent"),
 }
 
 
@@ -125,7 +133,7 @@ def install(spec: PluginSpec, modules: dict | None = None) -> None:
     """Bind now into the given modules (``{"deepspeed": ..., "ppo_actor": ...}``), else import all targets."""
     modules = modules or {n: importlib.import_module(n) for n in TARGETS}
     short = {"deepspeed": TARGETS[0], "ppo_actor": TARGETS[1], "ppo_trainer": TARGETS[2],
-             "samples_generator": TARGETS[3]}
+             "samples_generator": TARGETS[3], "agent": TARGETS[4]}
     for key, module in modules.items():
         bind_module(short.get(key, key), module, spec.to_json())
 

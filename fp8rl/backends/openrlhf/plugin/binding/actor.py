@@ -28,6 +28,7 @@ from fp8rl.backends.openrlhf.plugin.binding import calibrate
 from fp8rl.backends.openrlhf.plugin.binding.common import (
     PluginNotActiveError,
     ResumeError,
+    UpstreamChangedError,
     _check_params,
     _originals,
 )
@@ -294,4 +295,55 @@ def _ppo_train(self, kl_ctl, orig_ppo_train):
 
 def _training_step(self, experience, kl_ctl, step, loss_batch_info, orig_training_step):
     calibrate.before_micro_batch(self, experience)  # the plan's view of this micro-batch for the loss
-    return orig_training_step(self, experience, kl_ctl, step, loss_batch_info)
+    loss = self.actor_loss_fn
+    if loss.spec.score_centering is None:
+        return orig_training_step(self, experience, kl_ctl, step, loss_batch_info)
+    handle = score_centering_hook(self, experience)
+    try:
+        return orig_training_step(self, experience, kl_ctl, step, loss_batch_info)
+    finally:
+        handle.remove()
+        loss.sc_inputs = None
+
+
+#: ``Actor.forward``'s leading parameters, as the Score Centering hook reads its call.
+ACTOR_FORWARD_PARAMS = ("self", "sequences", "action_mask", "attention_mask", "return_output")
+
+
+def score_centering_hook(trainer, experience):
+    """Score Centering's view of one micro-batch: pop the sampler's top-k from its ``info``
+    (``plugin.score_centering.take_sampler_topk``) and register a forward hook on the actor that,
+    at ``training_step``'s one forward, hands the loss ``sc_inputs = (log p [B, A, k] with gradient,
+    log q [B, A, k], ids [B, A, k])`` computed from that forward's logits and action log-probs
+    (``trainer_logp_at_topk``: gathers, no second log-softmax). Returns the hook's handle."""
+    from fp8rl.backends.openrlhf.plugin.score_centering import take_sampler_topk, trainer_logp_at_topk
+
+    actor, loss = trainer.actor, trainer.actor_loss_fn
+    _check_params(type(actor).forward, ACTOR_FORWARD_PARAMS, "Actor.forward")
+    k = int(loss.spec.score_centering["topk"])
+    ids, sampler_logp = take_sampler_topk(experience, k)
+    loss.sc_inputs = None
+    calls = []
+
+    def hook(module, args, kwargs, output):
+        calls.append(1)
+        if len(calls) > 1:
+            raise UpstreamChangedError("ActorPPOTrainer.training_step ran the actor forward twice: fp8rl's Score "
+                                       "Centering hook reads its one forward (the binding was written for 0.11.2)")
+        bound = inspect.signature(type(module).forward).bind(module, *args, **kwargs)
+        call = bound.arguments
+        if call.get("ring_attn_group") is not None:
+            raise ValueError("Score Centering at paper scale does not take ring attention (sliced sequences)")
+        if not (isinstance(output, tuple) and len(output) == 2 and "logits" in output[1]):
+            raise UpstreamChangedError("Actor.forward(return_output=True) did not return (action_log_probs, output "
+                                       "with logits): fp8rl's Score Centering hook reads them (openrlhf 0.11.2)")
+        action_log_probs, out = output
+        if action_log_probs.shape != experience.action_mask.shape:
+            raise UpstreamChangedError(f"the actor's action log-probs {tuple(action_log_probs.shape)} do not match "
+                                       f"the micro-batch's action mask {tuple(experience.action_mask.shape)}")
+        train_logp = trainer_logp_at_topk(out["logits"], action_log_probs, call["sequences"], ids,
+                                          attention_mask=call.get("attention_mask"),
+                                          packed=bool(getattr(module, "packing_samples", False)))
+        loss.sc_inputs = (train_logp, sampler_logp, ids)
+
+    return actor.register_forward_hook(hook, with_kwargs=True)

@@ -1,5 +1,5 @@
-"""The binding in the driver process: FP8 engine kwargs, and no training unless every policy
-actor runs the plugin as the cell asks."""
+"""The binding in the driver process: FP8 engine kwargs (and Score Centering's logprobs settings),
+and no training unless every policy actor runs the plugin as the cell asks."""
 
 from __future__ import annotations
 
@@ -64,7 +64,10 @@ def install_driver(spec: PluginSpec, modules: dict | None = None, record: str | 
     for key, name in names.items():
         if key not in modules:
             modules[key] = importlib.import_module(name)
-    extra = rollout_engine_kwargs(spec)
+    from fp8rl.backends.openrlhf.plugin.score_centering import engine_kwargs
+
+    # Score Centering: the processed top-k log-probs (plugin.score_centering), over upstream's max_logprobs=1
+    extra = {**rollout_engine_kwargs(spec), **engine_kwargs(spec.score_centering)}
     vllm_engine = modules["vllm_engine"]
     actor = vllm_engine.RolloutRayActor
     if isinstance(actor, _InjectingActorClass):

@@ -29,6 +29,10 @@ With :attr:`PluginSpec.seed` set (every cell's ``seed``), the binding fixes all 
 3. groups are taken in dispatch order (``ray.get`` of the oldest pending group); a filtered
    group's replacement is dispatched when the filtered group is reached in that order.
 
+Score Centering cells (``PluginSpec.score_centering``) ask their train rollouts for ``logprobs=k``
+and put the sampler's top-k on each experience (``plugin.score_centering``); this needs the seeded
+path (the spec refuses Score Centering without a seed).
+
 :func:`generate_vllm` is upstream's ``_generate_vllm`` with these changes and nothing else: same
 prompt collection (``_collect_prompt_batch``), same engine choice per prompt (fewest unfinished
 requests, a prompt's samples on one engine), same ``SamplingParams`` fields, same experience
@@ -122,8 +126,13 @@ def samples_per_prompt(generator, **generate_kwargs) -> int:
     return int(generate_kwargs.get("n_samples_per_prompt", generator.args.rollout.n_samples_per_prompt))
 
 
-def sampling_fields(generator, **generate_kwargs) -> dict:
-    """The ``SamplingParams`` fields upstream's ``_dispatch_prompts_to_vllm`` sets (seed aside)."""
+def sampling_fields(generator, topk: int | None = None, **generate_kwargs) -> dict:
+    """The ``SamplingParams`` fields upstream's ``_dispatch_prompts_to_vllm`` sets (seed aside);
+    ``topk``: Score Centering's k, asked as ``logprobs=k`` (the sampled token's log-prob is in the
+    answer either way, so upstream's ``rollout_log_probs`` are unchanged)."""
+    logprobs = 1 if generator.args.algo.advantage.is_correction_level != "off" else None
+    if topk is not None:
+        logprobs = max(int(topk), logprobs or 0)
     return dict(
         temperature=generate_kwargs.get("temperature", 1.0),
         top_p=generate_kwargs.get("top_p", 1.0),
@@ -131,17 +140,24 @@ def sampling_fields(generator, **generate_kwargs) -> dict:
         max_tokens=generate_kwargs.get("max_new_tokens"),
         min_tokens=generate_kwargs.get("min_new_tokens", 1),
         skip_special_tokens=generate_kwargs.get("skip_special_tokens", False),
-        logprobs=1 if generator.args.algo.advantage.is_correction_level != "off" else None,
+        logprobs=logprobs,
     )
 
 
-def dispatch(generator, prompts, labels, images, first_k: int, seeds, **generate_kwargs) -> list[list]:
+def score_centering_topk(spec: PluginSpec, purpose: str) -> int | None:
+    """The k of a train rollout of a Score Centering cell (None: no top-k asked, as for evaluation)."""
+    return int(spec.score_centering["topk"]) if spec.score_centering is not None and purpose == "train" else None
+
+
+def dispatch(generator, prompts, labels, images, first_k: int, seeds, topk: int | None = None,
+             **generate_kwargs) -> list[list]:
     """Send every sample of every prompt as its own seeded request; one list of refs per prompt.
 
     ``seeds(k, j)`` gives the request seed of sample ``j`` of the prompt dispatched ``k``-th
-    (``first_k`` is the index of ``prompts[0]``). The ``SamplingParams`` fields are upstream's."""
+    (``first_k`` is the index of ``prompts[0]``). The ``SamplingParams`` fields are upstream's, but
+    ``logprobs=topk`` for Score Centering's train rollouts (:func:`sampling_fields`)."""
     n = samples_per_prompt(generator, **generate_kwargs)
-    common = sampling_fields(generator, **generate_kwargs)
+    common = sampling_fields(generator, topk, **generate_kwargs)
     images = images if images is not None else [None] * len(prompts)
     engines = generator.vllm_engines
     groups = []
@@ -161,9 +177,18 @@ def generate_vllm(generator, samples_module, spec: PluginSpec, purpose: str, ste
                   dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
     """Seeded ``SamplesGenerator._generate_vllm``: ``(experiences, prompts_consumed, exhausted)``."""
     collect = samples_module._collect_prompt_batch
+    topk = score_centering_topk(spec, purpose)
 
     def seeds(k: int, j: int) -> int:
         return request_seed(spec.seed, purpose, step, k, j)
+
+    def experience(response):
+        e = generator._process_response_into_experience(response, **generate_kwargs)
+        if topk is not None:  # the sampler's top-k on the experience's action positions (plugin.score_centering)
+            from fp8rl.backends.openrlhf.plugin.score_centering import attach_to_experience
+
+            attach_to_experience(e, response, topk, generate_kwargs.get("max_len", 2048))
+        return e
 
     prompts, labels, images, exhausted = collect(dataloader_iter, num_prompts)
     # what this call drew and decided (``rollout_draws.jsonl`` with ``spec.dump_dir``; the smoke
@@ -171,17 +196,17 @@ def generate_vllm(generator, samples_module, spec: PluginSpec, purpose: str, ste
     # asked for and how many found no prompt left, the samples per prompt and sampling settings
     draw = {"purpose": purpose, "steps_done": int(step), "asked": int(num_prompts), "prompts": list(prompts),
             "kept": [], "replacements": 0, "missed": 0, "n": samples_per_prompt(generator, **generate_kwargs),
-            "params": {k: v for k, v in sampling_fields(generator, **generate_kwargs).items()
-                       if k in ("temperature", "top_p", "top_k", "max_tokens")}}
+            "params": {k: v for k, v in sampling_fields(generator, topk, **generate_kwargs).items()
+                       if k in ("temperature", "top_p", "top_k", "max_tokens", "logprobs")}}
     if not prompts:
         _record(spec, {**draw, "exhausted": True})
         return [], 0, True
-    pending = deque(dispatch(generator, prompts, labels, images, 0, seeds, **generate_kwargs))
+    pending = deque(dispatch(generator, prompts, labels, images, 0, seeds, topk, **generate_kwargs))
     dispatched = consumed = len(prompts)
     accepted = []
     while pending:
         group = [resp for out in _get(pending.popleft()) for resp in out]
-        experiences = [generator._process_response_into_experience(r, **generate_kwargs) for r in group]
+        experiences = [experience(r) for r in group]
         if dynamic_filtering and all(e.scores is not None for e in experiences):
             scores = [e.scores[0].item() for e in experiences]
             low, high = generator.args.algo.dynamic_filtering_range
@@ -197,7 +222,7 @@ def generate_vllm(generator, samples_module, spec: PluginSpec, purpose: str, ste
             draw["missed"] += not new_prompts
             if new_prompts:
                 draw["prompts"] += list(new_prompts)
-                pending.extend(dispatch(generator, new_prompts, new_labels, new_images, dispatched, seeds,
+                pending.extend(dispatch(generator, new_prompts, new_labels, new_images, dispatched, seeds, topk,
                                         **generate_kwargs))
                 dispatched += len(new_prompts)
     _record(spec, {**draw, "exhausted": bool(exhausted)})
