@@ -28,9 +28,10 @@ reward scheme                 ``--reward.remote_url``: ``reward_func.py`` (binar
                               ``reward_func_signed.py`` (signed, +1/-1: DAPO) (:func:`reward_file`)
 ============================  ====================================================================
 
-The clip method (vanilla / calibrated) and the FP8 recipes have no OpenRLHF flag: they reach
-the workers through the plugin spec (``fp8rl.backends.openrlhf.plugin.PluginSpec``) that the
-driver installs. The TIS threshold's low end is 0 (Yao et al.'s TIS does not clamp from below;
+The clip method (vanilla / calibrated), the FP8 recipes and Score Centering's options (mode,
+bounds, k: :func:`plugin_lines` prints them in a dry run) have no OpenRLHF flag: they reach the
+workers through the plugin spec (``fp8rl.backends.openrlhf.plugin.PluginSpec``) that the driver
+installs. The TIS threshold's low end is 0 (Yao et al.'s TIS does not clamp from below;
 OpenRLHF's default 0.5 would), matching ``fp8rl.rl.correction``.
 
 Resource rules that ``train_ppo_ray`` asserts at start-up are checked here before submission
@@ -330,6 +331,22 @@ def check_resources(args: list[str]) -> None:
         problems.append("--ds.packing_samples needs vLLM engines")
     if problems:
         raise ResourceError("OpenRLHF would reject this cell at start-up: " + "; ".join(problems))
+
+
+def plugin_lines(cfg, run_dir) -> list[str]:
+    """Dry-run lines of what reaches the workers through the plugin spec and has no OpenRLHF flag
+    (``run.describe``); so far Score Centering's options, read from the spec the driver would write,
+    and the vLLM settings they give (none for a cell without the term)."""
+    if cfg.clip.score_centering_options() is None:
+        return []
+    from fp8rl.backends.openrlhf.plugin.score_centering import engine_kwargs
+    from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
+
+    sc = PluginSpec.from_config(cfg, run_dir=run_dir).score_centering
+    engine = ", ".join(f"{k}={v}" for k, v in engine_kwargs(sc).items())
+    bounds = "none" if sc["bounds"] is None else f"[{_num(sc['bounds'][0])}, {_num(sc['bounds'][1])}]"
+    return [f"    plugin:    score_centering mode={sc['mode']} bounds={bounds} topk={sc['topk']}; vLLM train "
+            f"requests logprobs={sc['topk']}, engines {engine}"]
 
 
 def command_line(args: list[str], *, python: str = "python") -> str:

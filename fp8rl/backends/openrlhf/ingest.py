@@ -31,7 +31,7 @@ OpenRLHF                         ours
                                  ``timing/ppo_train`` -> ``perf/train_s``
 ===============================  ================================================================
 
-Keys already in our vocabulary (``actor/clipfrac_neg_low``, ``clip/low``, ``shadow/*``,
+Keys already in our vocabulary (``actor/clipfrac_neg_low``, ``clip/low``, ``shadow/*``, ``sc/*``,
 ``rollout/acc``, ``rollout/garbled_frac``, ...; written by the plugin and the reward function)
 pass through unchanged. Evaluation: ``eval_<ds>_pass1`` -> ``eval/<ds>/avg@k`` (the mean 0/1
 reward over the k samples = avg@k) and ``eval_<ds>_pass<k>`` -> ``eval/<ds>/pass@k``. OpenRLHF
@@ -96,7 +96,7 @@ KEY_MAP: dict[str, str] = {
 #: OpenRLHF's key for dynamic filtering's pass rate (samples kept per 100 prompts drawn).
 PASS_RATE_KEY = "dynamic_filtering_pass_rate"
 #: Our own names that arrive verbatim (plugin / reward function) and pass through.
-PASSTHROUGH_PREFIXES = ("actor/", "clip/", "shadow/", "rollout/", "dapo/", "perf/", "reward/")
+PASSTHROUGH_PREFIXES = ("actor/", "clip/", "shadow/", "rollout/", "dapo/", "perf/", "reward/", "sc/")
 
 
 class _Names(ast.NodeTransformer):

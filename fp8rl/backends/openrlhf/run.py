@@ -267,7 +267,7 @@ def _eval_sizes(cfg: OpenRLHFRunConfig) -> dict[str, int]:
 
 def describe(cfg: OpenRLHFRunConfig, resources, run_dir: Path) -> list[str]:
     """Dry-run lines of one cell: the OpenRLHF command for the profile's GPUs (launcher hook)."""
-    from fp8rl.backends.openrlhf.command import build_args, command_line, layout_for
+    from fp8rl.backends.openrlhf.command import build_args, command_line, layout_for, plugin_lines
 
     if resources is None and cfg.openrlhf.device == "cpu":  # the CPU job without Slurm (launcher=local)
         lay = layout_for(cfg, 1, 0)
@@ -275,7 +275,7 @@ def describe(cfg: OpenRLHFRunConfig, resources, run_dir: Path) -> list[str]:
         return [f"    local:     this machine, no Slurm, CPU job (openrlhf.device=cpu): {lay.gpus} actor rank(s), "
                 f"{lay.vllm_engines} vLLM engine(s); trainer {cfg.fp8.trainer_recipe}, rollout "
                 f"{cfg.fp8.rollout_recipe}, clip {cfg.clip.arm}",
-                f"    openrlhf:  {command_line(args)}", _evaluate_line(cfg)]
+                f"    openrlhf:  {command_line(args)}", *plugin_lines(cfg, run_dir), _evaluate_line(cfg)]
     if resources is None:
         return ["    openrlhf:  (no cluster profile: cannot lay out GPUs)"]
     lay = layout_for(cfg, resources.nodes, resources.gpus_per_node)
@@ -293,6 +293,7 @@ def describe(cfg: OpenRLHFRunConfig, resources, run_dir: Path) -> list[str]:
         f"colocate_all={lay.colocate_all}; trainer {cfg.fp8.trainer_recipe}, rollout {cfg.fp8.rollout_recipe}, "
         f"clip {cfg.clip.arm}",
         f"    openrlhf:  {command_line(args)}",
+        *plugin_lines(cfg, run_dir),
         _evaluate_line(cfg),
     ]
 
