@@ -221,4 +221,7 @@ IDENTITY_LATE_DEFAULTS: dict[str, object] = {
     "clip.sample_pool": 8,
     "clip.sample_target": 5.0,
     "clip.score_centering_topk": 8,
+    "clip.window_target": 3.0,
+    "clip.window_max": 8,
+    "clip.window_share": 1.0,
 }

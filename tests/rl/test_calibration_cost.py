@@ -167,7 +167,7 @@ def test_bad_input_raises_clear_errors():
         C.overhead("sampled", TINY, TINY_STEP)
     with pytest.raises(ValueError, match="'sampled' needs share"):
         C.overhead("sampled", TINY, TINY_STEP, share=1.5)
-    with pytest.raises(ValueError, match="share is the sampled mode's argument"):
+    with pytest.raises(ValueError, match="share is the sampled and windowed modes' argument"):
         C.overhead("pooled", TINY, TINY_STEP, share=0.5)
     for b in (0, 1.5, True, float("nan")):
         with pytest.raises(ValueError, match="budget"):

@@ -49,7 +49,7 @@ def direct_counts(b: dict, applied: Bounds) -> torch.Tensor:
 
 
 def test_registry_and_default():
-    assert sorted(CALIBRATION_MODES) == ["periodic", "pooled", "same_batch", "sampled"]
+    assert sorted(CALIBRATION_MODES) == ["periodic", "pooled", "same_batch", "sampled", "windowed"]
     assert DEFAULT_CALIBRATION_MODE in CALIBRATION_MODES
     assert CalibratedClipController(EPS_LOW, EPS_HIGH).mode == DEFAULT_CALIBRATION_MODE
 
@@ -297,7 +297,9 @@ def test_clip_config_carries_every_calibration_option_to_the_controller():
                ("sampled", {"sample_target": 3.0}), ("pooled", {"upper_rule": "proportional"}),
                ("pooled", {"init_bounds": [0.7, 1.5]}), ("pooled", {"low_min": 0.3}), ("pooled", {"high_max": 1.9}),
                ("pooled", {"lower_estimator": "in_sample"}),
-               ("pooled", {"reference": "static", "alpha": 0.01, "p_target": 1.2})]
+               ("pooled", {"reference": "static", "alpha": 0.01, "p_target": 1.2}),
+               ("windowed", {"window_target": 2.0}), ("windowed", {"window_max": 4}),
+               ("windowed", {"window_share": 0.25})]
     covered = {"mode"}
     for mode, kw in changes:
         opts = ClipConfig(arm="calibrated", calibration_mode=mode, **kw).calibration_options()

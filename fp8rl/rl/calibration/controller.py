@@ -133,6 +133,7 @@ class CalibratedClipController:
         self._pool: list[Tokens] = []  # sampled: the last windows' measured tokens
         self._history: list[WindowStats] = []  # sampled: their summaries (share rule)
         self._choice = None  # sampled: the current step's share decision
+        self._steps: list[Tokens] = []  # windowed: the last window_max - 1 steps' measured tokens
 
     # ----- options ----------------------------------------------------------------------
 
@@ -196,6 +197,8 @@ class CalibratedClipController:
         choice = None
         if not calibrates:
             measured = torch.zeros_like(eligible)
+        elif self.mode == "windowed":  # a fixed share; the window across steps makes up the events
+            measured = draw_subset(eligible, self.window_share, seed=self.seed, step=step, rank=rank)
         elif self.mode_spec.subset:
             o = self.options
             choice = choose_share(self._history, target=o.sample_target, share_min=o.sample_min,
@@ -258,9 +261,30 @@ class CalibratedClipController:
         if st.last_update_step is not None and step <= st.last_update_step:
             raise ValueError(f"update at step {step} after step {st.last_update_step}: steps must increase")
 
+    def _windowed_parts(self, tokens: Tokens) -> list[Tokens]:
+        """``windowed``: the fewest recent steps' tokens (this step's last) whose alpha n reaches
+        ``window_target``, alpha the BF16 rate (or the static alpha) over the last ``window_max``
+        steps; all of them when the target is out of reach. Keeps the last ``window_max - 1``."""
+        recent = [*self._steps, tokens][-self.window_max:]
+        self._steps = recent[1:] if len(recent) == self.window_max else recent
+        v = self.vanilla_bounds.low
+        neg = [p[2] < 0 for p in recent]
+        ns = [int(m.sum()) for m in neg]
+        if self.reference == "static":
+            alpha = float(self.alpha)
+        else:
+            ks = [int((p[1][m] < v).sum()) for p, m in zip(recent, neg, strict=True)]
+            alpha = sum(ks) / sum(ns) if sum(ns) else 0.0
+        pooled = 0
+        for w in range(1, len(recent) + 1):
+            pooled += ns[-w]
+            if alpha * pooled >= self.window_target:
+                return recent[-w:]
+        return recent
+
     def _pooled_update(self, step: int, tokens: Tokens) -> Bounds:
         st = self._state
-        parts = [*st.pool, tokens]
+        parts = self._windowed_parts(tokens) if self.mode == "windowed" else [*st.pool, tokens]
         try:
             cal = self._estimate(parts)
         except DegenerateCalibration as e:
@@ -400,7 +424,9 @@ class CalibratedClipController:
                 "agreement": self._agreement.state_dict(),
                 "sampled": {"pool": [{"ratio": r.clone(), "shadow_ratio": None if sh is None else sh.clone(),
                                       "advantages": a.clone()} for r, sh, a in self._pool],
-                            "history": [w.to_dict() for w in self._history]}}
+                            "history": [w.to_dict() for w in self._history]},
+                "windowed": [{"ratio": r.clone(), "shadow_ratio": None if sh is None else sh.clone(),
+                              "advantages": a.clone()} for r, sh, a in self._steps]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()`` output; the configuration must match this controller's.
@@ -416,6 +442,8 @@ class CalibratedClipController:
             for k in ("sample_fraction", "sample_min", "sample_max", "sample_pool", "sample_target"):
                 theirs.setdefault(k, MODE_OPTION_DEFAULTS[k])
             theirs.setdefault("seed", self.seed)
+        for k in ("window_target", "window_max", "window_share"):  # saved before the windowed mode existed
+            theirs.setdefault(k, MODE_OPTION_DEFAULTS[k])
         diff = sorted(k for k in mine if mine[k] != theirs.get(k))
         if diff:
             detail = ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs now {mine[k]!r}" for k in diff)
@@ -425,6 +453,7 @@ class CalibratedClipController:
         sampled = state.get("sampled") or {}
         self._pool = [(p["ratio"], p["shadow_ratio"], p["advantages"]) for p in sampled.get("pool", [])]
         self._history = [WindowStats(**w) for w in sampled.get("history", [])]
+        self._steps = [(p["ratio"], p["shadow_ratio"], p["advantages"]) for p in state.get("windowed", [])]
 
     def __repr__(self) -> str:
         return (

@@ -84,8 +84,8 @@ __all__ = [
     "step_work",
 ]
 
-#: The calibration modes the model prices (``fp8rl.rl.calibration.CALIBRATION_MODES`` and ``sampled``).
-MODES = ("periodic", "pooled", "same_batch", "sampled")
+#: The calibration modes the model prices (``fp8rl.rl.calibration.CALIBRATION_MODES``).
+MODES = ("periodic", "pooled", "windowed", "same_batch", "sampled")
 #: Assumed mean prompt length in tokens (chat template included).
 DEFAULT_PROMPT_LEN = 256
 #: Assumed mean response length as a share of the response cap.
@@ -257,12 +257,12 @@ def extra_work(mode: str, model: ModelShape, step: StepShape, *, share: float | 
     ``share``: ``sampled``'s share of the step's sequences, required there and refused elsewhere)."""
     if mode not in MODES:
         raise ValueError(f"unknown calibration mode {mode!r}; the cost model knows {', '.join(MODES)}")
-    if mode == "sampled":
+    if mode in ("sampled", "windowed"):
         if share is None or isinstance(share, bool) or not (isinstance(share, (int, float)) and 0 <= share <= 1):
-            raise ValueError(f"mode 'sampled' needs share, the measured share of the step's sequences in [0, 1]; "
+            raise ValueError(f"mode {mode!r} needs share, the measured share of the step's sequences in [0, 1]; "
                              f"got {share!r}")
     elif share is not None:
-        raise ValueError(f"share is the sampled mode's argument; mode {mode!r} measures every sequence of a "
+        raise ValueError(f"share is the sampled and windowed modes' argument; mode {mode!r} measures every sequence of a "
                          "measured step")
     bf16 = _forward(model, step.seq_len, fp8=False)
     per_seq = {
@@ -270,6 +270,7 @@ def extra_work(mode: str, model: ModelShape, step: StepShape, *, share: float | 
         "pooled": 2 * bf16,
         "same_batch": 2 * bf16 + _forward(model, step.seq_len, fp8=True),
         "sampled": 2 * bf16 * float(share or 0.0),
+        "windowed": 2 * bf16 * float(share or 0.0),
     }[mode]
     return per_seq * step.sequences_per_optimizer_step
 
@@ -314,12 +315,12 @@ def paper_shapes(configs: dict, *, prompt_len: float = DEFAULT_PROMPT_LEN,
 def cost_table(shapes: dict, *, budget: float = DEFAULT_BUDGET, reference_share: float = 0.125) -> list[dict]:
     """One row per model and mode (``shapes``: :func:`paper_shapes`): the four overheads
     (:func:`overhead`); ``sampled`` twice, at ``reference_share`` (the mini benchmark's share) and
-    at :func:`max_share` of ``budget``."""
+    at :func:`max_share` of ``budget``; ``windowed`` at that share too."""
     rows = []
     for slot, (algo, model, step) in shapes.items():
         s_max = max_share(budget, model=model, step=step)
         runs = [("periodic", None), ("pooled", None), ("same_batch", None), ("sampled", reference_share),
-                ("sampled", s_max)]
+                ("sampled", s_max), ("windowed", s_max)]
         for mode, share in runs:
             rows.append({"model": model.name, "slot": slot, "algorithm": algo, "mode": mode, "share": share,
                          "period": step.period if mode == "periodic" else None,
@@ -347,8 +348,8 @@ def _pct(x: float) -> str:
 def _mode_label(row: dict) -> str:
     if row["mode"] == "periodic":
         return f"periodic (K = {row['period']})"
-    if row["mode"] == "sampled":
-        return f"sampled (s = {row['share']:.4f})"
+    if row["mode"] in ("sampled", "windowed"):
+        return f"{row['mode']} (s = {row['share']:.4f})"
     return row["mode"]
 
 

@@ -95,6 +95,9 @@ class CalibrationOptions:
             pool (the rule pools as few as reach its target).
         sample_target: ``sampled``: the rule's target for alpha x n_eff (BF16-clipped A<0 tokens
             the estimate reads, n_eff discounting the correlation within a sequence).
+        window_target, window_max: ``windowed``: the alpha n an estimate aims at (> 0; 3 keeps the
+            chance of a calibration without BF16 events near 5%) and the most steps it pools;
+        window_share: ``windowed``: the share of each step's sequences with A != 0 it shadows, (0, 1].
     """
 
     mode: str = DEFAULT_CALIBRATION_MODE
@@ -115,6 +118,9 @@ class CalibrationOptions:
     sample_max: float = MODE_OPTION_DEFAULTS["sample_max"]
     sample_pool: int = MODE_OPTION_DEFAULTS["sample_pool"]
     sample_target: float = MODE_OPTION_DEFAULTS["sample_target"]
+    window_target: float = MODE_OPTION_DEFAULTS["window_target"]
+    window_max: int = MODE_OPTION_DEFAULTS["window_max"]
+    window_share: float = MODE_OPTION_DEFAULTS["window_share"]
 
     def __post_init__(self) -> None:
         self.check()
@@ -234,6 +240,14 @@ class CalibrationOptions:
         if not _finite("sample_target", self.sample_target) > 0.0:
             raise ValueError(f"sample_target (alpha x n_eff the share rule aims at) must be > 0; "
                              f"got {self.sample_target}")
+        if not _finite("window_target", self.window_target) > 0.0:
+            raise ValueError(f"window_target (the alpha n a windowed estimate aims at) must be > 0; "
+                             f"got {self.window_target}")
+        _int("window_max", self.window_max, 1, "steps one windowed estimate may pool")
+        share = _finite("window_share", self.window_share)
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"window_share is the share of a step's sequences a windowed calibration shadows, "
+                             f"in (0, 1]; got {share}")
         mine = set(MODE_OPTIONS[self.mode])
         bad = {k: getattr(self, k) for k in MODE_OPTION_DEFAULTS
                if k not in mine and getattr(self, k) != MODE_OPTION_DEFAULTS[k]}

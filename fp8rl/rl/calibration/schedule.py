@@ -12,6 +12,14 @@ ratio of the same tokens on the same weights).
   the controller pools them (``update``), smooths the bounds with ``ema`` and pools ``window``
   calibrations; the new bounds rule from the next step.
 - ``pooled``: ``periodic`` with period 1, no EMA, window 1.
+- ``windowed`` (issue 46): ``pooled`` on a seeded share ``window_share`` of each step's sequences
+  with A != 0 (``sampling.draw_subset``; 1 = all), whose estimate pools the measured tokens of the
+  last W steps, W chosen at each step as the fewest recent steps whose expected BF16-clipped count
+  alpha n reaches ``window_target`` (alpha: the BF16 clip rate over the last ``window_max``
+  steps' tokens; at most ``window_max`` steps). Why a target on alpha n: with ``alpha n`` expected
+  BF16 events, the chance that a calibration sees none (k = 0, where the estimate has nothing to
+  match) is about exp(-alpha n); ``window_target`` = 3 keeps it near 5% (ln 20 = 3.0), where a
+  mini-batch at mini scale (alpha n ~ 0.2) sees none 80% of the time.
 - ``same_batch``: every window's bounds come from all its own tokens, measured before its loss
   (on the weights before its update), and rule those same tokens. In-sample by construction:
   its FP8 clip count on the tokens it rules equals their BF16 shadow count (in_sample lower
@@ -31,7 +39,8 @@ the sequences is measured). Both backends drive every mode through the same plan
 (``plan.StepPlan`` / ``plan.WindowPlan``) and read these flags, never a mode's name.
 
 Cost (one shadow forward = a no-grad forward with FP8 off): ``periodic`` pays 2 (BF16 old and
-current log-probs) on 1/period of the steps, ``pooled`` 2 every step, ``same_batch`` 2 every step
+current log-probs) on 1/period of the steps, ``pooled`` 2 every step, ``windowed`` 2 on its
+share of every step's sequences, ``same_batch`` 2 every step
 plus, at paper scale, its FP8 pre-pass, ``sampled`` 2 on its share of the sequences;
 ``fp8rl.rl.calibration.cost`` prices them at the paper's shapes.
 """
@@ -87,6 +96,10 @@ CALIBRATION_MODES.add("periodic", CalibrationMode(
 CALIBRATION_MODES.add("pooled", CalibrationMode(
     every_step=True, in_window=False, rules_measured=False, subset=False, lower_estimator="unbiased",
     summary="every step, its mini-batches pooled; raw bounds rule from the next step"))
+CALIBRATION_MODES.add("windowed", CalibrationMode(
+    every_step=True, in_window=False, rules_measured=False, subset=True, lower_estimator="unbiased",
+    summary="every step, pooled with the fewest recent steps that reach alpha n >= window_target; "
+            "raw bounds rule from the next step"))
 CALIBRATION_MODES.add("same_batch", CalibrationMode(
     every_step=True, in_window=True, rules_measured=True, subset=False, lower_estimator="in_sample",
     summary="every mini-batch, bounds from its own tokens, used by its own loss"))
@@ -101,11 +114,13 @@ DEFAULT_CALIBRATION_MODE = "same_batch"
 MODE_OPTION_DEFAULTS: dict[str, Any] = {
     "period": 20, "ema": 0.5, "window": 1, "calibrate_at_start": True,
     "sample_fraction": None, "sample_min": 1.0 / 64, "sample_max": 0.125, "sample_pool": 8, "sample_target": 5.0,
+    "window_target": 3.0, "window_max": 8, "window_share": 1.0,
 }
 #: Which mode reads which of them.
 MODE_OPTIONS: dict[str, tuple[str, ...]] = {
     "periodic": ("period", "ema", "window", "calibrate_at_start"),
     "pooled": (),
+    "windowed": ("window_target", "window_max", "window_share"),
     "same_batch": (),
     "sampled": ("sample_fraction", "sample_min", "sample_max", "sample_pool", "sample_target"),
 }
