@@ -61,7 +61,7 @@ class ClipMethod(Protocol):
     def needs_shadow(self, step: int) -> bool: ...
 
     def begin_step(self, step: int, *, eligible: torch.Tensor, diagnostics: bool = False,
-                   rank: int = 0) -> StepPlan: ...
+                   rank: int = 0, holdout_share: float = 0.0, seed: int = 0) -> StepPlan: ...
 
     def is_calibration_step(self, step: int) -> bool: ...
 
@@ -136,15 +136,22 @@ class VanillaClip:
     def bounds(self, step: int) -> Bounds:
         return self._bounds
 
-    def begin_step(self, step: int, *, eligible: torch.Tensor, diagnostics: bool = False, rank: int = 0) -> StepPlan:
+    def begin_step(self, step: int, *, eligible: torch.Tensor, diagnostics: bool = False, rank: int = 0,
+                   holdout_share: float = 0.0, seed: int = 0) -> StepPlan:
         """A plan that measures nothing; with ``diagnostics`` every sequence gets a BF16 shadow
-        (the agreement and out-of-sample counts of the vanilla bounds; training unchanged)."""
+        (the agreement and out-of-sample counts of the vanilla bounds; training unchanged); with
+        ``holdout_share`` the held-out rows of ``(seed, step, rank)`` get one
+        (``sampling.draw_holdout``, the same rows as every other arm's)."""
+        from fp8rl.rl.calibration.sampling import draw_holdout
+
         if not isinstance(eligible, torch.Tensor) or eligible.dim() != 1:
             raise ValueError("eligible must be a 1-D tensor: one flag per sequence of the step")
+        eligible = eligible if eligible.dtype == torch.bool else eligible != 0
         none = torch.zeros(eligible.numel(), dtype=torch.bool, device=eligible.device)
         return StepPlan(self, step, n=eligible.numel(), measured=none,
                         shadowed=torch.ones_like(none) if diagnostics else none, calibrates=False,
-                        eligible=eligible if eligible.dtype == torch.bool else eligible != 0)
+                        eligible=eligible,
+                        holdout=draw_holdout(eligible, holdout_share, seed=seed, step=step, rank=rank))
 
     def update(
         self,

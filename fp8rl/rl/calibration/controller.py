@@ -81,6 +81,7 @@ from fp8rl.rl.calibration.sampling import (
     MEMORY,
     WindowStats,
     choose_share,
+    draw_holdout,
     draw_subset,
     window_stats,
 )
@@ -182,13 +183,17 @@ class CalibratedClipController:
         self._check_step(step)
         return self._state.bounds
 
-    def begin_step(self, step: int, *, eligible: torch.Tensor, diagnostics: bool = False, rank: int = 0) -> StepPlan:
+    def begin_step(self, step: int, *, eligible: torch.Tensor, diagnostics: bool = False, rank: int = 0,
+                   holdout_share: float = 0.0, seed: int | None = None) -> StepPlan:
         """The plan of ``step`` (``plan.StepPlan``) over its ``N`` sequences.
 
         Args:
             eligible: ``[N]`` bool, sequences with any A != 0 token (``sampled`` draws among them).
             diagnostics: also shadow every sequence (``clip.shadow_diagnostics``; training unchanged).
             rank: the DP rank (``sampled``'s draw).
+            holdout_share, seed: the held-out rows (``sampling.draw_holdout`` of the run seed
+                ``seed``, default the controller's): shadowed, never measured, scored as
+                ``shadow/ho_*`` against the bounds in force on them.
         """
         step = self._check_step(step)
         eligible = _check_eligible(eligible)
@@ -209,8 +214,9 @@ class CalibratedClipController:
         self._choice = choice
         shadowed = torch.ones_like(eligible) if diagnostics else (measured if self.measures(step) else
                                                                    torch.zeros_like(eligible))
+        holdout = draw_holdout(eligible, holdout_share, seed=self.seed if seed is None else seed, step=step, rank=rank)
         return StepPlan(self, step, n=n, measured=measured, shadowed=shadowed, calibrates=calibrates, choice=choice,
-                        eligible=eligible)
+                        eligible=eligible, holdout=holdout)
 
     # ----- calibration ------------------------------------------------------------------
 

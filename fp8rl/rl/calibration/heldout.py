@@ -20,6 +20,12 @@ cannot force is the count on other tokens. Two tallies measure that:
   the bounds the mode's own estimator gives on the *other* half. It scores the estimator on new
   tokens at half the window's data (so it errs on the noisy side), not the bounds that trained.
 
+- **held out** (:class:`HeldoutTally`, ``shadow/ho_*``, issue 46): one definition for every clip
+  method and mode. A seeded share of each step's sequences (``sampling.draw_holdout``, the same
+  rows for every arm of a seed) gets a BF16 shadow and never feeds an estimate; its A<0 tokens are
+  scored against the bounds actually in force on them (same counts as ``oos``). Under
+  ``same_batch`` these are the only tokens its trained bounds rule without having seen them.
+
 Counts, not rates, so the analysis pools them over steps and seeds (ratio of sums). Comparisons
 as in the loss: strictly below the bound, float32 or wider.
 """
@@ -33,10 +39,12 @@ import torch
 from fp8rl.rl.calibration.bounds import Bounds, DegenerateCalibration
 from fp8rl.runs import metrics as M
 
-__all__ = ["HELDOUT_KEYS", "XFIT_KEYS", "HeldoutTally", "cross_fit_counts", "low_counts", "xfit_folds"]
+__all__ = ["HELDOUT_KEYS", "HOLDOUT_KEYS", "XFIT_KEYS", "HeldoutTally", "cross_fit_counts", "low_counts", "xfit_folds"]
 
 #: The out-of-sample counts, in the order of :func:`low_counts`.
 HELDOUT_KEYS = (M.SHADOW_OOS_N_NEG, M.SHADOW_OOS_FP8_LOW_N, M.SHADOW_OOS_BF16_LOW_N)
+#: The held-out counts, same order.
+HOLDOUT_KEYS = ("shadow/ho_n_neg", "shadow/ho_fp8_low_n", "shadow/ho_bf16_low_n")
 #: The cross-fitted counts, same order.
 XFIT_KEYS = (M.SHADOW_XFIT_N_NEG, M.SHADOW_XFIT_FP8_LOW_N, M.SHADOW_XFIT_BF16_LOW_N)
 
@@ -101,12 +109,17 @@ def cross_fit_counts(ratio: torch.Tensor, shadow_ratio: torch.Tensor, advantages
 
 
 class HeldoutTally:
-    """One step's out-of-sample and cross-fitted counts (a new step starts new sums)."""
+    """One step's out-of-sample, held-out and cross-fitted counts (a new step starts new sums)."""
 
     def __init__(self) -> None:
         self.oos = torch.zeros(3, dtype=torch.int64)
+        self.ho = torch.zeros(3, dtype=torch.int64)
         self.xfit = torch.zeros(3, dtype=torch.int64)
-        self.has_oos = self.has_xfit = False
+        self.has_oos = self.has_ho = self.has_xfit = False
+
+    def add_ho(self, counts: torch.Tensor) -> None:
+        self.ho += counts.to(torch.int64).cpu()
+        self.has_ho = True
 
     def add_oos(self, counts: torch.Tensor) -> None:
         self.oos += counts.to(torch.int64).cpu()
@@ -124,6 +137,8 @@ class HeldoutTally:
             out.update(dict(zip(HELDOUT_KEYS, (float(n), float(fp8), float(bf16)), strict=True)))
             out[M.SHADOW_OOS_CLIPFRAC_NEG_LOW] = fp8 / n if n else float("nan")
             out[M.SHADOW_OOS_BF16_CLIPFRAC_NEG_LOW] = bf16 / n if n else float("nan")
+        if self.has_ho:
+            out.update(dict(zip(HOLDOUT_KEYS, (float(x) for x in self.ho.tolist()), strict=True)))
         if self.has_xfit:
             out.update(dict(zip(XFIT_KEYS, (float(x) for x in self.xfit.tolist()), strict=True)))
         return out

@@ -74,13 +74,21 @@ class StepPlan:
         measured: ``[N]`` bool, sequences whose tokens feed an estimate.
         before: the bounds in force when the step starts.
         choice: the share rule's decision (``sampling.ShareChoice``; ``sampled`` only, else None).
+        holdout: ``[N]`` bool, the held-out sequences (``sampling.draw_holdout``): shadowed, never
+            measured, scored against the bounds in force on them (``shadow/ho_*``), for every clip
+            method alike.
     """
 
     def __init__(self, clipper, step: int, *, n: int, measured: torch.Tensor, shadowed: torch.Tensor,
-                 calibrates: bool, choice=None, eligible: torch.Tensor | None = None) -> None:
+                 calibrates: bool, choice=None, eligible: torch.Tensor | None = None,
+                 holdout: torch.Tensor | None = None) -> None:
         self.clipper, self.step, self.n = clipper, step, n
         self.eligible = eligible if eligible is not None else torch.ones(n, dtype=torch.bool)
-        self.measured, self.shadowed = measured, shadowed
+        self.holdout = torch.zeros_like(measured) if holdout is None else holdout.to(measured.device)
+        if self.holdout.shape != measured.shape or self.holdout.dtype != torch.bool:
+            raise ValueError(f"holdout must be a [N] bool tensor like measured, got {self.holdout.dtype} "
+                             f"{tuple(self.holdout.shape)}")
+        self.measured, self.shadowed = measured & ~self.holdout, shadowed | self.holdout
         self.calibrates = calibrates
         self.spec = getattr(clipper, "mode_spec", None) if calibrates else None
         self.choice = choice
@@ -103,7 +111,8 @@ class StepPlan:
         rows = rows.to(torch.long)
         idx = rows.to(self.measured.device)
         w = WindowPlan(self, rows, measured=self.measured[idx].to(rows.device),
-                       shadowed=self.shadowed[idx].to(rows.device), before=self._current())
+                       shadowed=self.shadowed[idx].to(rows.device), before=self._current(),
+                       holdout=self.holdout[idx].to(rows.device))
         self.windows.append(w)
         return w
 
@@ -143,13 +152,15 @@ class StepPlan:
             out.update({k: v for k, v in ctl.metrics().items()
                         if k in ("clip/calibrations", "clip/degenerate_updates", M.CLIP_ALPHA)})
         if reduce_sum is not None:
-            local = torch.cat([self.tally.counts, self.heldout.oos,
-                               torch.tensor([int(self.tally.step is not None), int(self.heldout.has_oos)])])
+            local = torch.cat([self.tally.counts, self.heldout.oos, self.heldout.ho,
+                               torch.tensor([int(self.tally.step is not None), int(self.heldout.has_oos),
+                                             int(self.heldout.has_ho)])])
             total = reduce_sum(local.clone()).to(torch.int64).cpu()
-            self.tally.counts, self.heldout.oos = total[:6].clone(), total[6:9].clone()
-            if int(total[9]) > 0:
+            self.tally.counts, self.heldout.oos, self.heldout.ho = total[:6].clone(), total[6:9].clone(), \
+                total[9:12].clone()
+            if int(total[12]) > 0:
                 self.tally.step = step
-            self.heldout.has_oos = int(total[10]) > 0
+            self.heldout.has_oos, self.heldout.has_ho = int(total[13]) > 0, int(total[14]) > 0
         out.update(self.tally.metrics(step))
         out.update(self.heldout.metrics())
         if self.choice is not None:
@@ -176,9 +187,10 @@ class WindowPlan:
     """
 
     def __init__(self, plan: StepPlan, rows: torch.Tensor, *, measured: torch.Tensor, shadowed: torch.Tensor,
-                 before: Bounds) -> None:
+                 before: Bounds, holdout: torch.Tensor | None = None) -> None:
         self.plan, self.rows = plan, rows
         self.measured, self.shadowed = measured, shadowed
+        self.holdout = torch.zeros_like(measured) if holdout is None else holdout
         spec = plan.spec
         self.prepass = bool(spec is not None and spec.in_window and spec.rules_measured)
         first = spec is not None and spec.in_window and not spec.rules_measured
@@ -219,15 +231,20 @@ class WindowPlan:
 
     @torch.no_grad()
     def observe(self, ratio: torch.Tensor, shadow_ratio: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, *, after: bool) -> None:
+                mask: torch.Tensor, *, after: bool, holdout: bool = False) -> None:
         """Count shadowed tokens (``[B, T]`` or flat, as the loss saw them) against the bounds the
-        loss used for them: ``after`` (the window's calibration) or ``before``."""
+        loss used for them: ``after`` (the window's calibration) or ``before``. ``holdout``: the
+        tokens are of held-out rows (``self.holdout``; pass them in a call of their own): also
+        counted as held out (``shadow/ho_*``), and out of sample whatever the mode."""
         plan = self.plan
         applied = self.after if after else self.before
         if applied is None:
             raise RuntimeError("observe(after=True) before calibrate()")
         plan.tally.add(plan.step, ratio, shadow_ratio, advantages, mask, applied=applied, vanilla=plan.vanilla)
-        in_sample = after and plan.spec is not None and plan.spec.in_window and plan.spec.rules_measured
+        in_sample = (after and plan.spec is not None and plan.spec.in_window and plan.spec.rules_measured
+                     and not holdout)
+        counts = low_counts(ratio, shadow_ratio, advantages, mask, low=applied.low, vanilla_low=plan.vanilla.low)
         if not in_sample:
-            plan.heldout.add_oos(low_counts(ratio, shadow_ratio, advantages, mask, low=applied.low,
-                                            vanilla_low=plan.vanilla.low))
+            plan.heldout.add_oos(counts)
+        if holdout:
+            plan.heldout.add_ho(counts)

@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["ShareChoice", "WindowStats", "choose_share", "design_effect", "draw_subset", "window_stats"]
+__all__ = ["ShareChoice", "WindowStats", "choose_share", "design_effect", "draw_holdout", "draw_subset", "window_stats"]
 
 #: Windows whose summaries the share rule reads (alpha, deff, tokens per window).
 MEMORY = 32
@@ -87,6 +87,22 @@ def draw_subset(eligible: torch.Tensor, share: float, *, seed: int, step: int, r
     pick = idx[torch.randperm(m, generator=g)[:k]]
     out[pick] = True
     return out.to(eligible.device)
+
+
+#: Mixed into the held-out draw's seed, so its stream is independent of ``sampled``'s draw.
+HOLDOUT_STREAM = 0x4F1D_7A3B_C0DE_5EED
+
+
+def draw_holdout(eligible: torch.Tensor, share: float, *, seed: int, step: int, rank: int = 0) -> torch.Tensor:
+    """The held-out sequences of one step on one rank (``plan.StepPlan.holdout``): ``[N]`` bool,
+    ``round(share * m)`` of the ``m`` eligible sequences (at least one when ``share > 0`` and
+    ``m > 0``), drawn from ``(seed, step, rank)`` only, so every arm of a seed holds out the same
+    rows; ``share = 0``: none."""
+    if not 0.0 <= float(share) < 1.0:
+        raise ValueError(f"the held-out share must lie in [0, 1), got {share}")
+    if float(share) == 0.0:
+        return torch.zeros_like(eligible, dtype=torch.bool)
+    return draw_subset(eligible, share, seed=int(seed) ^ HOLDOUT_STREAM, step=step, rank=rank)
 
 
 def _seed(seed: int, step: int, rank: int) -> int:
