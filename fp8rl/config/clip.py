@@ -59,6 +59,11 @@ class ClipConfig(_CalibrationFields):
             token for the Score Centering arms (``score_centering``, ``score_centering_tis``);
             the other arms log none. Default 8 (our choice: the mini vocabulary has 3 specials +
             the alphabet; vLLM's default ``max_logprobs`` is 20).
+        holdout_share: the share of each step's sequences (with A != 0) held out for every arm
+            alike (issue 46): shadowed, never fed to a calibration, and scored against the bounds
+            in force on them (``shadow/ho_*``: the deployed bound judged on tokens it never saw);
+            drawn from the run seed and the step only, so every arm of a seed holds out the same
+            rows. 0 (default): none, and no extra shadow.
         shadow_diagnostics: on a non-calibrated arm (vanilla, tis), also run the BF16 shadow on
             every step's mini-batches and log which tokens FP8 clips against which BF16 would
             clip (``shadow/*`` agreement metrics) without changing training. The calibrated arm
@@ -75,6 +80,7 @@ class ClipConfig(_CalibrationFields):
     arm: str = "vanilla"
     tis_cap: float = 2.0
     score_centering_topk: int = 8
+    holdout_share: float = 0.0
     shadow_diagnostics: bool = False
 
     def __post_init__(self) -> None:
@@ -88,6 +94,10 @@ class ClipConfig(_CalibrationFields):
                  and self.score_centering_topk >= 1,
                  f"clip.score_centering_topk must be an integer >= 1 (the sampler's top-k ids logged per "
                  f"token), got {self.score_centering_topk!r}")
+        _require(not isinstance(self.holdout_share, bool) and isinstance(self.holdout_share, (int, float))
+                 and 0.0 <= self.holdout_share < 1.0,
+                 f"clip.holdout_share is a share of each step's sequences in [0, 1) (0 = none), got "
+                 f"{self.holdout_share!r}")
         _require(isinstance(self.shadow_diagnostics, bool),
                  f"clip.shadow_diagnostics must be true or false, got {self.shadow_diagnostics!r}")
         b = list(self.init_bounds)

@@ -224,4 +224,5 @@ IDENTITY_LATE_DEFAULTS: dict[str, object] = {
     "clip.window_target": 3.0,
     "clip.window_max": 8,
     "clip.window_share": 1.0,
+    "clip.holdout_share": 0.0,
 }

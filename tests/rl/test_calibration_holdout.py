@@ -110,3 +110,12 @@ def test_the_counts_are_summed_over_ranks():
     single = p2.heldout.ho.clone()
     out = p2.finish(reduce_sum=lambda t: 2 * t)
     assert tuple(out[k] for k in HOLDOUT_KEYS) == tuple(float(2 * x) for x in single.tolist())
+
+
+@pytest.mark.parametrize("bad", [1.0, -0.1, True, "x"])
+def test_clip_holdout_share_is_checked_in_the_config(bad):
+    from fp8rl.config.clip import ClipConfig
+
+    assert ClipConfig(holdout_share=0.125).holdout_share == 0.125
+    with pytest.raises(ValueError, match=r"clip.holdout_share is a share .* in \[0, 1\)"):
+        ClipConfig(holdout_share=bad)
