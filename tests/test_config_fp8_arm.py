@@ -48,7 +48,7 @@ def test_a_name_that_is_no_arm_is_refused_listing_the_arms(name):
     """One rule for the config and the launcher: ``fp8_arms`` (free labels would reach run names
     and legends saying nothing about what ran)."""
     with pytest.raises(ValueError, match=rf"fp8\.name: '{name}' is not an FP8 arm; valid values: fp32, bf16, "
-                                         r"rollout_only, blockwise, mxfp4, mxfp6, mxfp8, nvfp4, rowwise, rowwise_with_gw_hp, "
+                                         r"rollout_only, blockwise, mxfp4, mxfp6, mxfp8, nvfp4, nvfp4_rn, rowwise, rowwise_with_gw_hp, "
                                          r"tensorwise"):
         Fp8Config(name=name, rollout_recipe="rowwise", trainer_recipe="tensorwise", emulate=True)
 

@@ -104,6 +104,7 @@ from fp8rl.quant.modules import (
     swap_linears,
 )
 from fp8rl.quant.recipes import GEMMS, OperandConfig, Recipe, get_recipe
+from fp8rl.quant.rounding import STATE_ATTR, QuantizerState
 from fp8rl.registry import Registry, RegistryError
 
 __all__ = [
@@ -362,6 +363,7 @@ def convert_to_fp8(
     emulate: bool = False,
     impl: str | None = None,
     device: torch.device | str | None = None,
+    seed: int | None = None,
 ) -> nn.Module:
     """Swap ``nn.Linear`` layers of ``model`` for FP8 linears following ``recipe`` (in place).
 
@@ -377,6 +379,9 @@ def convert_to_fp8(
         device: the device the model will train on, for the hardware check, when its parameters
             are not there yet (e.g. still on the CPU before DeepSpeed moves them); default: the
             device of its parameters.
+        seed: seeds the model's quantizer state (``fp8rl.quant.rounding.QuantizerState``, one
+            generator shared by its FP8 layers), required by a recipe that rounds an operand
+            stochastically (``nvfp4``); pass the run seed. Ignored by other recipes.
 
     Returns:
         The converted model (the same object unless ``model`` is itself a Linear).
@@ -399,4 +404,12 @@ def convert_to_fp8(
     already = [fqn for fqn, m in model.named_modules() if hasattr(m, _RECIPE_ATTR)]
     if already:
         raise ValueError(f"model already has FP8 layers ({already[:3]}...); convert an unconverted model")
-    return IMPLEMENTATIONS[impl](model, recipe, module_filter or default_module_filter, emulate)
+    if recipe.stochastic and seed is None:
+        raise ValueError(f"recipe {recipe.name!r} rounds operands stochastically: convert_to_fp8 needs seed= (the "
+                         "run seed) for its quantizer state, so that the rounding noise is seeded and checkpointed")
+    model = IMPLEMENTATIONS[impl](model, recipe, module_filter or default_module_filter, emulate)
+    if recipe.stochastic:
+        state = QuantizerState(seed, device=_device_of(model) if device is None else torch.device(device))
+        for m in fp8_layers(model):
+            setattr(m, STATE_ATTR, state)
+    return model

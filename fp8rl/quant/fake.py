@@ -92,12 +92,14 @@ def fake_quantize(
     *,
     pow2_scale: bool = False,
     divide: bool = False,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """The FP8 value of every element of ``x``, in float32: quantize, then dequantize.
 
     FP4 / FP6 operands (a ``SubByteFormat``, or ``NVBlock``) go to
     ``microscale.fake_quantize_microscaled`` first (OCP MX and NVFP4 scale rules), never to the
-    FP8 native kernels or fast paths below.
+    FP8 native kernels or fast paths below; ``generator`` rounds their elements stochastically
+    (``fp8rl.quant.rounding``; FP8 operands always round to nearest even).
 
     What an emulated FP8 GEMM feeds its float32 matmul. ``divide=False`` dequantizes as
     :func:`dequantize` does, ``q * (1 / qscale)`` (the dequantization multiplier that

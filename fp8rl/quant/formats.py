@@ -32,7 +32,7 @@ import torch
 from fp8rl.registry import Registry
 
 __all__ = ["E2M1", "E2M3", "E3M2", "E4M3", "E5M2", "FORMATS", "ElementFormat", "Fp8Format", "SubByteFormat",
-           "round_magnitudes_"]
+           "round_magnitudes_", "round_magnitudes_stochastic_"]
 
 
 @dataclass(frozen=True)
@@ -169,3 +169,23 @@ def round_magnitudes_(a: torch.Tensor, fmt) -> torch.Tensor:
     c_bits.clamp_(min=(fmt.min_normal_exp + 127) << 23).add_((23 - fmt.mantissa_bits) << 23)
     c = c_bits.view(torch.float32)
     return a.add_(c).sub_(c)
+
+
+def round_magnitudes_stochastic_(a: torch.Tensor, fmt, u: torch.Tensor) -> torch.Tensor:
+    """Stochastic rounding of a float32 tensor ``a >= 0`` onto ``fmt``'s grid, in place; returns ``a``
+    (no saturation). ``u``: float32 uniform draws in ``[0, 1)``, ``a``'s shape.
+
+    With ``step = 2^(max(e, emin) - m)`` the grid spacing at ``a`` (``e`` its exponent, ``emin`` the
+    smallest normal's, ``m`` mantissa bits), ``lo = floor(a / step) * step`` the grid value at or
+    below ``a`` and ``p = (a - lo) / step`` in ``[0, 1)``, the result is ``lo + step`` when
+    ``u < p``, else ``lo``: one of the two neighbouring grid values, with mean ``a`` (every step
+    is exact in float32: ``step`` is a power of two, ``lo`` and ``a`` share a binade). The draws
+    are multiples of 2^-24 (``torch.rand``), so ``p`` is honoured exactly down to 2^-24; only a
+    magnitude below ``2^-24 step`` (far under the subnormal grid) rounds up less often than it
+    should. A grid value (``p = 0``) never moves."""
+    step_bits = a.view(torch.int32) & 0x7F800000  # 2^e
+    step_bits = step_bits.clamp_(min=(fmt.min_normal_exp + 127) << 23).sub_(fmt.mantissa_bits << 23)
+    step = step_bits.view(torch.float32)
+    lo = torch.floor(a / step).mul_(step)
+    p = (a - lo).div_(step)
+    return a.copy_(lo.add_(step * (u < p)))

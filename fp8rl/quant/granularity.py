@@ -20,6 +20,7 @@ PerBlock(1,128)  1x128 tiles         --                      ``(R, ceil(C/128))`
 PerBlock(128,128)  --                128x128 blocks          ``(ceil(R/128), ceil(C/128))``
 MX(32)         1x32, E8M0 scale      1x32, E8M0 scale        ``(R, ceil(C/32))``
 NVBlock(16)    1x16, E4M3 scale      1x16, E4M3 scale        ``(R, ceil(C/16))`` + one FP32
+NVBlock(16,16) --                    16x16, E4M3 scale       ``(ceil(R/16), ceil(C/16))`` + FP32
 =============  ====================  ======================  ==========================
 
 The backward GEMMs reuse the convention: for dgrad (``grad_x = grad_y @ W``) the weight enters
@@ -142,24 +143,30 @@ class MX(Granularity):
 
 @dataclass(frozen=True)
 class NVBlock(Granularity):
-    """NVIDIA NVFP4 two-level scaling: ``1 x block`` groups (16) along the contraction dim, each
-    with an E4M3 scale, under one FP32 scale for the whole tensor.
+    """NVIDIA NVFP4 two-level scaling: ``rows x block`` tiles (``1 x 16`` along the contraction dim;
+    ``16 x 16`` for weights in NVIDIA's training recipe), each with an E4M3 scale, under one FP32
+    scale for the whole tensor.
 
-    Block scale shape ``(*lead, ceil(C / block))`` plus the per-tensor scale; the formula is in
-    ``fp8rl.quant.microscale``. Only with the ``E2M1`` element format (``NVFP4``).
+    Block scale shape ``(*lead, ceil(C / block))`` for one-row blocks, ``(ceil(R / rows),
+    ceil(C / block))`` for 2-D tiles, plus the per-tensor scale; the formula is in
+    ``fp8rl.quant.microscale``. Only with the ``E2M1`` element format (``NVFP4``). A square tile
+    (``rows == block``) quantizes ``W`` and ``W.T`` to the same values, transposed, so the
+    forward and the dgrad GEMM see one quantized weight (NVIDIA, arXiv:2509.25149 section 4.3).
     """
 
     block: int = 16
+    rows: int = 1
 
     def __post_init__(self) -> None:
-        if self.block < 1:
-            raise ValueError(f"NVBlock block must be positive, got {self.block}; NVFP4 uses 16")
+        if self.block < 1 or self.rows < 1:
+            raise ValueError(f"NVBlock block and rows must be positive, got {self.rows}x{self.block}; NVFP4 uses "
+                             f"1x16 (activations, gradients) and 16x16 (weights)")
 
     def block_shape(self, rows: int, cols: int) -> tuple[int, int]:
-        return 1, self.block
+        return self.rows, self.block
 
     def short_str(self) -> str:
-        return f"nv{self.block}"
+        return f"nv{self.block}" if self.rows == 1 else f"nv{self.rows}x{self.block}"
 
 
 GRANULARITIES: Registry[type[Granularity]] = Registry("scaling granularity")

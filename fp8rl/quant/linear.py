@@ -38,12 +38,14 @@ import torch
 from torch import nn
 
 from fp8rl.quant.fake import fake_quantize
-from fp8rl.quant.granularity import Granularity, PerBlock, PerRow, PerTensor
+from fp8rl.quant.granularity import Granularity, NVBlock, PerBlock, PerRow, PerTensor
+from fp8rl.quant.hadamard import rht
 from fp8rl.quant.lowp import linear as lowp_linear
 from fp8rl.quant.lowp import matmul as lowp_matmul
 from fp8rl.quant.microscale import dequantize_microscaled, is_microscaled, quantize_microscaled
 from fp8rl.quant.quantize import dequantize, quantize
 from fp8rl.quant.recipes import OperandConfig, Recipe
+from fp8rl.quant.rounding import QuantizerState, stochastic_generator
 
 __all__ = ["Fp8Linear", "SharedInput", "fp8_linear", "fp8_mm", "has_scaled_mm_kernel", "scaled_gemm"]
 
@@ -133,12 +135,20 @@ def fp8_mm(
 
 def _transpose_invariant(g: Granularity) -> bool:
     """Quantizing ``t`` and ``t.T`` with ``g`` gives the same FP8 values (transposed)."""
-    return isinstance(g, PerTensor) or (isinstance(g, PerBlock) and g.rows == g.cols)
+    return (isinstance(g, PerTensor) or (isinstance(g, PerBlock) and g.rows == g.cols)
+            or (isinstance(g, NVBlock) and g.rows == g.block))
 
 
-def _fake_quantize(t: torch.Tensor, cfg: OperandConfig, recipe: Recipe) -> torch.Tensor:
+def _fake_quantize(t: torch.Tensor, cfg: OperandConfig, recipe: Recipe,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
     """An emulated GEMM operand: ``t``'s FP8 values in float32, dequantized as the recipe's
-    reference implementation does (torchao divides by its multiplier; the others multiply)."""
+    reference implementation does (torchao divides by its multiplier; the others multiply);
+    a stochastic operand draws from ``generator`` (the model's quantizer state)."""
+    if cfg.rounding == "stochastic":
+        if generator is None:
+            raise ValueError(f"recipe {recipe.name!r}: a stochastically rounded operand needs the model's seeded "
+                             "quantizer state (convert_to_fp8(..., seed=))")
+        return fake_quantize(t, cfg.granularity, cfg.fmt, generator=generator)
     return fake_quantize(t, cfg.granularity, cfg.fmt, pow2_scale=recipe.pow2_scales,
                          divide=recipe.impl == "torchao")
 
@@ -153,7 +163,7 @@ class _Operand:
         self.cfg, self.value = cfg, value
 
     def transposed_for(self, cfg: OperandConfig) -> torch.Tensor | None:
-        if cfg == self.cfg and _transpose_invariant(cfg.granularity):
+        if cfg == self.cfg and _transpose_invariant(cfg.granularity) and cfg.rounding == "nearest":
             return self.value.t()
         return None
 
@@ -196,20 +206,29 @@ def cached_operand(cache: dict | None, key, make: Callable[[], torch.Tensor]) ->
     return cache[key]
 
 
-def _operand(t: torch.Tensor, cfg: OperandConfig, recipe: Recipe, source: _Operand | None,
-             shared: dict | None, role: str) -> torch.Tensor:
+def _operand(t: torch.Tensor, cfg: OperandConfig | None, recipe: Recipe, source: _Operand | None,
+             shared: dict | None, role: str, generator: torch.Generator | None = None,
+             transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """A GEMM operand's emulated FP8 value: from ``shared`` (another layer quantized the same
-    input for the same role), from ``source`` (the same tensor transposed), or quantized now."""
-    def make() -> torch.Tensor:
-        q = source.transposed_for(cfg) if source is not None else None
-        return _fake_quantize(t, cfg, recipe) if q is None else q
+    input for the same role), from ``source`` (the same tensor transposed), or quantized now
+    (after ``transform``: the wgrad RHT). ``cfg=None``: a high-precision operand of a weight-only
+    recipe, in float32 (exact from BF16)."""
+    if cfg is None:
+        return t.to(torch.float32)
 
-    return cached_operand(shared, (role, recipe), make)
+    def make() -> torch.Tensor:
+        q = source.transposed_for(cfg) if source is not None and transform is None else None
+        if q is not None:
+            return q
+        return _fake_quantize(t if transform is None else transform(t), cfg, recipe, generator)
+
+    return cached_operand(None if cfg.rounding == "stochastic" else shared, (role, recipe), make)
 
 
 def _gemm(recipe: Recipe, gemm: str, a: torch.Tensor, b: torch.Tensor, emulate: bool,
           *, a_from: _Operand | None = None, b_from: _Operand | None = None,
           a_shared: dict | None = None, b_shared: dict | None = None,
+          generator: torch.Generator | None = None,
           ) -> tuple[torch.Tensor, _Operand | None, _Operand | None]:
     """One of the three GEMMs, ``a @ b.T``, in FP8 or high precision per the recipe.
 
@@ -218,17 +237,22 @@ def _gemm(recipe: Recipe, gemm: str, a: torch.Tensor, b: torch.Tensor, emulate: 
     being quantized again: the same numbers, one quantization less; an operand with a
     ``*_shared`` cache (``SharedInput.for_input``) is taken from, or put into, that cache.
     Returns the result and the two emulated operands (``None`` when the GEMM ran in high
-    precision or on a kernel).
+    precision or on a kernel). The wgrad GEMM of a recipe with ``wgrad_rht`` quantizes both
+    operands after the 16x16 random Hadamard transform along the tokens (``hadamard.rht``; the
+    product is unchanged in exact arithmetic), never reusing an untransformed operand; a
+    weight-only recipe's ``None`` operand enters in high precision. ``generator``: the draws of
+    stochastically rounded operands.
     """
     if not getattr(recipe, gemm):
         return lowp_matmul(a, b.t()), None, None
     a_cfg, b_cfg = recipe.operands(gemm)
-    assert a_cfg is not None and b_cfg is not None
-    if not (emulate or not has_scaled_mm_kernel(a_cfg.granularity, b_cfg.granularity)):
+    assert b_cfg is not None and (a_cfg is not None or recipe.weight_only)
+    if a_cfg is not None and not (emulate or not has_scaled_mm_kernel(a_cfg.granularity, b_cfg.granularity)):
         out = fp8_mm(a, a_cfg, b, b_cfg, pow2_scales=recipe.pow2_scales, emulate=False)
         return out, None, None
-    qa = _operand(a, a_cfg, recipe, a_from, a_shared, f"{gemm}.a")
-    qb = _operand(b, b_cfg, recipe, b_from, b_shared, f"{gemm}.b")
+    transform = rht if gemm == "wgrad" and recipe.wgrad_rht else None
+    qa = _operand(a, a_cfg, recipe, a_from, a_shared, f"{gemm}.a", generator, transform)
+    qb = _operand(b, b_cfg, recipe, b_from, b_shared, f"{gemm}.b", generator, transform)
     return (qa @ qb.t()).to(a.dtype), _Operand(a_cfg, qa), _Operand(b_cfg, qb)
 
 
@@ -243,9 +267,9 @@ class _Fp8LinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, recipe: Recipe, emulate: bool,
-                shared: dict | None):
+                shared: dict | None, generator: torch.Generator | None):
         ctx.save_for_backward(x, weight)
-        ctx.recipe, ctx.emulate, ctx.shared = recipe, emulate, shared
+        ctx.recipe, ctx.emulate, ctx.shared, ctx.generator = recipe, emulate, shared, generator
         x2 = x.reshape(-1, x.shape[-1])  # [M, K]
         y, ctx.x_q, ctx.w_q = _gemm(recipe, "fprop", x2, weight, emulate, a_shared=shared)  # [M, N]
         return y.reshape(*x.shape[:-1], weight.shape[0])
@@ -259,16 +283,17 @@ class _Fp8LinearFn(torch.autograd.Function):
         g_q = None
         if ctx.needs_input_grad[0]:
             # dgrad: grad_x [M, K] = grad_y [M, N] @ W [N, K]; contraction over N
-            grad_x, g_q, _ = _gemm(recipe, "dgrad", g2, weight.t(), emulate, b_from=ctx.w_q)
+            grad_x, g_q, _ = _gemm(recipe, "dgrad", g2, weight.t(), emulate, b_from=ctx.w_q,
+                                   generator=ctx.generator)
             grad_x = grad_x.reshape(x.shape)
         if ctx.needs_input_grad[1]:
             # wgrad: grad_W [N, K] = grad_y.T [N, M] @ x [M, K]; contraction over tokens M
             x2 = x.reshape(-1, x.shape[-1])
             grad_w, _, _ = _gemm(recipe, "wgrad", g2.t(), x2.t(), emulate, a_from=g_q, b_from=ctx.x_q,
-                                 b_shared=ctx.shared)
+                                 b_shared=ctx.shared, generator=ctx.generator)
             grad_w = grad_w.to(weight.dtype)
-        ctx.x_q = ctx.w_q = ctx.shared = None
-        return grad_x, grad_w, None, None, None
+        ctx.x_q = ctx.w_q = ctx.shared = ctx.generator = None
+        return grad_x, grad_w, None, None, None, None
 
 
 def fp8_linear(
@@ -279,6 +304,7 @@ def fp8_linear(
     *,
     emulate: bool = False,
     shared: SharedInput | None = None,
+    quant_state: QuantizerState | None = None,
 ) -> torch.Tensor:
     """Functional FP8 linear: ``x [..., K] @ weight[N, K].T + bias[N]`` -> ``[..., N]``.
 
@@ -286,12 +312,15 @@ def fp8_linear(
     cast to BF16 first (differentiably) and quantized from there, as under BF16 mixed precision
     (FSDP / DeepSpeed hand the layer a BF16 weight); GEMM outputs are BF16. ``shared``: the
     input's operands are shared with the other layers that read it (``SharedInput``).
+    ``quant_state``: the seeded generator of a recipe with stochastically rounded operands
+    (required for it, ``fp8rl.quant.rounding``).
     """
     if not recipe.enabled:
         return lowp_linear(x, weight, bias)
+    generator = stochastic_generator(recipe, quant_state)
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
-    y = _Fp8LinearFn.apply(x, weight, recipe, emulate, None if shared is None else shared.for_input(x))
+    y = _Fp8LinearFn.apply(x, weight, recipe, emulate, None if shared is None else shared.for_input(x), generator)
     return y if bias is None else y + bias.to(y.dtype)
 
 
@@ -299,8 +328,11 @@ class Fp8Linear(nn.Linear):
     """``nn.Linear`` whose forward/backward GEMMs follow an FP8 ``Recipe``.
 
     Shares ``weight`` and ``bias`` Parameters with the layer it was built from (no copies): the
-    master weights stay in their dtype and receive ordinary gradients.
+    master weights stay in their dtype and receive ordinary gradients. ``quant_state``: the
+    model's seeded quantizer state (``convert_to_fp8(..., seed=)``), shared by its layers.
     """
+
+    quant_state: QuantizerState | None = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  recipe: Recipe, emulate: bool = False, device=None, dtype=None) -> None:
@@ -318,12 +350,14 @@ class Fp8Linear(nn.Linear):
         return new
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(input, self.weight, self.bias, self.recipe, emulate=self.emulate)
+        return fp8_linear(input, self.weight, self.bias, self.recipe, emulate=self.emulate,
+                          quant_state=self.quant_state)
 
     def forward_with(self, input: torch.Tensor, shared: SharedInput) -> torch.Tensor:
         """``forward``, the input's emulated FP8 operands shared through ``shared`` with the other
         layers that read the same input (the same numbers, fewer quantizations)."""
-        return fp8_linear(input, self.weight, self.bias, self.recipe, emulate=self.emulate, shared=shared)
+        return fp8_linear(input, self.weight, self.bias, self.recipe, emulate=self.emulate, shared=shared,
+                          quant_state=self.quant_state)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}, emulate={self.emulate}"

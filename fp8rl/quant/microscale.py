@@ -68,9 +68,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fp8rl.quant.formats import E2M1, E4M3, ElementFormat, SubByteFormat, round_magnitudes_
+from fp8rl.quant.formats import E2M1, E4M3, ElementFormat, SubByteFormat, round_magnitudes_, round_magnitudes_stochastic_
 from fp8rl.quant.granularity import MX, Granularity, NVBlock
-from fp8rl.quant.quantize import EPS, _as_2d, _blocked, _raise_non_finite
+from fp8rl.quant.quantize import EPS, _as_2d, _block_in, _blocked, _raise_non_finite, _unblocked
 
 __all__ = [
     "MicroscaledTensor",
@@ -130,9 +130,9 @@ def _round_grid(a: torch.Tensor, fmt) -> torch.Tensor:
 
 def _block_decode_scales(axb: torch.Tensor, granularity: Granularity, fmt: SubByteFormat,
                          operand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``(d, block_scale, tensor_scale)`` of blocks ``|x|`` viewed as ``[rows, gc, bc]``: ``d`` the
-    float32 decode scale per block ``[rows, gc, 1]``."""
-    amax = axb.amax(dim=-1, keepdim=True)  # [rows, gc, 1]
+    """``(d, block_scale, tensor_scale)`` of blocks ``|x|`` viewed as ``[gr, br, gc, bc]``: ``d`` the
+    float32 decode scale per block ``[gr, 1, gc, 1]``."""
+    amax = axb.amax(dim=(1, 3), keepdim=True)  # [gr, 1, gc, 1]
     if not math.isfinite(float(amax.max())):
         _raise_non_finite(operand, "quantize (microscaled)")
     if isinstance(granularity, MX):
@@ -148,36 +148,53 @@ def _block_decode_scales(axb: torch.Tensor, granularity: Granularity, fmt: SubBy
     return s_b * s_t, s_b, s_t
 
 
-def _quantize_values(x: torch.Tensor, granularity: Granularity, fmt: ElementFormat):
+def _check_generator(generator: torch.Generator | None, fmt: ElementFormat) -> None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"stochastic rounding to {fmt.name} needs a torch.Generator (the quantizer state's, "
+                        f"fp8rl.quant.rounding.QuantizerState), got {type(generator).__name__}")
+
+
+def _quantize_values(x: torch.Tensor, granularity: Granularity, fmt: ElementFormat,
+                     generator: torch.Generator | None = None):
     """``(q, d, block_scale, tensor_scale, rows, cols)``: ``q`` the element values (float32
-    ``[rows, gc, bc]``, zero-padded), ``d`` the decode scale per block ``[rows, gc, 1]``."""
+    ``[gr, br, gc, bc]``, zero-padded), ``d`` the decode scale per block ``[gr, 1, gc, 1]``.
+    ``generator``: stochastic rounding of the elements with draws from it (``None``: nearest even)."""
     check_microscaled(granularity, fmt)
+    _check_generator(generator, fmt)
     assert isinstance(fmt, SubByteFormat)
-    x2, (_, bc) = _as_2d(x, granularity)
+    x2, (br, bc) = _as_2d(x, granularity)
     rows, cols = x2.shape
-    xb = _blocked(x2.to(torch.float32), 1, bc).reshape(rows, -1, bc)  # [rows, gc, bc]
+    xb = _blocked(x2.to(torch.float32), br, bc)  # [gr, br, gc, bc]
     axb = xb.abs()
     d, block_scale, tensor_scale = _block_decode_scales(axb, granularity, fmt, x)
     # a block whose scale is 0 (NVFP4: s_b under E4M3's half subnormal) holds zeros: divide by inf
     a = axb.div_(torch.where(d == 0, torch.inf, d))
-    q = _round_grid(a, fmt).copysign_(xb)
+    if generator is None:
+        q = _round_grid(a, fmt)
+    else:  # stochastic: one uniform draw per element (padding included), from the caller's generator
+        u = torch.rand(a.shape, generator=generator, dtype=torch.float32, device=generator.device)
+        q = round_magnitudes_stochastic_(a.clamp_(max=fmt.max), fmt, u.to(a.device)).clamp_(max=fmt.max)
+    q = q.copysign_(xb)
     return q, d, block_scale, tensor_scale, rows, cols
 
 
 def _crop(yb: torch.Tensor, rows: int, cols: int, shape: torch.Size) -> torch.Tensor:
-    y = yb.reshape(rows, -1)
-    return (y if y.shape[1] == cols else y[:, :cols].contiguous()).reshape(shape)
+    y = _unblocked(yb, rows, cols)
+    return y.reshape(shape)
 
 
-def fake_quantize_microscaled(x: torch.Tensor, granularity: Granularity, fmt: ElementFormat) -> torch.Tensor:
+def fake_quantize_microscaled(x: torch.Tensor, granularity: Granularity, fmt: ElementFormat,
+                              generator: torch.Generator | None = None) -> torch.Tensor:
     """``dequantize_microscaled(quantize_microscaled(x, ...))`` in float32 without the codes:
-    what an emulated FP4/FP6 GEMM feeds its matmul. ``x``: ``[..., C]`` (C the contraction dim).
+    what an emulated FP4/FP6 GEMM feeds its matmul. ``x``: ``[..., C]`` (C the contraction dim);
+    2-D tiles (``NVBlock(16, rows=16)``) need a 2-D ``x``. ``generator``: stochastic rounding of
+    the elements, drawing from it (``None``: nearest even; the scales are always nearest even).
 
     Raises:
         NonFiniteError: ``x`` holds inf or NaN.
         ValueError: no standard defines ``granularity`` with ``fmt`` (``check_microscaled``).
     """
-    q, d, _, _, rows, cols = _quantize_values(x, granularity, fmt)
+    q, d, _, _, rows, cols = _quantize_values(x, granularity, fmt, generator)
     return _crop(q.mul_(d), rows, cols, x.shape)
 
 
@@ -185,14 +202,21 @@ def _positive_values(fmt: SubByteFormat) -> torch.Tensor:
     return fmt.values()[: 2 ** (fmt.bits - 1)]
 
 
-def quantize_microscaled(x: torch.Tensor, granularity: Granularity, fmt: ElementFormat) -> MicroscaledTensor:
+def _scale_shape(x: torch.Tensor, granularity: Granularity, gr: int, gc: int) -> tuple[int, ...]:
+    br, _ = granularity.block_shape(*x.reshape(-1, x.shape[-1]).shape)
+    return (*x.shape[:-1], gc) if br == 1 else (gr, gc)
+
+
+def quantize_microscaled(x: torch.Tensor, granularity: Granularity, fmt: ElementFormat,
+                         generator: torch.Generator | None = None) -> MicroscaledTensor:
     """Quantize ``x [..., C]`` to codes and scales (see the module docstring for the formulas)."""
-    q, _, block_scale, tensor_scale, rows, cols = _quantize_values(x, granularity, fmt)
+    q, _, block_scale, tensor_scale, rows, cols = _quantize_values(x, granularity, fmt, generator)
     assert isinstance(fmt, SubByteFormat)
     mag = torch.searchsorted(_positive_values(fmt), q.abs().contiguous())  # exact: q is on the grid
     codes = mag.to(torch.uint8) | (torch.signbit(q).to(torch.uint8) << (fmt.bits - 1))
     codes = _crop(codes, rows, cols, x.shape)
-    return MicroscaledTensor(codes, block_scale.reshape(*x.shape[:-1], -1), tensor_scale)
+    gr, gc = block_scale.shape[0], block_scale.shape[2]
+    return MicroscaledTensor(codes, block_scale.reshape(_scale_shape(x, granularity, gr, gc)), tensor_scale)
 
 
 def dequantize_microscaled(mt: MicroscaledTensor, granularity: Granularity, fmt: ElementFormat) -> torch.Tensor:
@@ -201,11 +225,10 @@ def dequantize_microscaled(mt: MicroscaledTensor, granularity: Granularity, fmt:
     assert isinstance(fmt, SubByteFormat)
     codes = mt.codes.reshape(-1, mt.codes.shape[-1])
     rows, cols = codes.shape
-    _, bc = granularity.block_shape(rows, cols)
-    bc = min(bc, cols)
+    br, bc = _block_in(granularity, rows, cols)
     q = fmt.values().index_select(0, codes.reshape(-1).to(torch.int32)).view(rows, cols)
-    qb = _blocked(q, 1, bc).reshape(rows, -1, bc)
-    d = mt.block_scale.reshape(rows, -1, 1).to(torch.float32)
+    qb = _blocked(q, br, bc)  # [gr, br, gc, bc]
+    d = mt.block_scale.reshape(qb.shape[0], 1, qb.shape[2], 1).to(torch.float32)
     if mt.tensor_scale is not None:
         d = d * mt.tensor_scale.reshape(())
     return _crop(qb * d, rows, cols, mt.codes.shape)

@@ -76,6 +76,7 @@ from dataclasses import dataclass, replace
 from fp8rl.quant.formats import E2M1, E2M3, E3M2, E4M3, E5M2, Fp8Format, SubByteFormat
 from fp8rl.quant.granularity import MX, Granularity, NVBlock, PerBlock, PerRow, PerTensor
 from fp8rl.quant.microscale import check_microscaled
+from fp8rl.quant.rounding import ROUNDINGS
 from fp8rl.registry import Registry
 
 __all__ = ["AMAX_COMPUTE_ALGOS", "GEMMS", "RECIPES", "SCALINGS", "OperandConfig", "Recipe", "get_recipe"]
@@ -90,12 +91,21 @@ AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 
 @dataclass(frozen=True)
 class OperandConfig:
-    """How one GEMM operand is cast to FP8: scaling ``granularity`` and element ``fmt``."""
+    """How one GEMM operand is cast to FP8: scaling ``granularity``, element ``fmt`` and ``rounding``
+    (``nearest``: nearest even; ``stochastic``: unbiased random rounding from the model's seeded
+    quantizer state, ``fp8rl.quant.rounding``; FP4/FP6 operands only)."""
 
     granularity: Granularity
     fmt: Fp8Format | SubByteFormat = E4M3
+    rounding: str = "nearest"
 
     def __post_init__(self) -> None:
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"OperandConfig.rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
+        if self.rounding == "stochastic" and not isinstance(self.fmt, SubByteFormat):
+            raise ValueError(
+                f"OperandConfig: stochastic rounding is implemented for FP4/FP6 operands only (E2M1, E2M3, "
+                f"E3M2), got {getattr(self.fmt, 'name', self.fmt)!r}; use rounding='nearest' for FP8")
         if not isinstance(self.granularity, Granularity):
             raise TypeError(
                 f"OperandConfig.granularity must be a Granularity instance (PerTensor(), PerRow(), "
@@ -106,7 +116,8 @@ class OperandConfig:
         check_microscaled(self.granularity, self.fmt)
 
     def short_str(self) -> str:
-        return f"{self.granularity.short_str()}_{self.fmt.short_str()}"
+        sr = "_sr" if self.rounding == "stochastic" else ""
+        return f"{self.granularity.short_str()}_{self.fmt.short_str()}{sr}"
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,11 @@ class Recipe:
             from an amax history; per-tensor granularity only; Transformer Engine only).
         amax_history_len, amax_compute_algo: delayed scaling: history length (>= 1) and
             ``"max"`` or ``"most_recent"``; must keep their defaults when ``scaling="dynamic"``.
+        wgrad_rht: multiply both wgrad operands by the 16x16 random Hadamard transform along the
+            tokens before quantizing them (``fp8rl.quant.hadamard``; NVIDIA's NVFP4 recipe).
+        weight_only: weight-only quantization (``w4a16``): only the weight operand of fprop and
+            dgrad is quantized; ``input`` and ``grad_output`` stay ``None`` (high precision) and
+            wgrad runs in high precision.
     """
 
     name: str
@@ -144,14 +160,19 @@ class Recipe:
     scaling: str = "dynamic"
     amax_history_len: int = 1024
     amax_compute_algo: str = "max"
+    wgrad_rht: bool = False
+    weight_only: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("Recipe needs a name (it becomes part of run names)")
         self._check_scaling()
+        self._check_transform()
         for gemm in GEMMS:
             if getattr(self, gemm):
                 a, b = self.operands(gemm)
+                if self.weight_only and b is not None:
+                    continue
                 if a is None or b is None:
                     raise ValueError(
                         f"recipe {self.name!r}: GEMM {gemm} is FP8 but an operand has no config "
@@ -181,6 +202,26 @@ class Recipe:
                 f"recipe {self.name!r}: delayed scaling keeps one scale per tensor; every FP8 operand "
                 f"must be PerTensor(), got {sorted(g.__name__ for g in grans)}"
             )
+
+    def _check_transform(self) -> None:
+        if self.weight_only and (self.input is not None or self.grad_output is not None or self.wgrad
+                                 or self.weight is None or not self.fprop):
+            raise ValueError(
+                f"recipe {self.name!r}: weight_only quantizes the weight of fprop (and dgrad) only: set "
+                f"weight, fprop=True, wgrad=False and leave input / grad_output None (high precision)")
+        if self.wgrad_rht:
+            a, b = self.operands("wgrad")
+            if not (self.wgrad and a is not None and b is not None
+                    and isinstance(a.fmt, SubByteFormat) and isinstance(b.fmt, SubByteFormat)):
+                raise ValueError(
+                    f"recipe {self.name!r}: wgrad_rht transforms the two operands of an FP4/FP6 wgrad GEMM; "
+                    f"set wgrad=True with FP4/FP6 input and grad_output configs, or wgrad_rht=False")
+
+    @property
+    def stochastic(self) -> bool:
+        """True when an operand of an FP8 GEMM of this recipe rounds stochastically."""
+        return any(c is not None and c.rounding == "stochastic"
+                   for gemm in GEMMS if getattr(self, gemm) for c in self.operands(gemm))
 
     def operands(self, gemm: str) -> tuple[OperandConfig | None, OperandConfig | None]:
         """The ``(a, b)`` operand configs of ``gemm`` in ``a @ b.T`` orientation, overrides applied."""
@@ -271,7 +312,9 @@ class Recipe:
         for gemm in GEMMS:
             a, b = self.operands(gemm)
             if getattr(self, gemm):
-                lines.append(f"{gemm}: {a.short_str()} x {b.short_str()}")  # type: ignore[union-attr]
+                sa, sb = (c.short_str() if c is not None else "hp" for c in (a, b))
+                rht = " (RHT16)" if gemm == "wgrad" and self.wgrad_rht else ""
+                lines.append(f"{gemm}: {sa} x {sb}{rht}")
             else:
                 lines.append(f"{gemm}: high precision")
         if self.scaling == "delayed":
@@ -349,13 +392,35 @@ _register(
     )
 )
 _register(
-    Recipe(
+    Recipe(  # NVIDIA's NVFP4 training recipe (arXiv:2509.25149 section 4; TE NVFP4BlockScaling)
         "nvfp4",
+        input=OperandConfig(NVBlock(16), E2M1),
+        weight=OperandConfig(NVBlock(16, rows=16), E2M1),
+        grad_output=OperandConfig(NVBlock(16), E2M1, rounding="stochastic"),
+        wgrad_rht=True,
+        impl="fp8rl",
+        **_ALL,
+    )
+)
+_register(
+    Recipe(  # the NVFP4 format alone: 1x16 blocks everywhere, nearest even, no transform
+        "nvfp4_rn",
         input=OperandConfig(NVBlock(16), E2M1),
         weight=OperandConfig(NVBlock(16), E2M1),
         grad_output=OperandConfig(NVBlock(16), E2M1),
         impl="fp8rl",
         **_ALL,
+    )
+)
+_register(
+    Recipe(  # FP4 (NVFP4, 16x16 weight tiles) weights, BF16 activations and gradients
+        "w4a16",
+        weight=OperandConfig(NVBlock(16, rows=16), E2M1),
+        fprop=True,
+        dgrad=True,
+        wgrad=False,
+        weight_only=True,
+        impl="fp8rl",
     )
 )
 _register(

@@ -27,7 +27,13 @@ Layout (matches vLLM's ``Fp8LinearMethod.create_weights`` for ``quant_method: fp
   ModelOpt's NVFP4 checkpoint names, but ModelOpt packs two codes per byte and stores E4M3 /
   E8M0 bytes, so the config is ``{"quant_method": "fp8rl_microscaled", ...}`` [deviation]: the
   mini engine's own layout, not a vLLM checkpoint. Activations are fake-quantized per call in
-  the recipe's ``input`` format; the GEMM is emulated (no FP4/FP6 kernel is wired in).
+  the recipe's ``input`` format; the GEMM is emulated (no FP4/FP6 kernel is wired in). NVFP4
+  weights with ``16 x 16`` tiles (``nvfp4``, ``w4a16``) store one scale per tile,
+  ``[ceil(N/16), ceil(K/16)]``.
+- ``w4a16`` (weight-only): the weight as above, activations in the engine's compute dtype
+  (BF16), not quantized; the GEMM is the BF16 activations times the dequantized FP4 weight in
+  float32, rounded to BF16 (what a W4A16 kernel that dequantizes into its fp32-accumulating MMA
+  computes, up to accumulation order); ``fp8rl_input_format: bf16`` in the config.
 - Activations: dynamic (no ``input_scale``), quantized with the recipe's ``input`` granularity
   (per-tensor, per-token, or 1x128 tiles), as vLLM's dynamic schemes do.
 
@@ -99,7 +105,7 @@ def _has_tensor_scale(cfg) -> bool:
 
 
 def _weight_cfg(recipe: Recipe):
-    if recipe.weight is None or recipe.input is None:
+    if recipe.weight is None or (recipe.input is None and not recipe.weight_only):
         raise ValueError(f"recipe {recipe.name!r} has no FP8 weight/input config for rollout")
     return recipe.weight
 
@@ -114,7 +120,7 @@ def rollout_quant_config(recipe: Recipe | str) -> dict | None:
     if _microscaled(wcfg):
         return {"quant_method": "fp8rl_microscaled", "activation_scheme": "dynamic",
                 "fp8rl_weight_format": wcfg.fmt.name, "fp8rl_weight_granularity": g.short_str(),
-                "fp8rl_input_format": recipe.input.fmt.name}  # type: ignore[union-attr]
+                "fp8rl_input_format": "bf16" if recipe.input is None else recipe.input.fmt.name}
     cfg: dict = {"quant_method": "fp8", "activation_scheme": "dynamic"}
     if isinstance(g, PerBlock):
         cfg["weight_block_size"] = [g.rows, g.cols]
@@ -269,7 +275,9 @@ class Fp8InferenceLinear(nn.Module):
     def _forward(self, x: torch.Tensor, shared: SharedInput | None) -> torch.Tensor:
         icfg, wcfg = self.recipe.input, _weight_cfg(self.recipe)
         x2 = x.reshape(-1, x.shape[-1])
-        if self.emulate or not has_scaled_mm_kernel(icfg.granularity, wcfg.granularity):  # type: ignore[union-attr]
+        if icfg is None:  # weight-only (w4a16): high-precision activations, the FP4 weight dequantized
+            y = (x2.to(torch.float32) @ self.dequantized_weight().t()).to(x.dtype)
+        elif self.emulate or not has_scaled_mm_kernel(icfg.granularity, wcfg.granularity):
             # scaled_gemm's emulated path (fake_quantize == dequantize(quantize(x)), bit for
             # bit) with the weight dequantized once per sync
             xq = cached_operand(
@@ -307,7 +315,7 @@ def convert_for_rollout(
     device = _device_of(model)
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     rollout_only = Recipe(f"{recipe.name}/rollout", input=recipe.input, weight=recipe.weight,
-                          fprop=True, pow2_scales=recipe.pow2_scales)
+                          fprop=True, pow2_scales=recipe.pow2_scales, weight_only=recipe.weight_only)
     check_supported(rollout_only, impl="fp8rl", device_type=device.type, capability=capability, emulate=emulate)
     return swap_linears(
         model,

@@ -21,7 +21,8 @@ HYDRA_TEXT = ("HYDRA_FULL_ERROR", "Config search path", "provider=", "Traceback"
 CASES = [
     # (id, overrides, what the message must hold)
     ("group-value", ["fp8=fp9"], ["fp8=fp9", "'fp9' is not an option of config group fp8",
-                                  "valid values: bf16, blockwise, fp32, mxfp4, mxfp6, mxfp8, nvfp4, rollout_only, rowwise, tensorwise"]),
+                                  "valid values: bf16, blockwise, fp32, mxfp4, mxfp6, mxfp8, nvfp4, nvfp4_rn, rollout_only, rowwise, tensorwise, "
+                                  "tensorwise_delayed, w4a16"]),
     ("sweep-file", ["+sweep=main_tabel"], ["+sweep=main_tabel", "config group sweep", "did you mean main_table?"]),
     ("group-typo", ["algorithm=dapoo"], ["'dapoo'", "dapo, dr_grpo, grpo", "did you mean dapo?"]),
     ("int-type", ["steps=abc"], ["steps=abc: steps takes an integer, got 'abc'", "e.g. steps="]),

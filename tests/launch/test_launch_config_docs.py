@@ -41,7 +41,7 @@ def test_launch_config_tree_exists():
         "main_table", "entropy_granularity", "calibration_ablation", "quick", "smoke"}
     assert {p.stem for p in (REPO / "sweeps" / "fp8").glob("*.yaml")} == {
         "fp32", "bf16", "rollout_only", "tensorwise", "tensorwise_delayed", "rowwise", "blockwise", "mxfp8",
-        "nvfp4", "mxfp4", "mxfp6"}
+        "nvfp4", "nvfp4_rn", "w4a16", "mxfp4", "mxfp6"}
     assert (REPO / "slurm" / "profiles" / "example.yaml").is_file()
 
 
@@ -69,7 +69,7 @@ def test_launch_sweep_file_header_names_artefact_and_command(name):
 
 @pytest.mark.parametrize("axes", [
     ("algorithm=grpo,dapo,dr_grpo", "model=8b,14b,32b"),
-    ("fp8=bf16,rollout_only,tensorwise,rowwise,blockwise,mxfp8,mxfp6,nvfp4,mxfp4",
+    ("fp8=bf16,rollout_only,tensorwise,rowwise,blockwise,mxfp8,mxfp6,nvfp4,nvfp4_rn,w4a16,mxfp4",
      "clip=vanilla,tis,calibrated,no_lower_clip,wide_lower"),
 ], ids=["algorithm-x-model", "fp8-x-clip"])
 def test_launch_every_group_option_composes_and_validates(launch, tmp_path, axes):

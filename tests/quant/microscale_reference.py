@@ -60,27 +60,50 @@ def ref_mx(row: list[float], fmt: str, block: int = 32) -> list[float]:
     return out
 
 
-def ref_nvfp4(rows: list[list[float]], block: int = 16) -> list[list[float]]:
+def ref_nvfp4(rows: list[list[float]], block: int = 16, block_rows: int = 1) -> list[list[float]]:
+    """NVFP4 of a 2-D list: ``block_rows x block`` tiles (ragged at the edges), each with its own
+    E4M3 scale from the tile's amax, under one FP32 tensor scale."""
     amax_t = max(abs(x) for r in rows for x in r)
     s_t = f32(max(amax_t, 1e-12) / 2688.0)
-    out = []
-    for row in rows:
-        o = []
-        for b in range(0, len(row), block):
-            blk = row[b : b + block]
-            s_b = rne_sat(f32(max(abs(x) for x in blk) / (6.0 * s_t)), GRIDS["e4m3"])
+    out = [[0.0] * len(r) for r in rows]
+    for i0 in range(0, len(rows), block_rows):
+        for b in range(0, len(rows[0]), block):
+            tile = [(i, j) for i in range(i0, min(i0 + block_rows, len(rows))) for j in range(b, min(b + block, len(rows[0])))]
+            s_b = rne_sat(f32(max(abs(rows[i][j]) for i, j in tile) / (6.0 * s_t)), GRIDS["e4m3"])
             d = f32(s_b * s_t)
-            for x in blk:
+            for i, j in tile:
+                x = rows[i][j]
                 q = 0.0 if d == 0 else rne_sat(abs(f32(x / d)), GRIDS["e2m1"])
-                o.append(math.copysign(f32(q * d), x))
-        out.append(o)
+                out[i][j] = math.copysign(f32(q * d), x)
     return out
 
 
 def reference(x: torch.Tensor, gran, fmt) -> torch.Tensor:
     rows = x.float().reshape(-1, x.shape[-1]).tolist()
-    out = ref_nvfp4(rows) if isinstance(gran, NVBlock) else [ref_mx(r, fmt.name, gran.block) for r in rows]
+    if isinstance(gran, NVBlock):
+        out = ref_nvfp4(rows, gran.block, gran.rows)
+    else:
+        out = [ref_mx(r, fmt.name, gran.block) for r in rows]
     return torch.tensor(out, dtype=torch.float32).reshape(x.shape)
+
+
+def hadamard_reference(n: int = 16) -> np.ndarray:
+    """The Sylvester Hadamard matrix by Kronecker products of [[1, 1], [1, -1]] (float64)."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.kron(np.array([[1.0, 1.0], [1.0, -1.0]]), h)
+    return h
+
+
+def rht_reference(x: torch.Tensor, signs) -> torch.Tensor:
+    """``x [rows, M]`` (M zero-padded to a multiple of 16) times blockdiag(diag(signs) H / 4), float64."""
+    n = len(signs)
+    m = x.shape[1]
+    pad = -m % n
+    xp = np.pad(x.double().numpy(), ((0, 0), (0, pad)))
+    r = np.diag(np.array(signs, dtype=np.float64)) @ hadamard_reference(n) / math.sqrt(n)
+    blk = np.kron(np.eye((m + pad) // n), r)
+    return torch.from_numpy(xp @ blk)
 
 
 def assert_bits(got: torch.Tensor, want: torch.Tensor) -> None:

@@ -4,7 +4,9 @@ import copy
 
 import pytest
 import torch
-from microscale_reference import reference
+from dataclasses import replace
+
+from microscale_reference import reference, rht_reference
 from torch import nn
 
 from fp8rl.quant import RECIPES, Fp8Linear, convert_to_fp8, fp8_linear, get_recipe
@@ -29,12 +31,32 @@ def _slow_dequant(t, g, fmt, pow2):
     return out
 
 
+def nearest(recipe):
+    """``recipe`` with every operand rounded to nearest even (the slow reference has no random
+    draws; stochastic rounding is tested on its own in test_quant_rounding.py)."""
+    fields = ("input", "weight", "grad_output", "weight_for_dgrad", "input_for_wgrad", "grad_output_for_wgrad")
+    return replace(recipe, **{f: replace(getattr(recipe, f), rounding="nearest") for f in fields
+                              if getattr(recipe, f) is not None})
+
+
+def _ref_operands(recipe, gemm, a, b):
+    """The two operands the reference multiplies: the wgrad RHT (an independent float64 Hadamard)
+    where the recipe has it, each FP8/FP4 operand dequantized by the slow loop, a weight-only
+    recipe's high-precision operand as it is."""
+    from fp8rl.quant.hadamard import SIGNS
+
+    if gemm == "wgrad" and recipe.wgrad_rht:
+        a, b = rht_reference(a, SIGNS).float(), rht_reference(b, SIGNS).float()
+    ca, cb = recipe.operands(gemm)
+    da = a.float() if ca is None else _slow_dequant(a, ca.granularity, ca.fmt, recipe.pow2_scales)
+    db = _slow_dequant(b, cb.granularity, cb.fmt, recipe.pow2_scales)
+    return da, db
+
+
 def _ref_mm(recipe, gemm, a, b):
     if not getattr(recipe, gemm):
         return a.float() @ b.float().t()
-    ca, cb = recipe.operands(gemm)
-    da = _slow_dequant(a, ca.granularity, ca.fmt, recipe.pow2_scales)
-    db = _slow_dequant(b, cb.granularity, cb.fmt, recipe.pow2_scales)
+    da, db = _ref_operands(recipe, gemm, a, b)
     return da.double() @ db.double().t()
 
 
@@ -65,7 +87,7 @@ def test_fprop_dgrad_wgrad_match_slow_reference(name, hybrid):
         with pytest.raises(ValueError, match="FP4/FP6; hybrid"):
             get_recipe(name, hybrid=hybrid)
         return
-    recipe = get_recipe(name, hybrid=hybrid)
+    recipe = nearest(get_recipe(name, hybrid=hybrid))
     x, w, b, gy = _data()
     y, gx, gw, gb = _run(lambda x, w, b: fp8_linear(x, w, b, recipe, emulate=True), x, w, b, gy)
     x2, g2 = x.reshape(-1, x.shape[-1]), gy.reshape(-1, gy.shape[-1])
@@ -85,9 +107,7 @@ def _abs_mm(recipe, gemm, a, b):
     """|A| |B|^T of the operands the reference multiplies (dequantized where the GEMM is FP8)."""
     if not getattr(recipe, gemm):
         return a.double().abs() @ b.double().abs().t()
-    ca, cb = recipe.operands(gemm)
-    da = _slow_dequant(a, ca.granularity, ca.fmt, recipe.pow2_scales)
-    db = _slow_dequant(b, cb.granularity, cb.fmt, recipe.pow2_scales)
+    da, db = _ref_operands(recipe, gemm, a, b)
     return da.double().abs() @ db.double().abs().t()
 
 
@@ -99,7 +119,7 @@ def test_every_gemm_is_within_the_float32_summation_bound_on_any_cpu(name):
     K u / (1 - K u), u = 2^-24 (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed.,
     eq. 3.13: any summation order, FMA or not). A GEMM on unquantized operands, or on other
     scales, misses the float64 product by far more than this."""
-    recipe = get_recipe(name)
+    recipe = nearest(get_recipe(name))
     x, w, b, gy = _data(k=160, n=144, seed=3)
     y, gx, gw, _ = _run(lambda x, w, b: fp8_linear(x, w, None, recipe, emulate=True), x, w, b, gy)
     x2, g2 = x.reshape(-1, x.shape[-1]), gy.reshape(-1, gy.shape[-1])
@@ -159,23 +179,30 @@ def test_backward_reuse_of_quantized_operands_equals_requantizing(name):
     (each quantizing its own operands) exactly."""
     from fp8rl.quant.linear import fp8_mm
 
-    recipe = RECIPES[name]
+    from fp8rl.quant.hadamard import rht
+
+    recipe = nearest(RECIPES[name])
     x, w, b, gy = _data(k=256, n=160)
     y, gx, gw, _ = _run(lambda x, w, b: fp8_linear(x, w, b, recipe, emulate=True), x, w, b, gy)
     x2, g2 = x.reshape(-1, x.shape[-1]), gy.reshape(-1, gy.shape[-1])
     divide = recipe.impl == "torchao"
 
+    def fq(t, c):
+        return t.float() if c is None else fake_quantize(t, c.granularity, c.fmt, pow2_scale=recipe.pow2_scales,
+                                                         divide=divide)
+
     def gemm(gemm, a, bb):
         if not getattr(recipe, gemm):
             return a @ bb.t()
         ca, cb = recipe.operands(gemm)
-        return fake_quantize(a, ca.granularity, ca.fmt, pow2_scale=recipe.pow2_scales, divide=divide) @ \
-            fake_quantize(bb, cb.granularity, cb.fmt, pow2_scale=recipe.pow2_scales, divide=divide).t()
+        if gemm == "wgrad" and recipe.wgrad_rht:
+            a, bb = rht(a), rht(bb)
+        return fq(a, ca) @ fq(bb, cb).t()
 
     assert torch.equal(y.reshape(-1, y.shape[-1]), gemm("fprop", x2, w) + b)
     assert torch.equal(gx.reshape(-1, gx.shape[-1]), gemm("dgrad", g2, w.t()))
     assert torch.equal(gw, gemm("wgrad", g2.t(), x2.t()))
-    if not divide:  # block/MX recipes: the same numbers as quantize -> dequantize -> matmul
+    if not divide and not recipe.weight_only:  # block/MX recipes: quantize -> dequantize -> matmul
         ca, cb = recipe.operands("fprop")
         ref = fp8_mm(x2, ca, w, cb, pow2_scales=recipe.pow2_scales, emulate=True)
         assert torch.equal(y.reshape(-1, y.shape[-1]), ref + b)

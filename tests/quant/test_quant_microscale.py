@@ -158,7 +158,7 @@ def test_recipes_refuse_kernels_and_run_emulated():
     from fp8rl.quant.audit import build_tiny_qwen3
     from fp8rl.quant.rollout import Fp8InferenceLinear, sync_rollout_weights
 
-    for name in ("nvfp4", "mxfp4", "mxfp6"):
+    for name in ("nvfp4", "nvfp4_rn", "w4a16", "mxfp4", "mxfp6"):
         assert RECIPES[name].microscaled and not RECIPES["mxfp8"].microscaled
         for dev, cap in (("cpu", None), ("cuda", (10, 0))):
             with pytest.raises(Fp8UnsupportedError, match=r"Blackwell.*fp8\.emulate=true"):
@@ -169,7 +169,7 @@ def test_recipes_refuse_kernels_and_run_emulated():
     lin = engine.model.layers[0].self_attn.q_proj
     assert isinstance(lin, Fp8InferenceLinear) and lin.weight.dtype == torch.uint8
     w = model.model.layers[0].self_attn.q_proj.weight
-    assert_bits(lin.dequantized_weight(), fake_quantize(w.detach(), NVBlock(16), E2M1))
+    assert_bits(lin.dequantized_weight(), fake_quantize(w.detach(), NVBlock(16, rows=16), E2M1))  # 16x16 tiles
     assert set(engine.state_dict()) >= {"model.layers.0.self_attn.q_proj.weight_scale_2"}
 
 

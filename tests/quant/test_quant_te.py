@@ -279,6 +279,8 @@ def test_default_impl_per_recipe():
         "mxfp8": ("transformer_engine", "fp8rl"),
         "tensorwise_delayed": ("transformer_engine", None),
         "nvfp4": ("fp8rl", "fp8rl"),
+        "nvfp4_rn": ("fp8rl", "fp8rl"),
+        "w4a16": ("fp8rl", "fp8rl"),
         "mxfp4": ("fp8rl", "fp8rl"),
         "mxfp6": ("fp8rl", "fp8rl"),
     }
