@@ -120,6 +120,15 @@ DAPO_KEPT_GROUP_FRAC = "dapo/kept_group_frac"
 DAPO_FILTERED_GROUPS = "dapo/filtered_groups"
 DAPO_REPLACEMENTS = "dapo/replacements"
 
+# --- Score Centering (the score_centering* clip arms only; fp8rl.rl.score_centering) -----
+#: mean over response tokens of sum_H q: the sampler's probability mass on its own top-k ids H
+SC_HEAD_MASS = "sc/head_mass"
+#: mean over response tokens of rho = (1 - sum_H q) / max(1 - sum_H p, 1e-6), p the current trainer
+SC_RHO = "sc/rho"
+#: mean over response tokens of |A * C|, the term's size in the per-token loss
+SC_TERM_ABS = "sc/term_abs"
+SCORE_CENTERING_METRICS: tuple[str, ...] = (SC_HEAD_MASS, SC_RHO, SC_TERM_ABS)
+
 # --- timing -----------------------------------------------------------------------------
 PERF_STEP_S = "perf/step_s"
 PERF_ROLLOUT_S = "perf/rollout_s"
@@ -187,6 +196,7 @@ TRAIN_METRICS: tuple[str, ...] = (
     DAPO_KEPT_GROUP_FRAC,
     DAPO_FILTERED_GROUPS,
     DAPO_REPLACEMENTS,
+    *SCORE_CENTERING_METRICS,
     PERF_STEP_S,
     PERF_ROLLOUT_S,
     PERF_TRAIN_S,
@@ -204,6 +214,7 @@ SPARSE_METRICS: tuple[str, ...] = (
     DAPO_KEPT_GROUP_FRAC,
     DAPO_FILTERED_GROUPS,
     DAPO_REPLACEMENTS,
+    *SCORE_CENTERING_METRICS,
     PERF_SHADOW_S,
 )
 
