@@ -14,7 +14,12 @@ preallocated ``KVCache``: transformers' eager Qwen3 maths op for op, bit-identic
 token per step for every row until all rows emitted ``<eos>`` or ``max_new_tokens`` is reached. Sampling uses a caller-owned
 ``torch.Generator`` (deterministic per seed). The engine returns, per sampled token, its **own**
 log-prob ``log softmax(logits / temperature)[token]`` computed from the engine's (FP8) logits;
-the trainer uses the same temperature convention (``batch.token_logprobs``).
+the trainer uses the same temperature convention (``batch.token_logprobs``). Asked with
+``topk=k`` (the training rollouts of a Score Centering arm, ``fp8rl.rl.score_centering``), it
+also returns the ``k`` largest entries of the same ``log softmax(logits / temperature)`` per
+generated position, ids and log-probs (``RolloutBatch.topk_ids``, ``topk_logprobs``), read off
+the distribution the token was drawn from: a read only, so the sampled tokens and the
+generator's stream are those of ``topk=0``.
 
 Choices: tokens after ``<eos>`` are ``<pad>`` and outside the response mask; a response with
 no ``<eos>`` within the cap is *truncated* (DAPO's overlong shaping reads its length).
@@ -42,6 +47,10 @@ class RolloutBatch:
         response_mask: ``[B, T]`` 1 on generated tokens up to and including ``<eos>``.
         rollout_log_probs: ``[B, T]`` the engine's log-probs of the sampled tokens (0 off-mask).
         truncated: ``[B]`` bool, no ``<eos>`` within the cap.
+        topk_ids: ``[B, T, k]`` long, the ids of the ``k`` most likely tokens of the distribution
+            each response token was drawn from (``topk=k``; None when not asked); off-mask
+            ``0..k-1`` (distinct ids, so a padded position is still a valid head).
+        topk_logprobs: ``[B, T, k]`` their log-probs, descending along ``k`` (0 off-mask).
     """
 
     prompt_ids: torch.Tensor
@@ -50,6 +59,8 @@ class RolloutBatch:
     response_mask: torch.Tensor
     rollout_log_probs: torch.Tensor
     truncated: torch.Tensor
+    topk_ids: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
 
     @property
     def response_lengths(self) -> torch.Tensor:
@@ -71,6 +82,7 @@ def generate(
     weights_rounded: bool = False,
     attention: str = "eager",
     compact: bool = True,
+    topk: int = 0,
 ) -> RolloutBatch:
     """Sample responses for left-padded prompts with a KV cache.
 
@@ -82,23 +94,35 @@ def generate(
             its values, and the attention path (``qwen3.LeanQwen3``).
         compact: let finished rows leave the computed batch where no number changes
             (``live_rows``; ``False``: compute every row to the end, as before).
+        topk: ``k >= 1``: also return the top-``k`` ids and log-probs per generated position
+            (``RolloutBatch.topk_ids``, ``topk_logprobs``); 0: none (the default).
     Returns: ``RolloutBatch`` with ``T <= max_new_tokens`` columns.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    vocab = model.config.vocab_size
+    if isinstance(topk, bool) or not isinstance(topk, int) or not 0 <= topk <= vocab:
+        raise ValueError(f"topk must be an integer in [0, {vocab}] (the vocabulary size; 0: no top-k), "
+                         f"got {topk!r}")
+    heads: list[tuple[torch.Tensor, torch.Tensor]] = []
     toks, logps, valid, done = _decode(model, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens,
                                        temperature=temperature, eos_id=eos_id, pad_id=pad_id,
                                        generator=generator, greedy=greedy, dtype=dtype,
-                                       weights_rounded=weights_rounded, attention=attention, compact=compact)
+                                       weights_rounded=weights_rounded, attention=attention, compact=compact,
+                                       topk=topk, heads=heads)
     # stacked outside inference mode: the trainer gets ordinary tensors
     response_ids = torch.stack(toks, 1)
     response_mask = torch.stack(valid, 1).long()
+    topk_ids = topk_logprobs = None
+    if topk:
+        topk_ids = torch.stack([i for i, _ in heads], 1)  # [B, T, k]
+        topk_logprobs = torch.stack([v for _, v in heads], 1)
     return RolloutBatch(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
         response_mask=response_mask, rollout_log_probs=torch.stack(logps, 1),
-        truncated=~done,
+        truncated=~done, topk_ids=topk_ids, topk_logprobs=topk_logprobs,
     )
 
 
@@ -107,9 +131,12 @@ def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
             max_new_tokens: int, temperature: float, eos_id: int, pad_id: int,
             generator: torch.Generator | None, greedy: bool, dtype: torch.dtype = torch.float32,
             weights_rounded: bool = False, attention: str = "eager", compact: bool = False,
+            topk: int = 0, heads: list | None = None,
             ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     """The decode loop of ``generate`` under ``torch.inference_mode`` (no autograd bookkeeping):
-    per-step ``[B]`` tokens, log-probs and validity, and the final ``[B]`` done flags.
+    per-step ``[B]`` tokens, log-probs and validity, and the final ``[B]`` done flags. ``topk``
+    ``k >= 1``: per step, ``([B, k] ids, [B, k] log-probs)`` of the top-``k`` are appended to
+    the list ``heads``.
 
     The forward is :class:`~fp8rl.backends.mini.qwen3.LeanQwen3` with a preallocated KV cache
     (the same numbers as ``model(...)`` with a ``DynamicCache``, with fewer operations); each
@@ -140,6 +167,8 @@ def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
     pad = torch.full_like(done, pad_id, dtype=torch.long)
     zero = torch.zeros((), dtype=torch.float32, device=prompt_ids.device)
     toks, logps, valid = [], [], []
+    if topk:  # what a finished row's position holds: distinct ids 0..k-1, log-probs 0
+        head_pad = torch.arange(topk, device=prompt_ids.device).expand(b, topk)
     for i in range(max_new_tokens):
         last = full
         if last.dtype != torch.float32:
@@ -155,6 +184,10 @@ def _decode(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
         valid.append(~done)
         toks.append(tok)
         logps.append(torch.where(done, zero, logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)))
+        if topk:  # the distribution ``tok`` was drawn from (read only: the stream is unchanged)
+            head_lp, head_ids = logp_all.topk(topk, dim=-1)
+            off = done.unsqueeze(-1)
+            heads.append((torch.where(off, head_pad, head_ids), torch.where(off, zero, head_lp)))
         done = done | (tok == eos_id)
         if bool(done.all()):
             break

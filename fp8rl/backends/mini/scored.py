@@ -33,7 +33,9 @@ class ScoredBatch:
         i = idx.tolist()
         return ScoredBatch(
             rollout=RolloutBatch(r.prompt_ids[idx], r.prompt_mask[idx], r.response_ids[idx],
-                                 r.response_mask[idx], r.rollout_log_probs[idx], r.truncated[idx]),
+                                 r.response_mask[idx], r.rollout_log_probs[idx], r.truncated[idx],
+                                 None if r.topk_ids is None else r.topk_ids[idx],
+                                 None if r.topk_logprobs is None else r.topk_logprobs[idx]),
             problems=[self.problems[j] for j in i], texts=[self.texts[j] for j in i],
             rewards=self.rewards[idx], correct=self.correct[idx], garbled=self.garbled[idx],
             group_ids=self.group_ids[idx])
@@ -59,9 +61,28 @@ def concat_batches(batches: list[ScoredBatch], pad_id: int) -> ScoredBatch:
         response_mask=torch.cat([rpad(b.rollout.response_mask, t, 0) for b in batches]),
         rollout_log_probs=torch.cat([rpad(b.rollout.rollout_log_probs, t, 0.0) for b in batches]),
         truncated=torch.cat([b.rollout.truncated for b in batches]),
+        **_concat_topk([b.rollout for b in batches], t),
     )
     return ScoredBatch(
         rollout=rb, problems=[q for b in batches for q in b.problems],
         texts=[s for b in batches for s in b.texts],
         rewards=torch.cat([b.rewards for b in batches]), correct=torch.cat([b.correct for b in batches]),
         garbled=torch.cat([b.garbled for b in batches]), group_ids=torch.cat([b.group_ids for b in batches]))
+
+
+def _concat_topk(rbs: list[RolloutBatch], t: int) -> dict:
+    """``topk_ids`` / ``topk_logprobs`` of the concatenation, right-padded to ``t`` positions as the
+    engine pads a finished row (ids ``0..k-1``, log-probs 0); None where no batch has them."""
+    if all(r.topk_ids is None for r in rbs):
+        return {}
+    if any(r.topk_ids is None for r in rbs):
+        raise ValueError("concatenating rollout batches with and without top-k log-probs")
+
+    def rpad(x: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, fill.expand(x.shape[0], t - x.shape[1], -1).to(x.dtype)], dim=1)
+
+    k = rbs[0].topk_ids.shape[-1]
+    ids = torch.arange(k, device=rbs[0].topk_ids.device)
+    return {"topk_ids": torch.cat([rpad(r.topk_ids, ids) for r in rbs]),
+            "topk_logprobs": torch.cat([rpad(r.topk_logprobs, torch.zeros_like(ids, dtype=torch.float32))
+                                        for r in rbs])}
