@@ -108,3 +108,11 @@ class MiniRunConfig(RunConfig):
         _require(self.max_response_len >= 8,
                  f"max_response_len={self.max_response_len} is too short for the task "
                  f"(a {self.mini.max_terms}-term solution needs up to ~{longest} tokens)")
+        if self.clip.score_centering:  # the engine logs k of the vocabulary's ids per token
+            from fp8rl.backends.mini.tokenizer import CharTokenizer
+
+            vocab = CharTokenizer().vocab_size
+            _require(self.clip.score_centering_topk <= vocab,
+                     f"clip.score_centering_topk={self.clip.score_centering_topk} is larger than the mini "
+                     f"vocabulary ({vocab} tokens): the sampler cannot log more top-k ids than there are "
+                     f"tokens; give 1 <= clip.score_centering_topk <= {vocab}")
