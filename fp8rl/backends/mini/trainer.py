@@ -37,7 +37,7 @@ One step (``MiniTrainer.train_step``) reads as the paper's pipeline:
   ``lr``, the LM head at ``lr_lm_head``, the final norm at ``lr_final_norm``), so from the
   second mini-batch on the ratio pi_theta/pi_old moves off 1. The loss is ``ppo_token_loss * w``
   aggregated per mini-batch, with the clip bounds of the clip method (``same_batch``: each
-  mini-batch's own).
+  mini-batch's own); the Score Centering arms add ``A * C`` per token (``updates.py``).
 
 **The BF16 shadow** (Calibrated Clipping's measurement, and the diagnostic shadow of
 ``clip.shadow_diagnostics``): ``shadow.py`` says which steps and mini-batches are measured,
@@ -149,15 +149,17 @@ class MiniTrainer(EvalMixin, UpdateMixin, CheckpointMixin):
     # ----- rollout and reward ---------------------------------------------------------------
 
     def rollout(self, step: int, round_: int, gen: torch.Generator) -> ScoredBatch:
-        """Sample ``prompts_per_step`` prompts x ``n`` responses with the engine and score them."""
+        """Sample ``prompts_per_step`` prompts x ``n`` responses with the engine and score them (with
+        the engine's top-k log-probs per token for a Score Centering arm, ``updates.py``)."""
         cfg, n = self.cfg, self.cfg.algorithm.n_samples_per_prompt
+        topk = cfg.clip.score_centering_topk if cfg.clip.score_centering else 0
         rng = random.Random(seed_for(cfg.seed, "prompts", step, round_))
         problems = rng.sample(self.train_set, cfg.prompts_per_step)
         rows = [p for p in problems for _ in range(n)]
         ids, mask = left_pad([self.tok.encode(p.prompt, bos=True) for p in rows], self.tok.pad_id)
         rb = self.engine.generate(ids.to(self.device), mask.to(self.device),
                                   max_new_tokens=cfg.max_response_len, temperature=cfg.temperature,
-                                  eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, generator=gen)
+                                  eos_id=self.tok.eos_id, pad_id=self.tok.pad_id, generator=gen, topk=topk)
         group_ids = torch.arange(len(problems)).repeat_interleave(n) + round_ * len(problems)
         return self.score(rb, rows, group_ids)
 

@@ -1,6 +1,15 @@
 """The mini trainer's update: advantages, old log-probs, the mini-batch updates (a mixin of
 ``MiniTrainer``; the loop and its documentation are in ``trainer.py``, the BF16 shadow in
-``shadow.py``)."""
+``shadow.py``).
+
+Score Centering (the ``score_centering*`` clip arms; ``fp8rl.rl.score_centering``,
+docs/score_centering.md): the rollout carries the engine's top-k ids and log-probs per token
+(``RolloutBatch.topk_ids``, ``topk_logprobs``: log q); each mini-batch takes the trainer's
+log p at those ids from the logits of its own forward, at the rollout temperature as
+``token_logprobs`` does, the term C in the arm's mode and bounds, and adds ``A * C`` to the
+IS-weighted PPO token loss before ``aggregate`` (``loss_mat * w + A * C``: the term is not
+weighted again, its IS correction is inside m and alpha). ``actor/pg_loss`` is that sum.
+"""
 
 from __future__ import annotations
 
@@ -94,6 +103,12 @@ class UpdateMixin:
         if cfg.clip.shadow_diagnostics:  # the IS weights a BF16 trainer would apply (shadow/grad_cos)
             ref_weights, _ = is_weights(shadow_old, rb.rollout_log_probs, rb.response_mask,
                                         cfg.clip.is_correction, **cfg.clip.correction_params())
+        sc_sums = {"n": 0, "rho": 0.0, "term_abs": 0.0}
+        if cfg.clip.score_centering:  # the sampler's head mass, over the batch's response tokens
+            from fp8rl.rl.diagnostics import masked_mean
+
+            head = torch.exp(rb.topk_logprobs.float()).sum(-1)
+            out[M.SC_HEAD_MASS] = to_float(masked_mean(head, rb.response_mask))
         acc = UpdateStats()
         stepped = False  # an optimizer step has run: the weights are no longer those of ``old``
         for idx in parts:
@@ -101,9 +116,14 @@ class UpdateMixin:
                                         None if shadow_old is None else shadow_old[idx],
                                         None if ref_weights is None else ref_weights[idx], old_weights=not stepped)
             shadow_s += res.pop("shadow_s")
+            for k, v in (res.pop("sc", None) or {}).items():
+                sc_sums[k] += v
             stepped = stepped or not res["skipped"]
             acc.add(res)
         out.update(acc.result())
+        if cfg.clip.score_centering:
+            n = max(sc_sums["n"], 1)  # no response token at all: 0, as the sums
+            out.update({M.SC_RHO: sc_sums["rho"] / n, M.SC_TERM_ABS: sc_sums["term_abs"] / n})
         t0 = time.perf_counter()
         out.update(plan.finish())
         shadow_s += time.perf_counter() - t0
@@ -169,14 +189,23 @@ class UpdateMixin:
         if bool(shadowed.any()) or bool(meas.any()):
             shadow_s += time.perf_counter() - t0
         loss_mat, counts = _grouped_loss(logp, old, adv, mask, ratio, groups, dual_clip=a.dual_clip)
-        loss = aggregate(loss_mat * weights, mask, a.loss_agg_mode, horizon=cfg.max_response_len)
         m = mask.bool()
+        loss_mat = loss_mat * weights
+        sc = None
+        finite = bool((torch.isfinite(logp.detach()) | ~m).all())
+        if cfg.clip.score_centering and finite:  # + A * C (module docstring); not IS-weighted again
+            sc_mat, sc = score_centering_loss(logits, rb, idx, adv, mask, cfg.temperature,
+                                              cfg.clip.score_centering_options())
+            finite = sc is not None
+            if finite:
+                loss_mat = loss_mat + sc_mat
+        loss = aggregate(loss_mat, mask, a.loss_agg_mode, horizon=cfg.max_response_len)
         res = {"counts": counts, "ratio": ratio, "adv": adv, "mask": mask, "pg_loss": to_float(loss),
                "ppo_kl": to_float(masked_mean(-log_ratio, m)), "skipped": 0, "grad_norm": float("nan"),
                "shadow_s": shadow_s, "grad_cos": None, "shadow_ratio": shadow, "bounds": after.as_tuple(),
-               "bounds_first": win.before.as_tuple() if bool(win.first.any()) else None}
+               "bounds_first": win.before.as_tuple() if bool(win.first.any()) else None, "sc": sc}
         self.optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss) or not bool((torch.isfinite(logp.detach()) | ~m).all()):
+        if not torch.isfinite(loss) or not finite:
             res["skipped"] = 1
             return res
         loss.backward()
@@ -191,6 +220,40 @@ class UpdateMixin:
             return res
         self.optimizer.step()
         return res
+
+
+def score_centering_loss(logits: torch.Tensor, rb: RolloutBatch, idx: torch.Tensor, adv: torch.Tensor,
+                         mask: torch.Tensor, temperature: float, opts: dict) -> tuple[torch.Tensor, dict | None]:
+    """``(A * C [n, T], sums)`` of mini-batch ``idx``: the trainer's log p at the sampler's top-k
+    ids of those rows from ``logits`` ``[n, T, V]`` (the mini-batch's forward, with grad), the
+    term C in ``opts``' mode and bounds (``ClipConfig.score_centering_options``), masked by
+    ``mask`` ``[n, T]``; ``sums``: response tokens ``n`` and the sums of rho and |A * C| over
+    them (the step's ``sc/*`` means), or None where log p is not finite at a response token
+    (the mini-batch is skipped, as for a non-finite loss)."""
+    from fp8rl.rl.score_centering import score_centering_loss_mat, score_centering_term, tail_mass_ratio
+
+    m = mask.bool()
+    train = trainer_topk_logprobs(logits, rb, idx, temperature)  # [n, T, k]
+    if not bool((torch.isfinite(train.detach()) | ~m.unsqueeze(-1)).all()):
+        return torch.zeros_like(adv), None
+    sampler = rb.topk_logprobs[idx]
+    term = score_centering_term(train, sampler, opts["mode"], bounds=opts["bounds"], mask=mask)
+    mat = score_centering_loss_mat(term, adv, mask)
+    rho = tail_mass_ratio(train, sampler)
+    return mat, {"n": int(m.sum()), "rho": float(rho[m].sum()), "term_abs": float(mat.detach().abs()[m].sum())}
+
+
+def trainer_topk_logprobs(logits: torch.Tensor, rb: RolloutBatch, idx: torch.Tensor,
+                          temperature: float) -> torch.Tensor:
+    """The trainer's ``log softmax(logits / temperature)`` ``[n, T, k]`` at the sampler's top-k ids of
+    rows ``idx`` (``logits`` ``[n, T, V]``, row t predicting response token t, as
+    ``batch.response_logits`` gives them); the gradient flows into ``logits``."""
+    from fp8rl.rl.score_centering import trainer_logp_at_sampler_topk
+
+    if rb.topk_ids is None or rb.topk_logprobs is None:
+        raise RuntimeError("a Score Centering arm needs the rollout's top-k ids and log-probs; generate the "
+                           "training rollouts with RolloutEngine.generate(topk=clip.score_centering_topk)")
+    return trainer_logp_at_sampler_topk(logits, rb.topk_ids[idx], temperature=temperature)
 
 
 def _bound_groups(first: torch.Tensor, before, after) -> list[tuple[torch.Tensor, object]]:
