@@ -159,6 +159,12 @@ def plot_by_granularity(
     styles = _line_styles(settings)
     refs = {(a, m): bf16_reference(arms_) for a, m, arms_ in blocks(coll)}
     rows = [(b, m, lab) for b in blks for m, lab in rows_m if m not in block_dups[b]]
+    # a metric no run of a block logged (clip/alpha without a calibrated arm) gets no row of panels
+    unlogged: dict[str, list] = {}
+    for b, m, _ in rows:
+        if select(curves[m], *b).empty:
+            unlogged.setdefault(m, []).append(b)
+    rows = [r for r in rows if r[0] not in unlogged.get(r[1], [])]
     pieces = split_panels(rows, settings)
     many = len(blks) > 1
     os.makedirs(out_dir, exist_ok=True)
@@ -181,7 +187,8 @@ def plot_by_granularity(
         partial = {m: [b for b in blks if m in block_dups[b]] for m in spec.metrics if m not in dups}
         caption = granularity_caption(coll, spec, span=span_txt, band=any_band, surges=len(surges) > 0,
                                       rule=surge_rule, dups=dups,
-                                      block_dups={m: (block_dups[bs[0]][m], bs) for m, bs in partial.items() if bs})
+                                      block_dups={m: (block_dups[bs[0]][m], bs) for m, bs in partial.items() if bs},
+                                      unlogged=unlogged)
         parts, saved = [], []
         for slug, label, fig in figs:
             name = f"{spec.name}-{slug}" if slug else spec.name
@@ -325,15 +332,17 @@ def _draw(grid, *, spec, coll, curves, refs, styles, paired, surges, csv_rows, b
     if len(surges):
         handles["entropy surge onset"] = plt.Line2D([], [], marker="v", color="0.3", linestyle="none",
                                                      markersize=6)
-    fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center",
-               ncol=max(1, min(len(handles), (4 if ncols > 1 else 2)
-                               if max(map(len, handles)) < 40 else 2)), frameon=False)
+    if handles:
+        fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center",
+                   ncol=max(1, min(len(handles), (4 if ncols > 1 else 2)
+                                   if max(map(len, handles)) < 40 else 2)), frameon=False)
     fig.suptitle(title, fontsize=9)
     return fig, any_band
 
 
 def granularity_caption(coll: Collection, spec, *, span: float, band: bool, surges: bool,
-                        rule: SurgeRule, dups: dict | None = None, block_dups: dict | None = None) -> str:
+                        rule: SurgeRule, dups: dict | None = None, block_dups: dict | None = None,
+                        unlogged: dict | None = None) -> str:
     what = "; ".join(spec.ylabels)
     paired = getattr(spec, "paired", False)
     parts = [f"{spec.title}: {what}, one panel per FP8 setting, one colour per clip method"
@@ -350,6 +359,9 @@ def granularity_caption(coll: Collection, spec, *, span: float, band: bool, surg
     for b, (a, blks) in (block_dups or {}).items():
         where = ", ".join(f"{x.upper()} · {y}" for x, y in blks)
         parts.append(f"{b} equals {a} at every step of every run of {where}, so it is drawn once there.")
+    for m, blks in (unlogged or {}).items():
+        where = ", ".join(f"{x.upper()} · {y}" for x, y in blks)
+        parts.append(f"No run of {where} logged {m}: no panels for it there.")
     if surges:
         parts.append(f"Triangles: entropy surge onsets ({rule.describe()}).")
     u = unfinished(coll)
