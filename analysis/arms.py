@@ -13,10 +13,17 @@ clip method (``vanilla``, ``tis``, ``calibrated``). Labels follow the paper's wo
 
 Style: the **colour** comes from the FP8 setting (one hue family per granularity: BF16
 black, rollout-only grey, tensorwise reds, rowwise blues, blockwise greens, MXFP8 purples, MXFP6
-oranges, NVFP4 magentas, MXFP4 steel blues) and its **shade** from the clip method (vanilla
-light, TIS medium, calibrated dark); the **line style** also comes from the clip method
-(vanilla dotted, TIS dashed, calibrated solid), so the figures stay readable in greyscale. The mapping is a fixed table, so an arm has the same look
-in every figure whatever subset of arms a sweep holds.
+oranges, NVFP4 magentas and its plain-format control NVFP4-RN pinks, MXFP4 steel blues, W4A16
+browns) and its **shade** from the clip method (vanilla light, TIS medium, calibrated dark); the
+**line style** also comes from the clip method (vanilla dotted, TIS dashed, calibrated solid, the
+controls of Calibrated Clipping dash-dot, Score Centering dash-dot-dot: in the light shade without
+TIS, the medium one with it, as vanilla and TIS), so the figures stay readable in greyscale. The
+mapping is a fixed table, so an arm has the same look in every figure whatever subset of arms a
+sweep holds.
+
+Score Centering (``score_centering``, ``score_centering_tis``) is a correction added to the loss,
+not a clip method; ``clip=`` names it all the same, so it is labelled and styled here like one
+(``"FP4 NVFP4 + Score Centering + TIS"``).
 
 Unknown values never crash (the axes are extensible registries): an unknown FP8 setting gets
 the label ``"FP8 <name>"`` and a colour from a fallback palette picked by a stable hash
@@ -47,14 +54,20 @@ FP8_LABELS: dict[str, str] = {
     "mxfp8": "FP8 MXFP8",
     "mxfp6": "FP6 MXFP6",
     "nvfp4": "FP4 NVFP4",
+    "nvfp4_rn": "FP4 NVFP4-RN",
     "mxfp4": "FP4 MXFP4",
+    "w4a16": "W4A16",
 }
 #: Display order and label suffix of the known clip methods.
 CLIP_LABELS: dict[str, str] = {"vanilla": "vanilla", "tis": "TIS", "calibrated": "calibrated",
-                               "no_lower_clip": "no lower clip", "wide_lower": "wide lower bound"}
+                               "no_lower_clip": "no lower clip", "wide_lower": "wide lower bound",
+                               "score_centering": "Score Centering",
+                               "score_centering_tis": "Score Centering + TIS"}
 #: Which of an FP8 setting's three shades (light, medium, dark) each clip method takes; the two
-#: controls of Calibrated Clipping share the dash-dot line and take the light and dark shades.
-_SHADE: dict[str, int] = {"vanilla": 0, "tis": 1, "calibrated": 2, "no_lower_clip": 0, "wide_lower": 2}
+#: controls of Calibrated Clipping share the dash-dot line and take the light and dark shades, the
+#: two Score Centering arms share the dash-dot-dot line and take vanilla's and TIS's shades.
+_SHADE: dict[str, int] = {"vanilla": 0, "tis": 1, "calibrated": 2, "no_lower_clip": 0, "wide_lower": 2,
+                          "score_centering": 0, "score_centering_tis": 1}
 
 # (vanilla, tis, calibrated) shades per FP8 setting: light -> dark
 _COLOURS: dict[str, tuple[str, str, str]] = {
@@ -66,19 +79,25 @@ _COLOURS: dict[str, tuple[str, str, str]] = {
     "mxfp8": ("#9e9ac8", "#756bb1", "#54278f"),
     "mxfp6": ("#fdd49e", "#fdbb84", "#d7301f"),
     "nvfp4": ("#c994c7", "#dd1c77", "#980043"),
+    "nvfp4_rn": ("#fcc5c0", "#f768a1", "#ae017e"),
     "mxfp4": ("#a6bddb", "#3690c0", "#034e7b"),
+    "w4a16": ("#dfc27d", "#bf812d", "#8c510a"),
 }
 _FALLBACK: tuple[str, ...] = ("#8c564b", "#e377c2", "#bcbd22", "#17becf", "#d95f02", "#7570b3")
-_LINESTYLES: dict[str, str] = {"vanilla": ":", "tis": "--", "calibrated": "-", "no_lower_clip": "-.",
-                               "wide_lower": "-."}
+#: Dash-dot-dot: matplotlib's (offset, (on, off, ...)) in points.
+DASH_DOT_DOT: tuple = (0, (3, 1, 1, 1, 1, 1))
+_LINESTYLES: dict[str, str | tuple] = {"vanilla": ":", "tis": "--", "calibrated": "-", "no_lower_clip": "-.",
+                                       "wide_lower": "-.", "score_centering": DASH_DOT_DOT,
+                                       "score_centering_tis": DASH_DOT_DOT}
 
 
 @dataclass(frozen=True)
 class ArmStyle:
-    """How one arm is drawn: matplotlib colour, line style and line width."""
+    """How one arm is drawn: matplotlib colour, line style (a name such as ``"--"`` or a dash
+    tuple, :data:`DASH_DOT_DOT`) and line width."""
 
     color: str
-    linestyle: str
+    linestyle: str | tuple
     linewidth: float
 
 

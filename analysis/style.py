@@ -1,11 +1,13 @@
 """One colour per clip method in every figure of every report, and bands that respect the support.
 
 **Colours** (:data:`METHOD_COLOURS`, Okabe-Ito, readable by colour-blind readers): vanilla
-orange, TIS blue, calibrated green, and the controls of Calibrated Clipping ``no_lower_clip``
-reddish purple and ``wide_lower`` vermillion; :data:`REFERENCE_COLOUR` (black) is the BF16 reference (the
-block's BF16 arm drawn over the FP8 panels, the zero line of a difference to BF16, the dashed
-line of a bar summary). Figures show the FP8 setting by panel, never by colour, so a method
-looks the same in every panel, figure and report. :func:`method_colour` takes a clip **key**
+orange, TIS blue, calibrated green, the controls of Calibrated Clipping ``no_lower_clip``
+reddish purple and ``wide_lower`` vermillion, Score Centering ``score_centering`` wine and
+``score_centering_tis`` sky blue (Okabe-Ito's last usable hue, beside TIS's blue; wine is Paul
+Tol's, Okabe-Ito's yellow being unreadable on white); :data:`REFERENCE_COLOUR` (black) is the
+BF16 reference (the block's BF16 arm drawn over the FP8 panels, the zero line of a difference to
+BF16, the dashed line of a bar summary). Figures show the FP8 setting by panel, never by colour,
+so a method looks the same in every panel, figure and report. :func:`method_colour` takes a clip **key**
 (``"tis"``, ``"calibrated[clip.period=10]"``): the method, not its label. An unknown method gets
 a colour from :data:`FALLBACK` picked by a stable hash (CRC32) of its name. Variants of one
 method (the calibration ablation) share its colour and differ by line style and marker
@@ -29,9 +31,12 @@ from analysis.arms import CLIP_LABELS, split_clip
 from analysis.ratio_ci import t_quantile
 
 METHOD_COLOURS: dict[str, str] = {"vanilla": "#E69F00", "tis": "#0072B2", "calibrated": "#009E73",
-                                  "no_lower_clip": "#CC79A7", "wide_lower": "#D55E00"}
+                                  "no_lower_clip": "#CC79A7", "wide_lower": "#D55E00",
+                                  "score_centering": "#882255", "score_centering_tis": "#56B4E9"}
 REFERENCE_COLOUR = "#000000"
-FALLBACK: tuple[str, ...] = ("#56B4E9", "#882255", "#44AA99", "#999933", "#117733", "#AA4499")
+#: Colours of unknown methods (Paul Tol's muted scheme): none of them a known method's, so a new
+#: method never borrows an existing one's colour (two new ones may share one: give them entries).
+FALLBACK: tuple[str, ...] = ("#44AA99", "#999933", "#117733", "#AA4499", "#332288", "#DDCC77")
 #: (line style, marker) of the variants of one method, in display order (the first: the plain line).
 VARIANT_STYLES: tuple[tuple[str, str | None], ...] = (
     ("-", None), ("--", None), (":", None), ("-.", None), ("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
