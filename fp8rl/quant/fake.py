@@ -122,7 +122,10 @@ def fake_quantize(
                 f"fake_quantize: {granularity} with {fmt.name} elements has its scale rule fixed by "
                 "the standard (fp8rl.quant.microscale); pow2_scale and divide do not apply"
             )
-        return fake_quantize_microscaled(x, granularity, fmt)
+        return fake_quantize_microscaled(x, granularity, fmt, generator)
+    if generator is not None:
+        raise ValueError(f"fake_quantize: stochastic rounding is for FP4/FP6 operands; {fmt.name} rounds to "
+                         "nearest even (pass generator=None)")
     if x.dtype in _NATIVE_DTYPES and x.device.type == "cpu" and x.ndim and native.enabled():
         pow2 = pow2_scale or granularity.power_of_two
         if x.is_contiguous():  # row-major: the tensor path's and the fast paths' layout

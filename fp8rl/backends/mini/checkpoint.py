@@ -4,7 +4,7 @@
 (``save_checkpoint``, ``load_checkpoint``); the functions below are the file's format and checks.
 
 **What it holds**: tensors (model, optimizer moments, the torch RNG state, a calibration
-pool) and plain data (ints, floats, strings, lists, tuples, dicts: step, counters, history,
+pool, the quantizer state of a stochastically rounding recipe: ``quant_state``) and plain data (ints, floats, strings, lists, tuples, dicts: step, counters, history,
 clip state, the Python RNG state), in ``torch.save``'s zip format. Nothing else, so it loads
 with ``torch.load(weights_only=True)``, whose unpickler builds only those types.
 
@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from fp8rl.quant.rounding import model_quantizer_state
 from fp8rl.runs.safe_io import atomic_write_with, refuse_symlink
 
 #: The checkpoint's file name in the run directory's ``checkpoint/``.
@@ -55,6 +56,9 @@ STATE_KEYS = ("step", "model", "optimizer", "clipper", "bad_steps", "skipped_upd
               "torch_rng", "python_rng")
 #: The key of a checkpoint's tensor digest (absent in checkpoints written before digests).
 DIGEST_KEY = "digest"
+#: The key of the policy's quantizer state (``fp8rl.quant.rounding.QuantizerState``: the seeded
+#: generator of stochastic rounding), present when its recipe rounds stochastically (``nvfp4``).
+QUANT_STATE_KEY = "quant_state"
 
 
 
@@ -205,6 +209,18 @@ def check_logged(metrics_path: Path, rows: list[dict], step: int, checkpoint: Pa
                                               f"step {step} covers (the file was emptied or cut)", checkpoint)
 
 
+def restore_quant_state(policy: torch.nn.Module, state: dict, path: Path) -> None:
+    """Restore the policy's quantizer state (stochastic rounding's generator) from ``state``; a
+    policy that rounds stochastically refuses a checkpoint without one (it would draw other noise)."""
+    quant_state = model_quantizer_state(policy)
+    if quant_state is None:
+        return
+    if QUANT_STATE_KEY not in state:
+        raise CheckpointRefused(path, f"it holds no {QUANT_STATE_KEY!r} but the policy rounds stochastically: the "
+                                      "resumed run would draw other rounding noise than the run that wrote it")
+    quant_state.load_state_dict(state[QUANT_STATE_KEY])
+
+
 def _first_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text[:200]}"
@@ -228,6 +244,9 @@ class CheckpointMixin:
             "skipped_updates": self.skipped_updates, "history": self.history,
             "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
         }
+        quant_state = model_quantizer_state(self.policy)
+        if quant_state is not None:  # the rounding noise resumes where it stopped
+            state[QUANT_STATE_KEY] = quant_state.state_dict()
         save_state(path, state)
 
     def load_checkpoint(self) -> bool:
@@ -245,5 +264,6 @@ class CheckpointMixin:
         self.skipped_updates, self.history = int(state["skipped_updates"]), list(state["history"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
+        restore_quant_state(self.policy, state, path)
         self.engine.sync(self.policy)
         return True
