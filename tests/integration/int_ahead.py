@@ -18,8 +18,9 @@ from int_paths import REPO, SUPPORT
 class Job:
     """A support subprocess whose recorded result a test module's fixture returns.
 
-    ``kind``: ``scenario`` (``support/scenarios.py NAME``: Ray, DeepSpeed ranks, OpenRLHF's actors)
-    or ``vllm`` (``support/vllm_cpu.py NAME``: vLLM's CPU build); ``needed_by``: the fixture or
+    ``kind``: ``scenario`` (``support/scenarios.py NAME``: Ray, DeepSpeed ranks, OpenRLHF's actors),
+    ``vllm`` (``support/vllm_cpu.py NAME``: vLLM's CPU build) or ``script`` (``support/NAME.py OUT
+    PARAMS_JSON``, a job of its own, e.g. a whole launch); ``needed_by``: the fixture or
     the test function that reads it (a selected test that uses the fixture, or is the function,
     starts it); ``expected_s``: about how long it runs (the longest start first)."""
 
@@ -37,11 +38,13 @@ class Job:
         if self.kind == "scenario":
             (out / "params.json").write_text(json.dumps(self.params))
             cmd, env = [sys.executable, str(SUPPORT / "scenarios.py"), self.name, str(out), f"@{out / 'params.json'}"], None
-        elif self.kind == "vllm":
-            cmd = [sys.executable, str(SUPPORT / "vllm_cpu.py"), self.name, str(out), json.dumps(self.params)]
+        elif self.kind in ("vllm", "script"):
+            script = "vllm_cpu.py" if self.kind == "vllm" else f"{self.name}.py"
+            cmd = [sys.executable, str(SUPPORT / script), *([self.name] if self.kind == "vllm" else []), str(out),
+                   json.dumps(self.params)]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(REPO)])}
         else:
-            raise ValueError(f"Job kind {self.kind!r} must be 'scenario' or 'vllm'")
+            raise ValueError(f"Job kind {self.kind!r} must be 'scenario', 'vllm' or 'script'")
         res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=self.timeout_s, env=env)
         assert res.returncode == 0, f"{' '.join(cmd[:3])} failed ({res.returncode}):\n" \
                                     f"{res.stdout[-2000:]}\n{res.stderr[-6000:]}"
