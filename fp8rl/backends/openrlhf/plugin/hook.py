@@ -10,8 +10,9 @@ devices are known. So the hook does no binding itself: it puts an import hook (a
 ``sys.meta_path`` finder) in front of the import system, and when -- and only if -- the process
 imports one of the :data:`TARGETS`, the module executes normally and the plugin then binds into
 it (``binding.bind_module``). A PPO actor imports them while Ray unpickles the
-``PolicyModelActor`` class (after ``CUDA_VISIBLE_DEVICES`` is set); a vLLM engine actor never
-does, and stays untouched. A target already imported when the hook runs is bound at once.
+``PolicyModelActor`` class (after ``CUDA_VISIBLE_DEVICES`` is set); a vLLM engine actor imports
+only ``openrlhf.utils.agent`` of them (its response builder, bound for Score Centering cells only,
+``binding.agent``). A target already imported when the hook runs is bound at once.
 
 Why these modules: Ray ships ``@ray.remote`` classes (``PolicyModelActor``) by value, so their
 methods see private copies of module globals; what reaches them is what they resolve *by
