@@ -48,8 +48,9 @@ Choices, and where we deviate or guessed:
 - **Trainer log p without a second log-softmax.** ``Actor.forward`` returns the action log-probs
   ``log p(y_t) = z_t[y_t] - lse(z_t)`` (``log_probs_from_logits``); :func:`trainer_logp_at_topk`
   takes ``lse(z_t) = z_t[y_t] - log p(y_t)`` from them and returns ``z_t[v] - lse(z_t)`` at the k
-  ids: B x A x (k + 1) gathers and no extra ``[B, A, V]`` tensor (the step's log-softmax over the
-  vocabulary is upstream's, computed once). The gradient is exact (``d/dz = e_v - softmax(z)``); the
+  ids: one gather of B x A x (k + 1) values and no second log-softmax (the step's log-softmax over
+  the vocabulary is upstream's, computed once). Its backward still writes a logits-shaped gradient
+  (a scatter into zeros, added to upstream's): that, not the gather, is its cost (the benchmark). The gradient is exact (``d/dz = e_v - softmax(z)``); the
   value equals ``log_softmax(z)[v]`` up to float32 rounding of ``|z|`` (checked against
   ``fp8rl.rl.score_centering.trainer_logp_at_sampler_topk`` in the tests).
 - **Packed samples** (``--ds.packing_samples``, the GPU cells): the logits are ``[1, nnz, V]`` in
@@ -214,20 +215,17 @@ def trainer_logp_at_topk(logits: torch.Tensor, action_log_probs: torch.Tensor, s
     if A > S - 1:
         raise ValueError(f"{A} action positions for sequences of length {S}")
     taken = sequences[:, S - A:].long()  # the token each action position predicts
-    ids = topk_ids.long()
+    # one gather of the k ids and the taken id: its backward is one logits-shaped scatter, not two
+    cols = torch.cat([taken.unsqueeze(-1), topk_ids.long()], dim=-1)
     if packed:
         if attention_mask is None:
             raise ValueError("packed logits need the attention mask to find their rows")
-        flat = logits[0]
         rows = (attention_mask.reshape(-1).long().cumsum(0) - 1).clamp(min=0).reshape(B, S)[:, S - 1 - A:S - 1]
-        at_ids = flat[rows.unsqueeze(-1), ids]
-        at_taken = flat[rows, taken]
+        at = logits[0][rows.unsqueeze(-1), cols]
     else:
-        sub = logits[:, S - 1 - A:S - 1]
-        at_ids = sub.gather(-1, ids)
-        at_taken = sub.gather(-1, taken.unsqueeze(-1)).squeeze(-1)
-    lse = at_taken.float() - action_log_probs.float()
-    return at_ids.float() - lse.unsqueeze(-1)
+        at = logits[:, S - 1 - A:S - 1].gather(-1, cols)
+    lse = at[..., 0].float() - action_log_probs.float()
+    return at[..., 1:].float() - lse.unsqueeze(-1)
 
 
 @torch.no_grad()
