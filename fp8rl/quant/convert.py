@@ -156,10 +156,12 @@ def check_supported(
         return
     fix = "set fp8.emulate=true (convert_to_fp8(..., emulate=True)) to emulate it in float32"
     if recipe.microscaled:
+        from fp8rl.quant.te import subbyte_trainer_needs
+
         raise Fp8UnsupportedError(
             f"recipe {recipe.name!r} casts operands to FP4/FP6, which has no GEMM kernel wired in here "
-            f"(implementation {impl!r}); NVFP4/MXFP4/MXFP6 tensor-core GEMMs need a Blackwell GPU "
-            f"(sm100/sm103, compute capability 10.x) and CUDA >= 12.8; {fix}"
+            f"(implementation {impl!r}); training it on GPUs needs {subbyte_trainer_needs(recipe)} (Blackwell: "
+            f"compute capability 10.x, CUDA >= 12.8); {fix}"
         )
     if device_type == "cuda":
         if capability is None or tuple(capability) < _MIN_CUDA_CAPABILITY:

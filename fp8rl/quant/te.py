@@ -109,6 +109,7 @@ from fp8rl.quant.recipes import GEMMS, Recipe, get_recipe
 
 __all__ = [
     "TE_KINDS",
+    "SUBBYTE_TRAINER_NEEDS",
     "TE_VERSION",
     "TeKind",
     "check_te_supported",
@@ -117,6 +118,7 @@ __all__ = [
     "te_linear_class",
     "te_recipe_kind",
     "te_shape_problem",
+    "subbyte_trainer_needs",
     "te_skipped_layers",
     "to_te_recipe",
 ]
@@ -130,6 +132,30 @@ INSTALL_HINT = (
     f"(transformer-engine[pytorch]=={TE_VERSION}, CUDA 12)"
 )
 _SKIPPED_ATTR = "fp8_te_skipped"
+#: What training each FP4/FP6 recipe on GPUs would take, in words (GPU generation, library and
+#: version); the one text of every trainer-side refusal (``te_recipe_kind``,
+#: ``convert.check_supported``, the paper-scale check ``plugin.fp8_training.trainer_recipe_problem``).
+#: TE's ``NVFP4BlockScaling`` came with TE 2.8 (PR #2177); its full recipe (RHT, stochastic
+#: rounding) runs on sm100/sm103 only, sm120 without those two.
+SUBBYTE_TRAINER_NEEDS: dict[str, str] = {
+    "nvfp4": (f"Blackwell B200/GB200/B300 (sm100/sm103) with Transformer Engine >= 2.8's NVFP4BlockScaling "
+              f"(in the pinned TE {TE_VERSION}; fp8rl does not map it yet)"),
+    "nvfp4_rn": (f"Blackwell (sm100+) with Transformer Engine >= 2.8's NVFP4BlockScaling(disable_rht, "
+                 f"disable_stochastic_rounding, disable_2d_quantization) (in the pinned TE {TE_VERSION}; not mapped "
+                 f"by fp8rl yet)"),
+    "mxfp4": (f"Blackwell (sm100+) MXFP4 tensor cores and a training library with an MXFP4 recipe (Transformer "
+              f"Engine {TE_VERSION} has MXFP8 and NVFP4 only)"),
+    "mxfp6": (f"Blackwell (sm100+) MXFP6 tensor cores and a training library with an MXFP6 recipe (Transformer "
+              f"Engine {TE_VERSION} has MXFP8 and NVFP4 only)"),
+    "w4a16": (f"a weight-only FP4 training linear (W4A16 GEMMs, e.g. Marlin FP4 on sm80+) wired into the trainer "
+              f"(Transformer Engine {TE_VERSION} has no weight-only recipe)"),
+}
+
+
+def subbyte_trainer_needs(recipe: Recipe) -> str:
+    """``SUBBYTE_TRAINER_NEEDS`` of an FP4/FP6 recipe, or a generic line for an unlisted one."""
+    return SUBBYTE_TRAINER_NEEDS.get(
+        recipe.name, "Blackwell (sm100+) FP4/FP6 tensor cores and a library recipe that fp8rl maps")
 _EMULATE = "emulate it with fp8.emulate=true and fp8.impl=auto (convert_to_fp8(..., emulate=True))"
 
 
@@ -217,9 +243,8 @@ def te_recipe_kind(recipe: Recipe | str) -> str:
             )
     if recipe.microscaled:
         raise ValueError(
-            f"recipe {name!r} casts operands to FP4/FP6; Transformer Engine's NVFP4BlockScaling "
-            f"(in the pinned TE {TE_VERSION}; Blackwell sm100+) is not mapped to it here (its recipe adds 2-D weight "
-            f"blocks, a Hadamard transform and stochastic rounding); use impl='fp8rl' with emulate=True"
+            f"recipe {name!r} casts operands to FP4/FP6, which impl='transformer_engine' does not run here: it "
+            f"needs {subbyte_trainer_needs(recipe)}; use impl='fp8rl' with emulate=True"
         )
     i, w, g = recipe.input, recipe.weight, recipe.grad_output
     assert i is not None and w is not None and g is not None  # Recipe.__post_init__ checks it

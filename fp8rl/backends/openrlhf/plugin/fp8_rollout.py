@@ -24,8 +24,13 @@ rollout recipe  ``quantization=``      vLLM 0.29 online method (weights / activa
 Linear layers only: the LM head (``ParallelLMHead``), embeddings, norms and attention stay BF16,
 as in the trainer. Other rollout recipes (``mxfp8``: Blackwell only, not in the paper's tables)
 are rejected by :func:`check_rollout_recipe` when a paper-scale config is validated, with the
-list of supported ones; the FP4/FP6 recipes (``nvfp4``, ``mxfp4``, ``mxfp6``) with a line naming
-the GPU generation (Blackwell, sm100+) and the versions they would need.
+list of supported ones. The FP4/FP6 recipes (``nvfp4``, ``nvfp4_rn``, ``w4a16``, ``mxfp4``,
+``mxfp6``) are not mapped: :func:`check_paper_scale_recipes` refuses such a cell before submission
+in one line naming what the rollout side (:data:`SUBBYTE_ROLLOUT_NEEDS`: GPU generation, vLLM
+method) and the trainer side (``fp8rl.quant.te.SUBBYTE_TRAINER_NEEDS``: GPU generation,
+Transformer Engine recipe and version) would need. vLLM 0.29 does have an online ``mxfp4``
+linear method (FlashInfer W4A4 on sm100+, Marlin W4A16 fallback on sm80+): the next one to map,
+once the weight sync's reload through it is checked on a Blackwell GPU.
 
 Deviation: at paper scale the rollout's FP8 arithmetic is vLLM's own (its quantizer and
 kernels); the mini backend emulates the recipes with ``fp8rl.quant.rollout``. The tensorwise
@@ -78,6 +83,54 @@ W8A8_GPUS = "L40S, H100, H200, B200"
 Device = tuple[str, tuple[int, int]]
 
 
+#: What each FP4/FP6 rollout recipe would need of the GPUs and of vLLM, in words (read from vLLM
+#: 0.29's source: ``config/quantization.py`` ``_ONLINE_SHORTHANDS``, ``layers/quantization/online/``,
+#: ``kernels/linear/mxfp4/``). None is mapped: each is refused before submission (one line).
+SUBBYTE_ROLLOUT_NEEDS: dict[str, str] = {
+    "nvfp4": ("Blackwell (sm100+) and a vLLM that quantizes synced weights to NVFP4 online for linear layers "
+              "(vLLM 0.29 runs NVFP4 linears only from pre-quantized ModelOpt/compressed-tensors checkpoints; "
+              "its online NVFP4 covers MoE experts only)"),
+    "mxfp4": ("Blackwell (sm100+, FlashInfer W4A4) for vLLM 0.29's online mxfp4 linear method, not mapped by fp8rl "
+              "yet (its weight-sync reload is unchecked, and on sm80-sm90 vLLM would run Marlin W4A16 instead)"),
+    "mxfp6": ("Blackwell (sm100+) and a vLLM with an MXFP6 linear kernel on CUDA (vLLM 0.29 has MXFP6 only in "
+              "AMD Quark's emulation)"),
+    "w4a16": ("Ampere or newer (sm80+, Marlin FP4 W4A16) and a vLLM that quantizes synced BF16 weights to NVFP4 "
+              "online (vLLM 0.29 runs NVFP4 W4A16 only from pre-quantized checkpoints)"),
+}
+SUBBYTE_ROLLOUT_NEEDS["nvfp4_rn"] = SUBBYTE_ROLLOUT_NEEDS["nvfp4"]
+
+
+def rollout_recipe_problem(recipe: str | Recipe) -> str | None:
+    """Why the paper-scale rollout engines cannot run ``recipe`` (one clause), or ``None``."""
+    from fp8rl.quant.recipes import get_recipe
+
+    recipe = get_recipe(recipe)
+    if not recipe.enabled or recipe.name in VLLM_QUANTIZATION:
+        return None
+    if recipe.microscaled:
+        need = SUBBYTE_ROLLOUT_NEEDS.get(recipe.name, "Blackwell (sm100+) and an FP4/FP6 vLLM method fp8rl maps")
+        return f"rollout {recipe.name} needs {need}"
+    return (f"rollout {recipe.name} has no vLLM 0.29 online quantization here (supported FP8 rollout recipes: "
+            f"{sorted(VLLM_QUANTIZATION)}, or bf16)")
+
+
+def check_paper_scale_recipes(rollout_recipe: str | Recipe, trainer_recipe: str | Recipe) -> None:
+    """Refuse a paper-scale cell whose rollout or trainer recipe the pinned stack cannot run, before
+    submission, in ONE line that names what each refused side needs (GPU generation, library and
+    version): rollout from :data:`SUBBYTE_ROLLOUT_NEEDS`, trainer from
+    ``fp8rl.quant.te.SUBBYTE_TRAINER_NEEDS`` (``fp8_training.trainer_recipe_problem``)."""
+    from fp8rl.backends.openrlhf.plugin.fp8_training import trainer_recipe_problem
+    from fp8rl.quant.recipes import get_recipe
+
+    rollout, trainer = get_recipe(rollout_recipe), get_recipe(trainer_recipe)
+    problems = [p for p in (rollout_recipe_problem(rollout), trainer_recipe_problem(trainer)) if p]
+    if problems:
+        raise ValueError(
+            f"fp8.rollout_recipe={rollout.name!r} / fp8.trainer_recipe={trainer.name!r} refused at paper scale: "
+            + "; ".join(problems) + ". Run FP4/FP6 arms at mini scale (emulated), or pick an FP8 arm "
+            f"({', '.join(sorted(VLLM_QUANTIZATION))}) here")
+
+
 def check_rollout_recipe(recipe: str | Recipe) -> None:
     """Raise ``ValueError`` unless the paper-scale rollout engines can run ``recipe`` (a ``Recipe``
     or a ``RECIPES`` name)."""
@@ -87,10 +140,8 @@ def check_rollout_recipe(recipe: str | Recipe) -> None:
     recipe_name = recipe.name
     if recipe.enabled and recipe_name not in VLLM_QUANTIZATION and recipe.microscaled:
         raise ValueError(
-            f"fp8.rollout_recipe={recipe_name!r} (FP4/FP6) is refused at paper scale: it needs Blackwell "
-            f"GPUs (sm100+, CUDA >= 12.8) and an FP4 rollout that fp8rl does not map to vLLM 0.29 (whose "
-            f"FP4 paths load pre-quantized ModelOpt/Quark checkpoints, not online-quantized synced "
-            f"weights); run it at mini scale (emulated), or use one of {sorted(VLLM_QUANTIZATION)} (or bf16)")
+            f"fp8.rollout_recipe={recipe_name!r} (FP4/FP6) is refused at paper scale: {rollout_recipe_problem(recipe)}; "
+            f"run it at mini scale (emulated), or use one of {sorted(VLLM_QUANTIZATION)} (or bf16)")
     if recipe.enabled and recipe_name not in VLLM_QUANTIZATION:
         raise ValueError(
             f"fp8.rollout_recipe={recipe_name!r} has no vLLM 0.29 online quantization at paper scale; "

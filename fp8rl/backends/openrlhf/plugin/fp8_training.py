@@ -29,6 +29,20 @@ import torch
 from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
 
 
+def trainer_recipe_problem(recipe) -> str | None:
+    """Why the paper-scale trainer cannot run ``recipe`` (one clause naming the GPU generation and
+    the library version it needs, ``fp8rl.quant.te.SUBBYTE_TRAINER_NEEDS``), or ``None``. Pure: the
+    same refusal that ``convert_to_fp8`` (``check_supported``) raises on the node, given before
+    submission (``check_paper_scale_recipes``): FP4/FP6 recipes have no GPU implementation here."""
+    from fp8rl.quant.recipes import get_recipe
+    from fp8rl.quant.te import subbyte_trainer_needs
+
+    recipe = get_recipe(recipe)
+    if not (recipe.enabled and recipe.microscaled):
+        return None
+    return f"trainer {recipe.name} needs {subbyte_trainer_needs(recipe)}"
+
+
 class Fp8ConversionError(RuntimeError):
     """The trainer's configured FP8 conversion did not happen (or happened in a BF16 cell)."""
 
