@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AuditConfig, str]:
     d = AuditConfig()
     p = argparse.ArgumentParser(prog="python -m experiments.audit", description=__doc__.split("\n\n")[0],
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES), help="recipe names (fp8rl.quant.RECIPES: FP8, and FP4/FP6 nvfp4, mxfp4, mxfp6)")
+    p.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES), help="recipe names (fp8rl.quant.RECIPES: FP8, and FP4/FP6 nvfp4, nvfp4_rn, w4a16, mxfp4, mxfp6)")
     p.add_argument("--model", default=None, help="local Hugging Face causal-LM path (default: tiny random Qwen3)")
     p.add_argument("--num-seqs", type=int, default=d.num_seqs)
     p.add_argument("--prompt-len", type=int, default=d.prompt_len)

@@ -36,7 +36,7 @@ Choices made here [G] (the paper gives no protocol for this measurement):
 - the ratio-noise multiple depends on the step size: the FP8 noise floor is roughly fixed by the
   weight-rounding flips, while the high-precision ratio noise scales with ``lr`` (docs: sweep);
 - the reference and every FP8 model compute in ``dtype`` (BF16 by default) on fp32 masters;
-- the FP4 / FP6 recipes (``nvfp4``, ``mxfp4``, ``mxfp6``; ``fp8rl.quant.microscale``) are measured
+- the FP4 / FP6 recipes (``nvfp4``, ``nvfp4_rn``, ``w4a16``, ``mxfp4``, ``mxfp6``; ``fp8rl.quant.microscale``) are measured
   exactly as the FP8 ones (their "FP8" columns then hold the FP4/FP6 model's numbers); they have
   no kernels, so they need ``emulate=True``;
 - FP8 GEMMs are emulated by default (``emulate=True``): the audit measures numerics, and
@@ -61,7 +61,8 @@ from fp8rl.quant.recipes import RECIPES, get_recipe
 
 __all__ = ["AuditConfig", "AuditRow", "build_tiny_qwen3", "format_table", "run_audit", "write_csv"]
 
-DEFAULT_RECIPES = ("bf16", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8", "nvfp4", "mxfp4", "mxfp6")
+DEFAULT_RECIPES = ("bf16", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise", "mxfp8", "nvfp4", "nvfp4_rn",
+                   "w4a16", "mxfp4", "mxfp6")
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def _load_model(cfg: AuditConfig) -> nn.Module:
 def _compute_model(master: nn.Module, recipe, cfg: AuditConfig) -> nn.Module:
     """The model a trainer computes with: the master cast to ``cfg.dtype``, then FP8 per ``recipe``."""
     model = copy.deepcopy(master).to(getattr(torch, cfg.dtype)).eval()
-    return convert_to_fp8(model, recipe, emulate=cfg.emulate) if recipe.enabled else model
+    return convert_to_fp8(model, recipe, emulate=cfg.emulate, seed=cfg.seed) if recipe.enabled else model
 
 
 def _vocab_size(model: nn.Module) -> int:
