@@ -34,12 +34,14 @@ def model():
     return build_model("8b", TOK.vocab_size, max_positions=128, seed=0).eval()
 
 
-def _sample(m, *, topk=0, temperature=1.0, seed=0, greedy=False):
-    ids, mask = left_pad([TOK.encode(p, bos=True) for p in ["Q:12+7-5\n", "Q:1+2\n", "Q:3-4+5-6\n"] * 2],
-                         TOK.pad_id)
+def _prompts(n=6):
+    return left_pad([TOK.encode(p, bos=True) for p in ["Q:12+7-5\n", "Q:1+2\n", "Q:3-4+5-6\n"] * 2][:n], TOK.pad_id)
+
+
+def _sample(m, *, topk=0, temperature=1.0, seed=0):
     g = torch.Generator().manual_seed(seed)
-    out = generate(m, ids, mask, max_new_tokens=24, temperature=temperature, eos_id=TOK.eos_id,
-                   pad_id=TOK.pad_id, generator=g, greedy=greedy, topk=topk)
+    out = generate(m, *_prompts(), max_new_tokens=24, temperature=temperature, eos_id=TOK.eos_id,
+                   pad_id=TOK.pad_id, generator=g, topk=topk)
     return out, g
 
 
@@ -88,6 +90,35 @@ def test_topk_larger_than_the_vocabulary_is_refused_by_the_config(tiny):
         tiny("bf16", "score_centering", clip_opts={"score_centering_topk": 23})
     tiny("bf16", "score_centering", clip_opts={"score_centering_topk": 22})
     tiny("bf16", "vanilla", clip_opts={"score_centering_topk": 23})  # unused by the arm: not refused
+
+
+def test_select_and_concat_carry_the_topk_padded_as_the_engine_pads(model):
+    """DAPO's refill path (``scored.concat_batches``, ``ScoredBatch.select``) keeps each row's head."""
+    from fp8rl.backends.mini.scored import ScoredBatch, concat_batches
+
+    def scored(rb):
+        n = len(rb.response_ids)
+        z = torch.zeros(n)
+        return ScoredBatch(rollout=rb, problems=[None] * n, texts=[""] * n, rewards=z, correct=z, garbled=z,
+                           group_ids=torch.arange(n))
+
+    a = generate(model, *_prompts(2), max_new_tokens=3, temperature=1.0, eos_id=TOK.eos_id, pad_id=TOK.pad_id,
+                 generator=torch.Generator().manual_seed(0), topk=K)
+    b = generate(model, *_prompts(3), max_new_tokens=6, temperature=1.0, eos_id=TOK.eos_id, pad_id=TOK.pad_id,
+                 generator=torch.Generator().manual_seed(1), topk=K)
+    cat = concat_batches([scored(a), scored(b)], TOK.pad_id).rollout
+    t = cat.response_ids.shape[1]
+    assert cat.topk_ids.shape == (5, t, K) == cat.topk_logprobs.shape
+    ta = a.response_ids.shape[1]
+    assert torch.equal(cat.topk_ids[:2, :ta], a.topk_ids) and torch.equal(cat.topk_logprobs[:2, :ta], a.topk_logprobs)
+    assert (cat.topk_ids[:2, ta:] == torch.arange(K)).all() and (cat.topk_logprobs[:2, ta:] == 0).all()
+    assert torch.equal(cat.topk_ids[2:, : b.response_ids.shape[1]], b.topk_ids)
+    sel = scored(cat).select(torch.tensor([4, 0])).rollout
+    assert torch.equal(sel.topk_ids, cat.topk_ids[[4, 0]]) and torch.equal(sel.topk_logprobs, cat.topk_logprobs[[4, 0]])
+    plain = generate(model, *_prompts(1), max_new_tokens=3, temperature=1.0, eos_id=TOK.eos_id,
+                     pad_id=TOK.pad_id, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="with and without top-k"):
+        concat_batches([scored(a), scored(plain)], TOK.pad_id)
 
 
 # ----- alignment: the trainer's log p at the sampler's ids ------------------------------------
@@ -165,6 +196,8 @@ def test_the_gradient_is_that_of_the_base_loss_plus_the_aggregated_term(tiny, sf
     cfg = _rollout_fp4(tiny("bf16", "score_centering_tis", num_mini_batches=1, max_grad_norm=1e9))
     trainer = MiniTrainer(cfg, None, sft_cache=sft_cache, bf16_eval=False)
     batch = trainer.rollout(1, 0, torch.Generator().manual_seed(0))
+    # rewards 1, 0, 0, 0 in every group: non-zero advantages whatever the warm start samples
+    batch = dataclasses.replace(batch, rewards=(torch.arange(len(batch)) % 4 == 0).float())
     params = [p for p in trainer.policy.parameters()]
     grads = []
     monkeypatch.setattr(trainer.optimizer, "step", lambda: grads.append([p.grad.clone() for p in params]))
@@ -175,7 +208,7 @@ def test_the_gradient_is_that_of_the_base_loss_plus_the_aggregated_term(tiny, sf
     mask = rb.response_mask
     m = mask.bool()
     adv = trainer.advantages(batch)
-    assert bool((adv[m] != 0).any())
+    assert bool((adv[m] != 0).all())
     # the rows in the order the update saw them (its shuffle is the first draw of its generator):
     # BF16 weight gradients round per GEMM, so another row order moves them by ~1e-3
     idx = torch.randperm(len(batch), generator=torch.Generator().manual_seed(1))
@@ -241,7 +274,9 @@ def test_runs_log_the_term_on_the_score_centering_arms_only(tiny, monkeypatch, c
         assert all(isinstance(r.get(k), float) for k in (M.ACTOR_PG_LOSS, M.ACTOR_GRAD_NORM)), r
         if sc:
             assert set(M.SCORE_CENTERING_METRICS) <= set(r)
-            assert 0 < r[M.SC_HEAD_MASS] <= 1 and r[M.SC_RHO] >= 0 and r[M.SC_TERM_ABS] > 0, r
+            assert 0 < r[M.SC_HEAD_MASS] <= 1 + 1e-6 and r[M.SC_RHO] >= 0, r
+            # the term is 0 exactly where every advantage is (a step of groups with equal rewards)
+            assert (r[M.SC_TERM_ABS] > 0) == (r[M.ACTOR_GRAD_NORM] > 0), r
         else:
             assert not [k for k in r if k.startswith("sc/")]
     # no DAPO: one training rollout per step; the last call is the final evaluation's (the step-0
