@@ -70,6 +70,17 @@ ACTOR_N_NEG_LOW = "actor/n_neg_low"
 CLIP_LOW = "clip/low"
 CLIP_HIGH = "clip/high"
 CLIP_ALPHA = "clip/alpha"
+# how much data the step's calibrations had (issue 46; means over the step's calibrations):
+# A<0 tokens the BF16 shadow puts below 1 - eps_low, A<0 tokens measured, the BF16-clipped count
+# to expect among them (the run's BF16 rate so far x n), the share of calibrations with k = 0,
+# the calibrations counted, and the run's BF16 rate so far
+CLIP_K = "clip/k"
+CLIP_N = "clip/n"
+CLIP_ALPHA_N = "clip/alpha_n"
+CLIP_K_ZERO = "clip/k_zero"
+CLIP_EVENTS = "clip/events"
+CLIP_ALPHA_RUN = "clip/alpha_run"
+CALIBRATION_DATA_METRICS: tuple[str, ...] = (CLIP_K, CLIP_N, CLIP_ALPHA_N, CLIP_K_ZERO, CLIP_EVENTS, CLIP_ALPHA_RUN)
 
 # --- BF16 shadow (calibration steps only) -----------------------------------------------
 SHADOW_CLIPFRAC_NEG_LOW = "shadow/clipfrac_neg_low"
@@ -100,6 +111,13 @@ SHADOW_OOS_BF16_CLIPFRAC_NEG_LOW = "shadow/oos_bf16_clipfrac_neg_low"
 SHADOW_XFIT_N_NEG = "shadow/xfit_n_neg"
 SHADOW_XFIT_FP8_LOW_N = "shadow/xfit_fp8_low_n"
 SHADOW_XFIT_BF16_LOW_N = "shadow/xfit_bf16_low_n"
+# the held-out rows (clip.holdout_share; every arm alike): A<0 tokens of sequences that were
+# shadowed and never measured, of which FP8 puts below the bound in force on them, of which the
+# BF16 shadow puts below 1 - eps_low; and the gradient cosine on those rows alone
+SHADOW_HO_N_NEG = "shadow/ho_n_neg"
+SHADOW_HO_FP8_LOW_N = "shadow/ho_fp8_low_n"
+SHADOW_HO_BF16_LOW_N = "shadow/ho_bf16_low_n"
+SHADOW_HO_GRAD_COS = "shadow/ho_grad_cos"
 # cosine between the policy-loss gradient as trained (FP8 ratios, the arm's bounds) and the one with
 # BF16 shadow ratios and the vanilla bounds through the BF16 model, same weights and tokens
 SHADOW_GRAD_COS = "shadow/grad_cos"
@@ -161,6 +179,10 @@ HELDOUT_METRICS: tuple[str, ...] = (
     SHADOW_XFIT_FP8_LOW_N,
     SHADOW_XFIT_BF16_LOW_N,
     SHADOW_GRAD_COS,
+    SHADOW_HO_N_NEG,
+    SHADOW_HO_FP8_LOW_N,
+    SHADOW_HO_BF16_LOW_N,
+    SHADOW_HO_GRAD_COS,
 )
 
 #: Every per-step metric name, in the order of docs/design.md's table (``step`` excluded).
@@ -182,6 +204,7 @@ TRAIN_METRICS: tuple[str, ...] = (
     CLIP_LOW,
     CLIP_HIGH,
     CLIP_ALPHA,
+    *CALIBRATION_DATA_METRICS,
     SHADOW_CLIPFRAC_NEG_LOW,
     SHADOW_RATIO_NEG_Q01,
     *AGREEMENT_METRICS,
@@ -207,6 +230,8 @@ TRAIN_METRICS: tuple[str, ...] = (
 #: Per-step metrics that are logged on some steps or some configurations only.
 SPARSE_METRICS: tuple[str, ...] = (
     CLIP_ALPHA,
+    *CALIBRATION_DATA_METRICS,
+    *CALIBRATION_DATA_METRICS,
     SHADOW_CLIPFRAC_NEG_LOW,
     SHADOW_RATIO_NEG_Q01,
     *AGREEMENT_METRICS,

@@ -44,7 +44,7 @@ __all__ = ["HELDOUT_KEYS", "HOLDOUT_KEYS", "XFIT_KEYS", "HeldoutTally", "cross_f
 #: The out-of-sample counts, in the order of :func:`low_counts`.
 HELDOUT_KEYS = (M.SHADOW_OOS_N_NEG, M.SHADOW_OOS_FP8_LOW_N, M.SHADOW_OOS_BF16_LOW_N)
 #: The held-out counts, same order.
-HOLDOUT_KEYS = ("shadow/ho_n_neg", "shadow/ho_fp8_low_n", "shadow/ho_bf16_low_n")
+HOLDOUT_KEYS = (M.SHADOW_HO_N_NEG, M.SHADOW_HO_FP8_LOW_N, M.SHADOW_HO_BF16_LOW_N)
 #: The cross-fitted counts, same order.
 XFIT_KEYS = (M.SHADOW_XFIT_N_NEG, M.SHADOW_XFIT_FP8_LOW_N, M.SHADOW_XFIT_BF16_LOW_N)
 

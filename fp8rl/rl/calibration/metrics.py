@@ -16,6 +16,7 @@ import torch
 
 from fp8rl.rl.calibration.agreement import COUNT_KEYS, agreement_counts, agreement_metrics
 from fp8rl.rl.calibration.estimators import Bounds, Calibration
+from fp8rl.runs import metrics as M
 
 __all__ = ["LOW_DATA_TOKENS", "AgreementTally", "calibration_metrics", "event_metrics"]
 
@@ -74,12 +75,12 @@ def event_metrics(events: list[tuple[int, int, float]], run_alpha: float) -> dic
     if not events:
         return {}
     m = len(events)
-    out = {"clip/n": sum(e[1] for e in events) / m, "clip/alpha_n": sum(e[2] for e in events) / m,
-           "clip/events": float(m)}
+    out = {M.CLIP_N: sum(e[1] for e in events) / m, M.CLIP_ALPHA_N: sum(e[2] for e in events) / m,
+           M.CLIP_EVENTS: float(m)}
     ks = [e[0] for e in events if e[0] >= 0]
     if ks:
-        out.update({"clip/k": sum(ks) / len(ks), "clip/k_zero": sum(k == 0 for k in ks) / len(ks),
-                    "clip/alpha_run": run_alpha})
+        out.update({M.CLIP_K: sum(ks) / len(ks), M.CLIP_K_ZERO: sum(k == 0 for k in ks) / len(ks),
+                    M.CLIP_ALPHA_RUN: run_alpha})
     return out
 
 
