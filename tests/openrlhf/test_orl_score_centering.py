@@ -18,7 +18,6 @@ import importlib.util
 import sys
 import types
 from collections import namedtuple
-from typing import List
 
 import pytest
 import torch
@@ -100,7 +99,7 @@ def load_agent(monkeypatch):
 def load_experience(monkeypatch):
     root = openrlhf_dir()
     pad = function_from_source(root / "utils" / "utils.py", "zero_pad_sequences",
-                               {"torch": torch, "F": F, "List": List})
+                               {"torch": torch, "F": F, "List": list})
     _stub(monkeypatch, "openrlhf.utils.utils", zero_pad_sequences=pad)
     return _load(monkeypatch, "orl_experience", root / "trainer" / "ppo_utils" / "experience.py")
 
@@ -301,6 +300,6 @@ def test_upstream_shapes_the_hook_relies_on_are_checked():
 
     exp = ns(info={sc.IDS_KEY: [torch.zeros(6, dtype=torch.int32)], sc.LOGP_KEY: [torch.zeros(6)]},
              action_mask=torch.ones(1, 2))
-    with pytest.raises(UpstreamChangedError, match="Actor.forward"):
+    with pytest.raises(UpstreamChangedError, match=r"Actor\.forward"):
         actor_binding.score_centering_hook(ns(actor=Renamed(), actor_loss_fn=ns(spec=PluginSpec(**SC_SPEC))), exp)
 

@@ -5,7 +5,7 @@ Modules, by concern (the import of this package is free: names below load their 
 - ``spec``: the :class:`PluginSpec` the driver hands to every worker, the version pins.
 - ``hook``: the Ray worker setup hook; binds lazily, only in processes that import the
   OpenRLHF modules the plugin changes (standard library only).
-- ``binding`` (a package: ``actor``, ``trainer``, ``driver``, ``vllm_worker``): **the one place
+- ``binding`` (a package: ``actor``, ``trainer``, ``driver``, ``vllm_worker``, ``agent``): **the one place
   that touches OpenRLHF internals**; its docstring lists every upstream object the plugin wraps,
   in which process, and why it is reached there.
 - ``loss``: our ``PolicyLoss`` subclass (the FP8 ratio a calibration reads is its own).
@@ -15,6 +15,8 @@ Modules, by concern (the import of this package is free: names below load their 
 - ``fp8_rollout``: rollout recipe -> vLLM online FP8 quantization, engine kwargs.
 - ``vllm_sync``: the weight sync into FP8 vLLM engines (the one module touching vLLM internals).
 - ``metrics``: step metrics from counts summed over micro-batches and DP ranks.
+- ``score_centering``: Score Centering's top-k from the vLLM engines to the loss (extraction,
+  layout on the experience, trainer log p at the ids).
 
 Paper-scale documentation: docs/cluster.md.
 """

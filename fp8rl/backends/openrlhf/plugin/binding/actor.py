@@ -316,7 +316,10 @@ def score_centering_hook(trainer, experience):
     at ``training_step``'s one forward, hands the loss ``sc_inputs = (log p [B, A, k] with gradient,
     log q [B, A, k], ids [B, A, k])`` computed from that forward's logits and action log-probs
     (``trainer_logp_at_topk``: gathers, no second log-softmax). Returns the hook's handle."""
-    from fp8rl.backends.openrlhf.plugin.score_centering import take_sampler_topk, trainer_logp_at_topk
+    from fp8rl.backends.openrlhf.plugin.score_centering import (
+        take_sampler_topk,
+        trainer_logp_at_topk,
+    )
 
     actor, loss = trainer.actor, trainer.actor_loss_fn
     _check_params(type(actor).forward, ACTOR_FORWARD_PARAMS, "Actor.forward")
