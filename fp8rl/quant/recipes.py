@@ -24,7 +24,10 @@ name                    operands                                                
 ``rowwise_with_gw_hp``  per-row fprop, dgrad weight per-tensor, wgrad in high precision torchao
 ``blockwise``           1x128 activations/grads, 128x128 weights, E4M3 (DeepSeek-V3)    transformer_engine
 ``mxfp8``               MX 1x32 E8M0 scales, E4M3 everywhere                            transformer_engine
-``nvfp4``               NVFP4: 1x16 E4M3 block scales + FP32 tensor scale, E2M1         fp8rl (emulated)
+``nvfp4``               NVIDIA's NVFP4 recipe: E2M1, 1x16 E4M3 block scales + FP32      fp8rl (emulated)
+                        tensor scale, 16x16 weight tiles, stochastic gradients, wgrad RHT
+``nvfp4_rn``            the NVFP4 format alone: 1x16 everywhere, nearest even           fp8rl (emulated)
+``w4a16``               NVFP4 16x16-tile weights, BF16 activations and gradients        fp8rl (emulated)
 ``mxfp4``               MXFP4: MX 1x32 E8M0 scales (OCP rule), E2M1 everywhere          fp8rl (emulated)
 ``mxfp6``               MXFP6: MX 1x32 E8M0 scales (OCP rule), E2M3; gradients E3M2     fp8rl (emulated)
 ======================  ==============================================================  ==================
@@ -58,8 +61,13 @@ Choices made here:
   NVIDIA's NVFP4 *training* recipe (arXiv:2509.25149 section 4; Transformer Engine's
   ``NVFP4BlockScaling``) adds 16x16 2-D weight blocks, a 16x16 random Hadamard transform on the
   wgrad operands, stochastic rounding of gradients and BF16 for some final layers; none is
-  implemented here, so ``nvfp4`` is the NVFP4 *format* with nearest-even everywhere, not that
-  recipe. ``mxfp6`` casts gradients to E3M2 (the wider-range FP6, by analogy with FP8's hybrid
+  implemented in ``nvfp4_rn`` (the NVFP4 *format* with nearest-even everywhere). ``nvfp4`` is that
+  recipe: 16x16 weight tiles (``NVBlock(16, rows=16)``), stochastic rounding of ``grad_output``
+  (``fp8rl.quant.rounding``) and the 16x16 RHT on both wgrad operands (``wgrad_rht``,
+  ``fp8rl.quant.hadamard``); the BF16 final layers are not done [G] (the LM head stays BF16 as
+  everywhere). ``w4a16`` (``weight_only``): only the weight of fprop and dgrad is FP4 (16x16 tiles,
+  so both GEMMs see one quantized weight), activations and gradients stay in the compute dtype,
+  wgrad runs in high precision onto the master weights. ``mxfp6`` casts gradients to E3M2 (the wider-range FP6, by analogy with FP8's hybrid
   E5M2 gradients) and inputs/weights to E2M3; the OCP spec does not prescribe which [G].
 - ``tensorwise_delayed`` (``scaling="delayed"``): each operand's scale comes from the maximum
   (``amax_compute_algo="max"``) or the latest (``"most_recent"``) of the last
