@@ -128,7 +128,7 @@ class MiniTrainer(EvalMixin, UpdateMixin, CheckpointMixin):
         self.dtype = torch_dtype(cfg.fp8.compute_dtype)
         self.engine = RolloutEngine(base, cfg.fp8.rollout, emulate=cfg.fp8.emulate, dtype=self.dtype)
         self.policy = convert_to_fp8(copy.deepcopy(base).train(), cfg.fp8.trainer,
-                                     emulate=cfg.fp8.emulate, impl=cfg.fp8.impl)
+                                     emulate=cfg.fp8.emulate, impl=cfg.fp8.impl, seed=seed_for(cfg.seed, "rounding"))
         self.engine.sync(self.policy)
         # the BF16 evaluation engine (eval_bf16/ keys), from the same unconverted template as the
         # rollout engine; None where the rollout engine is one already (its evaluation is reused)
