@@ -230,7 +230,11 @@ def score_centering_loss(logits: torch.Tensor, rb: RolloutBatch, idx: torch.Tens
     ``mask`` ``[n, T]``; ``sums``: response tokens ``n`` and the sums of rho and |A * C| over
     them (the step's ``sc/*`` means), or None where log p is not finite at a response token
     (the mini-batch is skipped, as for a non-finite loss)."""
-    from fp8rl.rl.score_centering import score_centering_loss_mat, score_centering_term, tail_mass_ratio
+    from fp8rl.rl.score_centering import (
+        score_centering_loss_mat,
+        score_centering_term,
+        tail_mass_ratio,
+    )
 
     m = mask.bool()
     train = trainer_topk_logprobs(logits, rb, idx, temperature)  # [n, T, k]
