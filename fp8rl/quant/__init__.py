@@ -9,17 +9,21 @@ The FP8 half of "full-pipeline FP8" (paper: FP8 rollout + FP8 training GEMMs; se
 - ``granularity``  ``PerTensor``, ``PerRow``, ``PerBlock(r, c)``, ``MX(32)``, ``NVBlock(16)``; the one meaning of
                    "axis" (contraction dimension last) is documented there.
 - ``quantize``     ``quantize(x, granularity, fmt) -> (q, scale)``, ``dequantize``, ``sqnr_db``.
-- ``recipes``      ``Recipe`` (per operand granularity + format, per GEMM FP8 flag, dynamic or
-                   delayed scaling), ``RECIPES``: ``bf16``, ``tensorwise``, ``tensorwise_delayed``,
-                   ``rowwise``, ``rowwise_with_gw_hp``, ``blockwise``, ``mxfp8``, and the
-                   emulated FP4/FP6 ``nvfp4``, ``mxfp4``, ``mxfp6``;
+- ``recipe_types`` ``Recipe`` (per operand granularity + format, per GEMM FP8 flag, dynamic or
+                   delayed scaling), ``OperandConfig``.
+- ``recipes``      ``RECIPES`` (re-exports ``recipe_types``): ``bf16``, ``tensorwise``,
+                   ``tensorwise_delayed``, ``rowwise``, ``rowwise_with_gw_hp``, ``blockwise``,
+                   ``mxfp8``, and the emulated FP4/FP6 ``nvfp4``, ``nvfp4_rn``, ``w4a16``, ``mxfp4``,
+                   ``mxfp6``;
                    ``get_recipe(name, hybrid=..., amax_history_len=..., amax_compute_algo=...)``.
 - ``linear``       ``Fp8Linear`` / ``fp8_linear``: our FP8 training linear (``_scaled_mm`` or emulation).
 - ``convert``      ``convert_to_fp8(model, recipe, module_filter=, emulate=, impl=)`` (torchao,
                    ours or Transformer Engine; ``default_impl``/``resolve_impl`` pick and check),
                    ``fp8_disabled(model)`` (the BF16 shadow pass), ``check_supported``.
-- ``te``           Transformer Engine: ``to_te_recipe``, ``TE_KINDS`` (GPU and shape needs),
-                   ``te_skipped_layers``; imports TE only when converting.
+- ``te_recipe``    Transformer Engine's recipe for ours: ``to_te_recipe``, ``TE_KINDS`` (GPU and
+                   shape needs), ``SUBBYTE_TRAINER_NEEDS`` (the FP4/FP6 refusal text).
+- ``te``           Transformer Engine module conversion (``convert_te``, ``te_skipped_layers``;
+                   re-exports ``te_recipe``); imports TE only when converting.
 - ``rollout``      ``quantize_for_rollout`` (vLLM fp8 layout), ``Fp8InferenceLinear`` (W8A8),
                    ``convert_for_rollout``, ``sync_rollout_weights``.
 - ``audit``        the noise audit behind ``python -m experiments.audit``.
