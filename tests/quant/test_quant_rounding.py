@@ -258,3 +258,19 @@ def test_w4a16_trainer_and_rollout_see_one_fp4_weight_and_bf16_activations():
     assert_bits(x.grad.float(), (gy.float() @ wq).to(torch.bfloat16).float())
     hp = (gy.float().t() @ x.detach().float()).to(torch.bfloat16).float()
     assert_bits(trainer[0].weight.grad, hp)
+
+
+@pytest.mark.parametrize("change", [
+    {"input": "nvfp4"}, {"grad_output": "nvfp4"}, {"wgrad": True}, {"weight": None}, {"fprop": False},
+])
+def test_a_weight_only_recipe_that_quantizes_more_than_the_weight_is_refused(change):
+    """``weight_only`` (w4a16): only fprop's (and dgrad's) weight is quantized; anything else raises."""
+    import dataclasses
+
+    from fp8rl.quant.recipes import RECIPES
+
+    base = RECIPES["w4a16"]
+    op = base.weight
+    kw = {k: (op if v == "nvfp4" else v) for k, v in change.items()}
+    with pytest.raises(ValueError, match="weight_only quantizes the weight of fprop"):
+        dataclasses.replace(base, name="w4a16_bad", **kw)
