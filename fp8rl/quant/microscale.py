@@ -68,7 +68,14 @@ from dataclasses import dataclass
 
 import torch
 
-from fp8rl.quant.formats import E2M1, E4M3, ElementFormat, SubByteFormat, round_magnitudes_, round_magnitudes_stochastic_
+from fp8rl.quant.formats import (
+    E2M1,
+    E4M3,
+    ElementFormat,
+    SubByteFormat,
+    round_magnitudes_,
+    round_magnitudes_stochastic_,
+)
 from fp8rl.quant.granularity import MX, Granularity, NVBlock
 from fp8rl.quant.quantize import EPS, _as_2d, _block_in, _blocked, _raise_non_finite, _unblocked
 

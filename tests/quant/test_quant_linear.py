@@ -1,11 +1,10 @@
 """Our FP8 linear: fprop/dgrad/wgrad against a slow emulated reference, and against torchao."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
-from dataclasses import replace
-
 from microscale_reference import reference, rht_reference
 from torch import nn
 
@@ -177,9 +176,8 @@ def test_backward_reuse_of_quantized_operands_equals_requantizing(name):
     """Emulated, the backward reuses forward-quantized operands where the recipe allows
     (tensorwise, square weight blocks); the gradients equal the three GEMMs computed one by one
     (each quantizing its own operands) exactly."""
-    from fp8rl.quant.linear import fp8_mm
-
     from fp8rl.quant.hadamard import rht
+    from fp8rl.quant.linear import fp8_mm
 
     recipe = nearest(RECIPES[name])
     x, w, b, gy = _data(k=256, n=160)

@@ -83,7 +83,7 @@ def test_held_out_counts_use_the_bounds_in_force_and_are_out_of_sample():
 
 
 def test_vanilla_arm_scores_its_held_out_rows_against_the_vanilla_bounds():
-    plan, after, out, (fp8, shadow, adv, mask) = run_step(make_clipper("vanilla", EPS_LOW, EPS_HIGH), tokens(3),
+    plan, after, out, (fp8, _, adv, _) = run_step(make_clipper("vanilla", EPS_LOW, EPS_HIGH), tokens(3),
                                                           share=0.25)
     h = plan.holdout
     neg = adv[h] < 0
@@ -97,7 +97,6 @@ def test_without_a_share_nothing_is_held_out():
 
 
 def test_the_counts_are_summed_over_ranks():
-    plan, _, _, _ = run_step(same_batch(), tokens(5), share=0.25)
     # a second plan on the same data, finished with a reduce that doubles (two identical ranks)
     ctl = same_batch()
     p2 = ctl.begin_step(0, eligible=torch.ones(B, dtype=torch.bool), holdout_share=0.25, seed=3)

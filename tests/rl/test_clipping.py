@@ -171,5 +171,5 @@ def test_clip_config_score_centering_options_follow_the_arm():
     assert ClipConfig(arm="score_centering_tis", tis_cap=3.0, score_centering_topk=4).score_centering_options() == {
         "mode": "tis", "bounds": (0.0, 3.0), "topk": 4}
     for bad in (0, -1, 2.5, True):
-        with pytest.raises(ValueError, match="clip.score_centering_topk must be an integer >= 1"):
+        with pytest.raises(ValueError, match=r"clip\.score_centering_topk must be an integer >= 1"):
             ClipConfig(arm="score_centering", score_centering_topk=bad)

@@ -240,7 +240,10 @@ class OpenRLHFRunConfig(RunConfig):
                  "command line (--logger.wandb.key), which would put the key into process lists and "
                  "job logs; watch paper-scale runs in TensorBoard (<run-dir>/tensorboard), or add the "
                  "--logger.wandb.* flags yourself through openrlhf.extra_args")
-        from fp8rl.backends.openrlhf.plugin.fp8_rollout import check_paper_scale_recipes, check_rollout_recipe
+        from fp8rl.backends.openrlhf.plugin.fp8_rollout import (
+            check_paper_scale_recipes,
+            check_rollout_recipe,
+        )
 
         check_paper_scale_recipes(self.fp8.rollout_recipe, self.fp8.trainer_recipe)  # FP4/FP6: one line
         check_rollout_recipe(self.fp8.rollout_recipe)

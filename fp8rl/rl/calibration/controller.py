@@ -74,7 +74,12 @@ import torch
 
 from fp8rl.rl.calibration.bounds import Bounds, DegenerateCalibration
 from fp8rl.rl.calibration.estimators import calibrate_bounds
-from fp8rl.rl.calibration.metrics import LOW_DATA_TOKENS, AgreementTally, calibration_metrics, event_metrics
+from fp8rl.rl.calibration.metrics import (
+    LOW_DATA_TOKENS,
+    AgreementTally,
+    calibration_metrics,
+    event_metrics,
+)
 from fp8rl.rl.calibration.options import CalibrationOptions, options_from
 from fp8rl.rl.calibration.plan import StepPlan
 from fp8rl.rl.calibration.sampling import (
