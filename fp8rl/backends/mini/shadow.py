@@ -31,6 +31,14 @@ trainer would compute (its old log-probs against the engine's), on the same weig
 and backpropagated; the cosine of the two gradients over every trainable parameter is logged and
 the trained gradient restored before clipping and the optimizer step (training is unchanged).
 One more forward and backward per mini-batch on diagnostic steps.
+
+**The same on the held-out rows alone** (``shadow/ho_grad_cos``, :func:`holdout_grad_cos`;
+``clip.holdout_share`` > 0, every arm alike, issue 46): the policy loss of the mini-batch's
+held-out rows as trained (FP8 forward and ratios, the bounds in force on them, the arm's IS
+weights; the Score Centering term left out, as in ``shadow/grad_cos``) against the BF16 reference
+of the same rows, each backpropagated on its own. Rows that fed no estimate, so the cosine scores
+the deployed bound where it cannot have fitted its own tokens. Two more forwards and backwards of
+the held-out rows per mini-batch.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import torch
 
 from fp8rl.backends.mini.batch import token_logprobs
 
-__all__ = ["grad_cosine", "reference_grad_cos", "shadow_old_log_probs", "shadow_ratio"]
+__all__ = ["grad_cosine", "holdout_grad_cos", "reference_grad_cos", "shadow_old_log_probs", "shadow_ratio"]
 
 
 @torch.no_grad()
@@ -125,5 +133,30 @@ def reference_grad_cos(trainer, rb, idx: torch.Tensor, adv: torch.Tensor, shadow
     reference = _grads(params)
     cos = grad_cosine(trained, reference)
     for p, g in zip(params, trained, strict=True):
+        p.grad = g
+    return cos, time.perf_counter() - t0
+
+
+def holdout_grad_cos(trainer, rb, idx: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, weights: torch.Tensor,
+                     bounds, shadow_old: torch.Tensor, ref_weights: torch.Tensor) -> tuple[float, float]:
+    """``(cosine, seconds)`` of the held-out rows ``idx`` (``[h]``; module docstring): their loss
+    as trained (FP8 old log-probs ``old``, advantages ``adv``, IS weights ``weights``, ``bounds``
+    in force; all ``[h, T]``) against the BF16 reference (``shadow_old``, ``ref_weights``, the
+    vanilla bounds); the gradient in ``.grad`` on entry is back on return."""
+    from fp8rl.rl.aggregation import aggregate
+    from fp8rl.rl.policy_loss import ppo_token_loss
+
+    t0 = time.perf_counter()
+    cfg, a = trainer.cfg, trainer.cfg.algorithm
+    params = [p for p in trainer.policy.parameters() if p.requires_grad]
+    kept = _grads(params)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    mask = rb.response_mask[idx]
+    logp = token_logprobs(trainer.forward_logits(rb, idx), rb.response_ids[idx], cfg.temperature)
+    low, high = bounds.as_tuple()
+    loss_mat, _ = ppo_token_loss(logp, old, adv, mask, low=low, high=high, dual_clip=a.dual_clip, metrics=False)
+    aggregate(loss_mat * weights, mask, a.loss_agg_mode, horizon=cfg.max_response_len).backward()
+    cos, _ = reference_grad_cos(trainer, rb, idx, adv, shadow_old, ref_weights)  # .grad (these rows) vs BF16
+    for p, g in zip(params, kept, strict=True):
         p.grad = g
     return cos, time.perf_counter() - t0

@@ -54,6 +54,9 @@ class UpdateStats:
         cos = [r["grad_cos"] for r in good if r.get("grad_cos") is not None and math.isfinite(r["grad_cos"])]
         if cos:
             out[M.SHADOW_GRAD_COS] = sum(cos) / len(cos)
+        ho = [r["ho_grad_cos"] for r in good if r.get("ho_grad_cos") is not None and math.isfinite(r["ho_grad_cos"])]
+        if ho:  # the held-out rows alone (shadow.holdout_grad_cos)
+            out[M.SHADOW_HO_GRAD_COS] = sum(ho) / len(ho)
         return out
 
 

@@ -86,7 +86,8 @@ class UpdateMixin:
         parts = [p for p in torch.tensor_split(perm, cfg.num_mini_batches) if p.numel() > 0]
         adv = self.advantages(batch)
         eligible = ((adv != 0) & rb.response_mask.bool()).any(1)
-        plan = self.clipper.begin_step(step - 1, eligible=eligible, diagnostics=cfg.clip.shadow_diagnostics)
+        plan = self.clipper.begin_step(step - 1, eligible=eligible, diagnostics=cfg.clip.shadow_diagnostics,
+                                       holdout_share=cfg.clip.holdout_share, seed=cfg.seed)
         has_fp8 = bool(fp8_layers(self.policy))
         self.policy.train()
         old, out = self.old_log_probs(rb)
@@ -100,7 +101,7 @@ class UpdateMixin:
                                          cfg.clip.is_correction, **cfg.clip.correction_params())
         out.update({k: to_float(v) for k, v in is_metrics.items()})
         ref_weights = None
-        if cfg.clip.shadow_diagnostics:  # the IS weights a BF16 trainer would apply (shadow/grad_cos)
+        if cfg.clip.shadow_diagnostics or bool(plan.holdout.any()):  # a BF16 trainer's IS weights (*grad_cos)
             ref_weights, _ = is_weights(shadow_old, rb.rollout_log_probs, rb.response_mask,
                                         cfg.clip.is_correction, **cfg.clip.correction_params())
         sc_sums = {"n": 0, "rho": 0.0, "term_abs": 0.0}
@@ -149,7 +150,7 @@ class UpdateMixin:
         ``ref_weights`` the BF16 trainer's IS weights (diagnostics only); ``old_weights``: no
         optimizer step has run in this step yet (the BF16 current log-probs are the old ones,
         ``shadow.shadow_ratio``)."""
-        from fp8rl.backends.mini.shadow import reference_grad_cos, shadow_ratio
+        from fp8rl.backends.mini.shadow import holdout_grad_cos, reference_grad_cos, shadow_ratio
         from fp8rl.rl.aggregation import aggregate
         from fp8rl.rl.diagnostics import masked_mean
         from fp8rl.rl.policy_loss import LOG_RATIO_CLAMP
@@ -181,11 +182,13 @@ class UpdateMixin:
             after = win.calibrate(ratio[meas], None if shadow is None else shadow[meas], adv[meas], mask[meas],
                                   seq=idx[meas])
         groups = _bound_groups(win.first, win.before, after)
-        if shadow is not None:
+        if shadow is not None:  # held-out rows in an observe call of their own (plan.WindowPlan.observe)
             for rows, bounds_after in groups:
-                keep = rows & shadowed
-                if bool(keep.any()):
-                    win.observe(ratio[keep], shadow[keep], adv[keep], mask[keep], after=bounds_after is after)
+                for held in (False, True):
+                    keep = rows & shadowed & (win.holdout if held else ~win.holdout)
+                    if bool(keep.any()):
+                        win.observe(ratio[keep], shadow[keep], adv[keep], mask[keep], after=bounds_after is after,
+                                    holdout=held)
         if bool(shadowed.any()) or bool(meas.any()):
             shadow_s += time.perf_counter() - t0
         loss_mat, counts = _grouped_loss(logp, old, adv, mask, ratio, groups, dual_clip=a.dual_clip)
@@ -209,8 +212,14 @@ class UpdateMixin:
             res["skipped"] = 1
             return res
         loss.backward()
-        if ref_weights is not None:
+        if ref_weights is not None and cfg.clip.shadow_diagnostics:
             res["grad_cos"], dt = reference_grad_cos(self, rb, idx, adv, shadow_old, ref_weights)
+            res["shadow_s"] += dt
+        held = win.holdout
+        if ref_weights is not None and bool(held.any()):  # the held-out rows alone, as trained vs BF16
+            # never measured, so never ``first``: the window's ``after`` bounds ruled them
+            res["ho_grad_cos"], dt = holdout_grad_cos(self, rb, idx[held], old[held], adv[held], weights[held],
+                                                      after, shadow_old[held], ref_weights[held])
             res["shadow_s"] += dt
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm, foreach=True)
         res["grad_norm"] = to_float(grad_norm)
