@@ -28,8 +28,9 @@ reward scheme                 ``--reward.remote_url``: ``reward_func.py`` (binar
                               ``reward_func_signed.py`` (signed, +1/-1: DAPO) (:func:`reward_file`)
 ============================  ====================================================================
 
-The clip method (vanilla / calibrated), the FP8 recipes and Score Centering's options (mode,
-bounds, k: :func:`plugin_lines` prints them in a dry run) have no OpenRLHF flag: they reach the
+The clip method (vanilla / calibrated), the FP8 recipes, Score Centering's options (mode,
+bounds, k) and the held-out share (``clip.holdout_share``; :func:`plugin_lines` prints these two
+in a dry run) have no OpenRLHF flag: they reach the
 workers through the plugin spec (``fp8rl.backends.openrlhf.plugin.PluginSpec``) that the driver
 installs. The TIS threshold's low end is 0 (Yao et al.'s TIS does not clamp from below;
 OpenRLHF's default 0.5 would), matching ``fp8rl.rl.correction``.
@@ -335,18 +336,26 @@ def check_resources(args: list[str]) -> None:
 
 def plugin_lines(cfg, run_dir) -> list[str]:
     """Dry-run lines of what reaches the workers through the plugin spec and has no OpenRLHF flag
-    (``run.describe``); so far Score Centering's options, read from the spec the driver would write,
-    and the vLLM settings they give (none for a cell without the term)."""
-    if cfg.clip.score_centering_options() is None:
+    (``run.describe``), read from the spec the driver would write: Score Centering's options and
+    the vLLM settings they give, and a non-zero held-out share (none for a cell with neither)."""
+    if cfg.clip.score_centering_options() is None and not cfg.clip.holdout_share:
         return []
-    from fp8rl.backends.openrlhf.plugin.score_centering import engine_kwargs
     from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
 
-    sc = PluginSpec.from_config(cfg, run_dir=run_dir).score_centering
-    engine = ", ".join(f"{k}={v}" for k, v in engine_kwargs(sc).items())
-    bounds = "none" if sc["bounds"] is None else f"[{_num(sc['bounds'][0])}, {_num(sc['bounds'][1])}]"
-    return [f"    plugin:    score_centering mode={sc['mode']} bounds={bounds} topk={sc['topk']}; vLLM train "
-            f"requests logprobs={sc['topk']}, engines {engine}"]
+    spec = PluginSpec.from_config(cfg, run_dir=run_dir)
+    out = []
+    sc = spec.score_centering
+    if sc is not None:
+        from fp8rl.backends.openrlhf.plugin.score_centering import engine_kwargs
+
+        engine = ", ".join(f"{k}={v}" for k, v in engine_kwargs(sc).items())
+        bounds = "none" if sc["bounds"] is None else f"[{_num(sc['bounds'][0])}, {_num(sc['bounds'][1])}]"
+        out.append(f"    plugin:    score_centering mode={sc['mode']} bounds={bounds} topk={sc['topk']}; vLLM train "
+                   f"requests logprobs={sc['topk']}, engines {engine}")
+    if spec.holdout_share:
+        out.append(f"    plugin:    holdout_share={_num(spec.holdout_share)} (held-out rows per step and rank: BF16 "
+                   "shadow, never calibrated on, logged as shadow/ho_*)")
+    return out
 
 
 def command_line(args: list[str], *, python: str = "python") -> str:

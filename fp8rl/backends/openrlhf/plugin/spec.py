@@ -116,6 +116,11 @@ class PluginSpec:
             ``{"mode", "bounds", "topk"}``), None for an arm without the term. With them the rollout
             asks vLLM for the top-``topk`` log-probs and the loss adds the term
             (``plugin.score_centering``); they need ``seed`` (the seeded rollout carries the top-k).
+        holdout_share: the share of each step's sequences held out (``clip.holdout_share``, issue
+            46; every clip method alike): drawn per rank from ``(seed, step, rank)``
+            (``sampling.draw_holdout``), given a BF16 shadow, never fed to a calibration, and
+            counted as ``shadow/ho_*`` against the bounds in force on them (``binding.calibrate``).
+            0: none, and no shadow pass for a method that does not calibrate.
     """
 
     clip_method: str = "vanilla"
@@ -132,10 +137,16 @@ class PluginSpec:
     seed: int | None = None
     engine_max_num_seqs: int | None = None
     score_centering: dict | None = None
+    holdout_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"plugin spec device={self.device!r} must be one of {DEVICES}")
+        h = self.holdout_share
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
+            raise ValueError(f"plugin spec holdout_share must be a share of each step's sequences in [0, 1) "
+                             f"(clip.holdout_share; 0 = none), got {h!r}")
+        object.__setattr__(self, "holdout_share", float(h))
         object.__setattr__(self, "score_centering", _score_centering_options(self.score_centering))
         if self.score_centering is not None and self.seed is None:
             raise ValueError("plugin spec score_centering needs a seed: the seeded rollout (binding.rollout) is "
@@ -190,7 +201,7 @@ class PluginSpec:
                    device=cfg.openrlhf.device,
                    dump_dir=f"{run_dir}/openrlhf/dumps" if dump else None, seed=int(cfg.seed),
                    engine_max_num_seqs=cfg.openrlhf.engine_max_num_seqs,
-                   score_centering=cfg.clip.score_centering_options())
+                   score_centering=cfg.clip.score_centering_options(), holdout_share=cfg.clip.holdout_share)
         try:  # what every actor will build: refused here, before submission, not inside the job
             spec.make_clipper()
         except (TypeError, ValueError) as e:
