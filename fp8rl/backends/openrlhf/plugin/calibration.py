@@ -129,10 +129,13 @@ def gather_calibration(local: dict[str, torch.Tensor],
 class Pending:
     """What the loss of one micro-batch needs from the plan (set by the binding): ``rows`` ``[B]``
     (this rank's row ids), ``measured`` and ``shadowed`` ``[B]`` bool, ``shadow`` the BF16 shadow
-    ratio ``[B, T]`` (ones on unshadowed rows; None when no row is shadowed), ``rank`` the DP rank."""
+    ratio ``[B, T]`` (ones on unshadowed rows; None when no row is shadowed), ``rank`` the DP rank,
+    ``holdout`` ``[B]`` bool the held-out rows (``plan.StepPlan.holdout``: shadowed, never
+    measured; None: none)."""
 
-    def __init__(self, rows, measured, shadowed, shadow, rank: int = 0) -> None:
+    def __init__(self, rows, measured, shadowed, shadow, rank: int = 0, holdout=None) -> None:
         self.rows, self.measured, self.shadowed, self.shadow, self.rank = rows, measured, shadowed, shadow, rank
+        self.holdout = torch.zeros_like(shadowed, dtype=torch.bool) if holdout is None else holdout
 
 
 def add_measured(sink: StepTokens, p: Pending, ratio, advantages, mask) -> None:

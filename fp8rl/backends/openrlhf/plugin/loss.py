@@ -26,7 +26,8 @@ it; the clip method's bounds outside a calibrating step), computes the FP8 ratio
 micro-batch from its own inputs (the same float32 clamp as the kernel), hands the measured rows'
 tokens to the window's sink (with the BF16 shadow ratio the binding computed for the same tokens,
 ``pending``) until the binding calibrates, and counts its shadowed rows against the bounds it
-used (``window.observe``). The loss itself runs no collective.
+used (``window.observe``; the held-out rows, ``clip.holdout_share``, in a call of their own, so
+that they are also counted as ``shadow/ho_*``). The loss itself runs no collective.
 
 Torch and the project's ``fp8rl.rl`` only; upstream classes come in as arguments.
 """
@@ -147,9 +148,12 @@ def make_policy_loss_class(base: type, spec: PluginSpec) -> type:
             if p is not None:
                 if self.sink is not None:  # the window has not calibrated yet: its measured rows feed it
                     add_measured(self.sink, p, ratio, advantages, action_mask)
-                if p.shadow is not None:
-                    sh = p.shadowed.to(ratio.device)
-                    w.observe(ratio[sh], p.shadow[sh], advantages[sh], action_mask[sh], after=w.after is not None)
+                if p.shadow is not None:  # the shadowed rows against the bounds used; held-out rows on their own
+                    sh, ho = p.shadowed.to(ratio.device), p.holdout.to(ratio.device)
+                    for rows, held in ((sh & ~ho, False), (sh & ho, True)):
+                        if bool(rows.any()):
+                            w.observe(ratio[rows], p.shadow[rows], advantages[rows], action_mask[rows],
+                                      after=w.after is not None, holdout=held)
             low, high = bounds.as_tuple()
             if self.correction != "none" and rollout_log_probs is None:
                 raise ValueError(

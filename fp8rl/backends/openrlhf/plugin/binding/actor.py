@@ -186,7 +186,7 @@ def bind_ppo_actor(ppo_actor, spec: PluginSpec) -> None:
         ref = _TRAINERS.get(strategy)
         trainer = ref() if ref is not None else None
         plan = None if trainer is None else getattr(trainer, "_fp8rl_plan", None)
-        if plan is None or not plan.calibrates:
+        if not calibrate.runs_windows(trainer, plan):  # calibrates, or holds rows out (their shadow)
             return windows
         return calibrate.plan_windows(trainer, windows, accumulated_gradient)
 

@@ -12,13 +12,22 @@ backward per micro-batch in ``training_step``, the optimizer step after the last
 (``ROW_KEY`` in its ``info``; the global sequence id is ``rank << 24 | row``), and the clip
 method's ``begin_step`` (eligible rows: any A != 0 token; the DP rank) says which rows get a BF16
 shadow (``plan.shadowed``) and which feed the estimate (``plan.measured``: all rows of a
-calibration step, or ``sampled``'s seeded subset). The BF16 log-probs of the shadowed samples
-under the weights before the first update are computed first (``fp8_disabled``, no grad, in
+calibration step, or ``sampled``'s seeded subset). The held-out rows (``clip.holdout_share``,
+``PluginSpec.holdout_share``; issue 46) are drawn there too, from ``(spec.seed, step, rank)`` for
+every clip method alike: the plan shadows them and never measures them. The BF16 log-probs of
+the shadowed samples under the weights before the first update are computed first (``fp8_disabled``, no grad, in
 micro-batches of the shadowed samples only; kept in the sample's ``info`` under
 ``SHADOW_OLD_KEY``, popped before upstream sees it).
 
+**Held-out rows** ride the same shadow passes as the other shadowed rows; the loss counts them
+against the bounds it used in an ``observe`` call of their own (``holdout=True``: ``shadow/ho_*``,
+summed over the ranks by ``plan.finish``). A method or step that does not calibrate gets the
+windows too when ``holdout_share > 0`` (:func:`runs_windows`: the spec decides, so every rank
+takes the same path; a rank without held-out rows runs the equalizing shadow forwards), with no
+sink and no calibration: its held-out rows are shadowed and counted, its training unchanged.
+
 **Each window** (:func:`plan_windows`, wrapping upstream's window iterator when the step
-calibrates). The window's micro-batches are put in the order the plan needs -- those holding
+calibrates or holds rows out). The window's micro-batches are put in the order the plan needs -- those holding
 ``w.first`` rows (measured rows whose own loss runs under the bounds in force, ``sampled``) first,
 the others after, each group in upstream's order -- and the calibration runs once, on every rank
 at the same point, when the FP8 ratios of all the window's measured rows are in:
@@ -44,7 +53,9 @@ Dynamic batching (``--train.dynamic_batch_enable``, which fp8rl never sets) has 
 refused for the in-window modes.
 
 Cost per step (forwards of the shadowed samples): BF16 old log-probs 1, BF16 current 1, and
-``same_batch``'s FP8 pre-pass 1 more per micro-batch (``fp8rl.rl.calibration.cost``).
+``same_batch``'s FP8 pre-pass 1 more per micro-batch (``fp8rl.rl.calibration.cost``); the
+held-out rows are shadowed samples like the others (a method that does not calibrate shadows
+them alone: two BF16 forwards of ``holdout_share`` of its samples per step).
 """
 
 from __future__ import annotations
@@ -139,7 +150,9 @@ def begin_step(trainer, step: int) -> None:
     items = trainer.replay_buffer.items
     eligible = torch.tensor([bool(((it.advantages != 0) & it.action_mask.bool()).any()) for it in items],
                             dtype=torch.bool)
-    plan = clipper.begin_step(step, eligible=eligible, rank=_rank())
+    spec = trainer.actor_loss_fn.spec
+    plan = clipper.begin_step(step, eligible=eligible, rank=_rank(), holdout_share=spec.holdout_share,
+                              seed=int(spec.seed or 0))
     if plan.in_window and trainer.args.train.dynamic_batch_enable:
         raise ValueError(f"calibration mode {clipper.mode} calibrates each optimizer step and needs OpenRLHF's "
                          "fixed optimizer-step windows; --train.dynamic_batch_enable has none: turn dynamic "
@@ -150,7 +163,7 @@ def begin_step(trainer, step: int) -> None:
     if counter is not None:  # the step's rows, for the smoke job's tests (plugin.kernels)
         counter["plan"].update({k: torch.nonzero(v, as_tuple=False).flatten().tolist()
                                 for k, v in (("eligible", eligible), ("measured", plan.measured),
-                                             ("shadowed", plan.shadowed))})
+                                             ("shadowed", plan.shadowed), ("holdout", plan.holdout))})
         counter["plan"]["rank"], counter["plan"]["n"] = _rank(), len(items)
     trainer._fp8rl_shadow_old = {}
     for i, it in enumerate(items):
@@ -163,6 +176,12 @@ def begin_step(trainer, step: int) -> None:
         lps = _bf16_log_probs(trainer, [items[r] for r in rows])
         trainer._fp8rl_shadow_old = dict(zip(rows, lps, strict=True))
         trainer._fp8rl_metrics.shadow_s += time.perf_counter() - t0
+
+
+def runs_windows(trainer, plan) -> bool:
+    """Whether the step runs :func:`plan_windows`: it calibrates, or the spec holds rows out (the
+    same answer on every rank, whatever rows each drew)."""
+    return plan is not None and (plan.calibrates or trainer.actor_loss_fn.spec.holdout_share > 0)
 
 
 def _rows(experience) -> torch.Tensor:
@@ -254,7 +273,8 @@ def plan_windows(trainer, upstream: Iterator, accumulated_gradient: int) -> Iter
                                        "micro-batches do not share one loss_batch_info: its grouping changed")
         rows = [_rows(exp) for exp, _ in window]
         w = plan.window(torch.cat(rows))
-        loss.window, loss.sink = w, StepTokens(shadow=plan.clipper.measures(plan.step))
+        loss.window = w  # a step that does not calibrate (held-out rows only) has no sink and never calibrates
+        loss.sink = StepTokens(shadow=plan.clipper.measures(plan.step)) if plan.calibrates else None
         offsets = _offsets(rows)
         first = [bool(w.first[o:o + len(r)].any()) for o, r in zip(offsets, rows, strict=True)]
         measured = [bool(w.measured[o:o + len(r)].any()) for o, r in zip(offsets, rows, strict=True)]
@@ -268,7 +288,8 @@ def plan_windows(trainer, upstream: Iterator, accumulated_gradient: int) -> Iter
         for (exp, _), r, o in zip(window, rows, offsets, strict=True):
             sh = w.shadowed[o:o + len(r)]
             shadow = _shadow_ratio(exp, r, sh, now, trainer._fp8rl_shadow_old) if bool(sh.any()) else None
-            exp._fp8rl_pending = Pending(r, w.measured[o:o + len(r)], sh, shadow, rank=_rank())
+            exp._fp8rl_pending = Pending(r, w.measured[o:o + len(r)], sh, shadow, rank=_rank(),
+                                         holdout=w.holdout[o:o + len(r)])
         if w.prepass:
             for exp, _ in window:
                 exp.to_device(device)
