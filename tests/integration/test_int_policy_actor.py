@@ -32,12 +32,15 @@ RECIPES = {
 LINEARS = 14  # 2 decoder layers x (q, k, v, o, gate, up, down); the LM head stays BF16
 
 
+#: The same_batch scenario's held-out share (issue 46): 2 of the 7 eligible rows per rank and step.
+HOLDOUT_SHARE = 0.25
 #: The module's scenarios, started ahead (conftest ``Ahead``).
 AHEAD = {
     "recipes": Job("recipes", "scenario", "policy_recipes", {"recipes": [list(k) for k in RECIPES]}, expected_s=120,
                    timeout_s=900),
     "trained": Job("trained", "scenario", "ppo_train", expected_s=90),
-    "trained_same_batch": Job("trained_same_batch", "scenario", "ppo_train", {"mode": "same_batch", "checkpoint": False},
+    "trained_same_batch": Job("trained_same_batch", "scenario", "ppo_train",
+                              {"mode": "same_batch", "checkpoint": False, "holdout_share": HOLDOUT_SHARE},
                               expected_s=70),
 }
 
@@ -97,6 +100,11 @@ def test_policy_actor_builds_fp8_layers_for_every_trainer_recipe(recipes):
 
 def _ratio(rec) -> torch.Tensor:
     return torch.exp((rec["lp"] - rec["old"]).clamp(-20, 20))
+
+
+def _only(rec, rows) -> dict:
+    """A loss forward's record with its mask cut to ``rows`` (``[B]`` bool)."""
+    return {**rec, "mask": rec["mask"].bool() & rows.to(rec["mask"].device)[:, None]}
 
 
 def _same(a, b) -> bool:
@@ -202,7 +210,11 @@ def test_two_gloo_ranks_calibrate_each_optimizer_step_before_its_loss(trained_sa
     on both ranks with the same global tensors -- the FP8 ratios of that optimizer step's
     micro-batches on both ranks (equal to the ratios its losses then computed) and their BF16
     shadow ratios -- whose bounds every loss of that optimizer step uses (the first included, not
-    one late), equal to one controller fed the concatenated tokens; agreement counts global."""
+    one late), equal to one controller fed the concatenated tokens; agreement counts global. With
+    held-out rows (``holdout_share``, issue 46): each rank holds out its share of the eligible
+    rows, shadowed and never measured (no calibration reads their tokens), and the step's
+    ``shadow/ho_*`` on every rank are the counts of both ranks' held-out tokens against the
+    window's bounds."""
     from fp8rl.backends.openrlhf.plugin.spec import PluginSpec
 
     got = trained_same_batch
@@ -224,6 +236,10 @@ def test_two_gloo_ranks_calibrate_each_optimizer_step_before_its_loss(trained_sa
         # the pre-pass measured them: the losses add nothing more, and count their shadowed rows
         assert not any(f["measured"] for fs in fwds for f in fs)
         assert all(f["shadow"] is not None for fs in fwds for f in fs)
+        for fs in fwds:  # every rank holds out round(share x 7 eligible rows), never measured
+            assert sum(int(f["rows_holdout"].sum()) for f in fs) == round(HOLDOUT_SHARE * 7)
+            assert not any(bool((f["rows_holdout"] & f["rows_measured"]).any()) for f in fs)
+        ho = [0, 0, 0]
         want = dict.fromkeys(("shadow/low_bf16_n", "shadow/low_fp8_n", "shadow/low_both_n", "shadow/high_bf16_n",
                               "shadow/high_fp8_n", "shadow/high_both_n"), 0)
         for w in (0, 1):  # optimizer-step windows: micro-batches 2w, 2w + 1 of each rank
@@ -232,17 +248,24 @@ def test_two_gloo_ranks_calibrate_each_optimizer_step_before_its_loss(trained_sa
             window = fwds[0][2 * w: 2 * w + 2] + fwds[1][2 * w: 2 * w + 2]
             assert all(f["n_update_batch"] == 2 * step + w + 1 for f in window)  # calibrated before these losses
             assert all(f["bounds"] == up["bounds"] for f in window)  # and they use its bounds
-            tok = _tokens(window, shadows=up["shadow_ratio"])
-            assert tok["ratio"].numel() == up["ratio"].numel()  # every micro-batch of both ranks measured
+            tok = _tokens([_only(f, f["rows_measured"]) for f in window], shadows=up["shadow_ratio"])
+            assert tok["ratio"].numel() == up["ratio"].numel()  # the measured rows of both ranks, no others
             torch.testing.assert_close(up["ratio"], tok["ratio"], rtol=1e-6, atol=0)  # the pre-pass = the loss's
             assert torch.equal(up["advantages"], tok["adv"])
             bounds = reference.update_batch(step, ratio=tok["ratio"], shadow_ratio=tok["shadow"],
                                             advantages=tok["adv"], mask=torch.ones_like(tok["ratio"], dtype=torch.bool))
             assert bounds.as_tuple() == pytest.approx(up["bounds"], abs=1e-9)
-            for k, v in _agreement(tok, *up["bounds"], vlow, vhigh).items():
+            for k, v in _agreement(_tokens(window), *up["bounds"], vlow, vhigh).items():  # every shadowed token
                 want[k] += v
+            held = _tokens([_only(f, f["rows_holdout"]) for f in window])
+            neg = held["adv"] < 0
+            ho = [ho[0] + int(neg.sum()), ho[1] + int((neg & (held["ratio"] < up["bounds"][0])).sum()),
+                  ho[2] + int((neg & (held["shadow"] < vlow)).sum())]
         assert ups[0][2 * step]["bounds"] != pytest.approx((0.9, 1.1))  # the first optimizer step calibrated too
         counted += _check_agreement(got["statuses"][step], step, want)
+        assert ho[0] > 0
+        for rank_status in got["statuses"][step]:
+            assert [rank_status[k] for k in ("shadow/ho_n_neg", "shadow/ho_fp8_low_n", "shadow/ho_bf16_low_n")] == ho
         for key in got["statuses"][step][0]:
             if key.startswith(("clip/", "shadow/")):
                 assert _same(got["statuses"][step][0][key], got["statuses"][step][1][key]), key

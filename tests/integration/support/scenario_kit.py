@@ -232,6 +232,7 @@ def instrument(actor) -> None:
         shadow = None if p is None or p.shadow is None else p.shadow
         rec["forward"].append({"shadow": None if shadow is None else shadow.detach().clone(),
                                "rows_measured": None if p is None else p.measured.clone(),
+                               "rows_holdout": None if p is None else p.holdout.clone(),
                                "step": module.step, "n_update_batch": len(rec["update_batch"]),
                                "measured": module.sink is not None and p is not None and bool(p.measured.any())})
 

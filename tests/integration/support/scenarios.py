@@ -138,12 +138,12 @@ MODE_OPTIONS = {"periodic": {"period": 1, "ema": 0.5}, "pooled": {}, "same_batch
 
 
 def ppo_train(out: Path, recipe: str = "tensorwise", world: int = 2, mode: str = "periodic",
-              checkpoint: bool = True) -> dict:
+              checkpoint: bool = True, holdout_share: float = 0.0) -> dict:
     """Two gloo ranks: the real ``ppo_train`` with calibrated clipping in calibration ``mode``, and
     (``checkpoint``) a checkpoint through the real save path and a fresh pair of actors resuming
     from it. The first pair is created as ``train_ppo_ray`` creates it (``RayActorGroup``), after
     the fp8rl driver's ``install_driver``: its start-up attestation runs for real; a driver with
-    another spec must refuse the actors."""
+    another spec must refuse the actors. ``holdout_share``: the spec's held-out rows (issue 46)."""
     import ray
     import torch
 
@@ -160,7 +160,7 @@ def ppo_train(out: Path, recipe: str = "tensorwise", world: int = 2, mode: str =
                       clip_options={"mode": mode, **MODE_OPTIONS[mode], "init_bounds": [0.9, 1.1],
                                     "upper_rule": "proportional"},
                       eps_low=float(args.actor.eps_clip_low_high[0]), eps_high=float(args.actor.eps_clip_low_high[1]),
-                      trainer_recipe=recipe, max_steps=2)
+                      trainer_recipe=recipe, max_steps=2, holdout_share=holdout_share)
     start_ray(2 * world, actor_env(spec))  # the group's placement group keeps its GPUs after the kill
     install_driver(spec)
     from openrlhf.trainer.ray.launcher import RayActorGroup
