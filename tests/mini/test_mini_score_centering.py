@@ -166,8 +166,10 @@ def test_trainer_log_probs_at_the_sampler_ids_align_and_the_term_follows_the_mis
             assert int(hit.sum()) > 0.5 * int(m.sum())
             assert torch.equal(p[hit], own.unsqueeze(-1).expand_as(p)[hit])
     p, q, c, m = out["bf16"]
-    gap = (p - q).abs()[m]  # [tokens, k]; measured: mean 0.009, top-1 max 0.03 (T = 1)
-    assert float(gap.mean()) < 0.03 and float(gap[:, 0].max()) < 0.1, (float(gap.mean()), float(gap[:, 0].max()))
+    gap = (p - q).abs()[m]  # [tokens, k]; measured: mean 0.009-0.011, top-1 max 0.03-0.11 (warm starts differ)
+    # bounds well above what a machine's BF16 round-off gives and well below the planted bugs'
+    # (ids off by one position: mean ~2.2 nats; temperature on one side only: see the docstring)
+    assert float(gap.mean()) < 0.05 and float(gap[:, 0].max()) < 0.3, (float(gap.mean()), float(gap[:, 0].max()))
     p4, q4, c4, m4 = out["mxfp4"]
     gap4 = (p4 - q4).abs()[m4]  # measured: mean 0.22
     assert float(gap4.mean()) > 5 * float(gap.mean())
