@@ -45,7 +45,8 @@ INTERRUPT = "grpo-8b-rowwise-calibrated"
 #: The smoke cell of :data:`INTERRUPT`.
 INTERRUPT_CELL = "grpo_rowwise_calibrated"
 #: The sweep's cells (``sweeps/smoke_cell/``).
-CELLS = ("grpo_bf16_vanilla", "grpo_rowwise_calibrated", "dapo_tensorwise_tis", "dapo_rollout_only_vanilla")
+CELLS = ("grpo_bf16_vanilla", "grpo_rowwise_calibrated", "dapo_tensorwise_score_centering_tis",
+         "dapo_rollout_only_vanilla")
 #: The uninterrupted twin of the interrupted cell: its own sweep directory, one cell.
 REFERENCE = [f"+smoke_cell={INTERRUPT_CELL}", "sweep_name=paper_smoke_reference"]
 #: ``python -c`` program (argument: the sweep directory): the smoke model where the cells look for it,

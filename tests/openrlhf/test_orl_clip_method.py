@@ -39,7 +39,7 @@ def registered(monkeypatch):
 
 
 def _cell(tmp_path, arm: str):
-    cfg = smoke_config(tmp_path, "dapo_tensorwise_tis")
+    cfg = smoke_config(tmp_path, "dapo_tensorwise_score_centering_tis")
     return dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, arm=arm))
 
 

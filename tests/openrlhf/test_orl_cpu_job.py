@@ -128,7 +128,7 @@ def test_cpu_config_refuses_what_cannot_run_there(tmp_path):
 
 
 def test_spec_of_a_smoke_cell_carries_device_dump_dir_seed_and_batching(tmp_path):
-    cfg = smoke_config(tmp_path, "dapo_tensorwise_tis")
+    cfg = smoke_config(tmp_path, "dapo_tensorwise_score_centering_tis")
     spec = PluginSpec.from_config(cfg, run_dir=tmp_path / "run")
     assert spec.device == "cpu" and spec.dump_dir == f"{tmp_path / 'run'}/openrlhf/dumps"
     assert spec.seed == cfg.seed and spec.engine_max_num_seqs == 1  # seeded rollouts, one sequence at a time
@@ -138,7 +138,7 @@ def test_spec_of_a_smoke_cell_carries_device_dump_dir_seed_and_batching(tmp_path
     assert "max_num_seqs" not in rollout_engine_kwargs(PluginSpec(rollout_recipe="tensorwise"))
     for bad in (0, -1, 1.5, "1"):
         with pytest.raises(ValueError, match="engine_max_num_seqs"):
-            smoke_config(tmp_path, "dapo_tensorwise_tis", engine_max_num_seqs=bad)
+            smoke_config(tmp_path, "dapo_tensorwise_score_centering_tis", engine_max_num_seqs=bad)
     assert PluginSpec.from_json(spec.to_json()) == spec
     with pytest.raises(ValueError, match="run directory"):
         PluginSpec.from_config(cfg)

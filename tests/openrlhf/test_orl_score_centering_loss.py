@@ -22,7 +22,7 @@ TIS = dict(is_correction_level="token", is_correction_mode="clip", is_correction
 
 
 def _cell(tmp_path, arm: str, **clip):
-    cfg = smoke_config(tmp_path, "dapo_tensorwise_tis")
+    cfg = smoke_config(tmp_path, "dapo_tensorwise_score_centering_tis")
     return dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, arm=arm, **clip))
 
 
