@@ -25,7 +25,8 @@ multiples of BF16's (:mod:`analysis.bf16_ratio`, :mod:`analysis.counts`), each w
 interval.
 
 :func:`calibration_match_sections` writes the half-width, by-construction, agreement and held-out
-tables and returns the report's sections for them, in that order.
+tables and returns the report's sections for them, in that order, then the held-out judgement of
+runs with held-out rows (``clip.holdout_share``; :mod:`analysis.heldout_report`; none otherwise).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from analysis.clip_tables import run_mechanism
 from analysis.collect import Collection
 from analysis.counts import NOT_LOGGED, ci_columns, count_ratios, reference_text, run_counts
 from analysis.heldout import heldout_rows, heldout_table
+from analysis.heldout_report import heldout_sections
 from analysis.tabulate import Table, bf16_reference, blocks, render_blocks
 from fp8rl.runs import metrics as M
 
@@ -154,13 +156,15 @@ def construction_table(coll: Collection, *, name: str = "by_construction") -> Ta
     return Table.from_lines(name, df, md, tex, empty="No arm in these sweeps.")
 
 
-def calibration_match_sections(coll: Collection, tab_dir: str | os.PathLike) -> list[tuple[str, list[str]]]:
+def calibration_match_sections(coll: Collection, tab_dir: str | os.PathLike, fig_dir: str | os.PathLike | None = None,
+                               *, pdf: bool = False) -> list[tuple[str, list[str]]]:
     """Write the calibration tables into ``tab_dir`` and return the report's sections for them:
-    (title, lines), in the order of the module docstring."""
+    (title, lines), in the order of the module docstring, then the held-out judgement
+    (:mod:`analysis.heldout_report`; its figure into ``fig_dir``) where runs logged held-out rows."""
     tables = [("Calibrated Clipping against BF16: the half-width criterion", halfwidth_table(coll)),
               ("What holds by construction", construction_table(coll)),
               ("Which tokens are clipped: FP8 against the BF16 shadow", agreement_table(coll)),
               ("Held-out calibration error and the gradient against BF16's", heldout_table(coll))]
     for _, t in tables:
         t.write(tab_dir)
-    return [(title, [t.markdown]) for title, t in tables]
+    return [(title, [t.markdown]) for title, t in tables] + heldout_sections(coll, tab_dir, fig_dir, pdf=pdf)

@@ -25,6 +25,10 @@ Reads the sweep directories (never trains, never needs a GPU), then writes into 
     tables/by_construction.*     per arm: what its calibration numbers hold by construction, side by side
     tables/clip_agreement.*      which tokens FP8 clips vs the BF16 shadow: recall, precision, 95% CI
     tables/heldout_calibration.* held-out FP8 / BF16-clipped ratio and grad_cos per arm, 95% CI
+    tables/heldout_ratio.*, heldout_paired.*, heldout_rule.*, figures/heldout_ratio.png|csv
+                              runs with held-out rows only (clip.holdout_share > 0): the deployed bound's
+                              held-out ratio, the paired comparisons (Holm) and the default-mode rule
+                              (analysis.heldout_report); without them the command prints "no held-out data"
     tables/cells.csv          one row per cell: sweep, run, axes, state, steps logged, why it is not ok
     tables/surges.csv         per run: diagnostics including the surge onset step
 
@@ -60,6 +64,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.collect import collect
+from analysis.heldout_report import no_data_line
 from analysis.pooling import group_subsets, groups, refusal
 from analysis.report_inputs import ReportInputError, check_figures, check_sweep_dirs, no_runs
 from analysis.report_md import (  # noqa: F401  (public here too: the tests and notebooks import them from here)
@@ -183,6 +188,8 @@ def _main(argv: Sequence[str] | None) -> int:
                 pooled=several and args.pool))
         print(f"{path}: {len(part.runs)} cells, {len(part.problems)} missing/failed/damaged/incomplete "
               f"({time.perf_counter() - t0:.1f} s)")
+        if no_data_line(part):  # the held-out judgement's absence, said here: report.md stays as it was
+            print(f"{path}: {no_data_line(part)}")
     return 0
 
 

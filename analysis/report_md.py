@@ -247,7 +247,7 @@ def write_report(
                            "Per cell: [tables/cells.csv](tables/cells.csv); per run: "
                            "[tables/surges.csv](tables/surges.csv)."]),
         *(_section(coll, e) for e in headline),
-        *(Section(t, lines) for t, lines in calibration_match_sections(done, tab_dir)),
+        *(Section(t, lines) for t, lines in calibration_match_sections(done, tab_dir, fig_dir, pdf=pdf)),
         Section("Which runs", provenance_lines(coll, pooled) + replay),
         Section(PROBLEMS_TITLE, _problem_lines(coll)),
         *(_section(coll, e) for e in entries if e.detail),

@@ -29,6 +29,12 @@ whose features are planted on purpose, so analysis can be checked against the nu
   the BF16 bound and Binomial(n, 0.05 R) below FP8's; logged as ``shadow/oos_*``, or for a
   calibrated ``same_batch`` run as ``shadow/xfit_*`` with ``shadow/oos_*`` all zero (nothing out of
   sample). ``grad_cos=c`` logs ``shadow/grad_cos`` = c + N(0, 0.002) (at most 1) on those steps.
+- the held-out rows (``clip.holdout_share``), with ``holdout_ratio=R`` (None: not logged, a run
+  from before them), on every step of every arm: ``shadow/ho_n_neg`` ~ Poisson(``holdout_tokens``),
+  ``shadow/ho_bf16_low_n`` ~ Binomial(n, 0.05), ``shadow/ho_fp8_low_n`` ~ Binomial(n, 0.05 R), and
+  ``shadow/ho_grad_cos`` = ``holdout_grad_cos`` + N(0, ``holdout_cos_noise``) (at most 1);
+  ``alpha_n=a`` logs ``clip/alpha_n`` = a x (1 + N(0, 0.1)) on every step of a calibrated run.
+  ``shadow_s`` is the ``perf/shadow_s`` a calibrated run logs on its calibration steps.
 - ``eval.jsonl`` holds ``eval_every``-spaced evaluations per dataset whose last value equals
   ``RunSpec.eval[dataset]`` exactly (each value ``final x (0.5 + 0.5 step / last step)``, so the
   gain from step 0 is half the final value); ``RunSpec.eval_bf16`` adds the BF16 engine's keys
@@ -95,6 +101,12 @@ class RunSpec:
     heldout_ratio: float | None = None
     heldout_tokens: float = 400.0
     grad_cos: float | None = None
+    holdout_ratio: float | None = None
+    holdout_tokens: float = 300.0
+    holdout_grad_cos: float = 0.95
+    holdout_cos_noise: float = 0.002
+    alpha_n: float | None = None
+    shadow_s: float = 1.5
 
     def name(self) -> str:
         return run_name(self.algorithm, self.model, self.fp8, self.clip, self.seed)
@@ -180,11 +192,12 @@ def _columns(spec: RunSpec, rng: np.random.Generator) -> tuple[np.ndarray, dict[
         M.PERF_STEP_S: 10 + np.abs(u(0.5)),
         M.PERF_ROLLOUT_S: 6 + np.abs(u(0.3)),
         M.PERF_TRAIN_S: 3 + np.abs(u(0.2)),
-        M.PERF_SHADOW_S: np.full(s.shape, 1.5),
+        M.PERF_SHADOW_S: np.full(s.shape, spec.shadow_s),
         M.PERF_TOKENS_PER_S: 5000 + u(100),
     }
     cols.update(_agreement_columns(spec, len(s), rng))  # drawn last: earlier columns unchanged
     cols.update(_count_columns(spec, cnl, len(s), rng))  # drawn only when asked for: likewise
+    cols.update(_holdout_columns(spec, len(s), rng))  # likewise
     if spec.nan_every:
         cols[M.ACTOR_ENTROPY] = np.where(s % spec.nan_every == spec.nan_every - 1, np.nan, cols[M.ACTOR_ENTROPY])
     return s, cols
@@ -246,8 +259,30 @@ def _count_columns(spec: RunSpec, cnl: np.ndarray, n: int, rng: np.random.Genera
     return out
 
 
+_HOLDOUT: tuple[str, ...] = (M.SHADOW_HO_N_NEG, M.SHADOW_HO_FP8_LOW_N, M.SHADOW_HO_BF16_LOW_N, M.SHADOW_HO_GRAD_COS)
+
+
+def _holdout_columns(spec: RunSpec, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The held-out rows' counts and cosine, and ``clip/alpha_n`` (module docstring)."""
+    out: dict[str, np.ndarray] = {}
+    if spec.holdout_ratio is not None:
+        tokens = rng.poisson(spec.holdout_tokens, n)
+        out[M.SHADOW_HO_N_NEG] = tokens.astype(float)
+        out[M.SHADOW_HO_BF16_LOW_N] = rng.binomial(tokens, HELDOUT_P).astype(float)
+        out[M.SHADOW_HO_FP8_LOW_N] = rng.binomial(tokens, min(1.0, HELDOUT_P * spec.holdout_ratio)).astype(float)
+        out[M.SHADOW_HO_GRAD_COS] = np.minimum(
+            1.0, spec.holdout_grad_cos + spec.holdout_cos_noise * rng.standard_normal(n))
+    if spec.alpha_n is not None:
+        out[M.CLIP_ALPHA_N] = spec.alpha_n * (1.0 + 0.1 * rng.standard_normal(n))
+    return out
+
+
 def _present(spec: RunSpec, metric: str, step: int) -> bool:
     calib = step % CALIBRATION_EVERY == 0
+    if metric in _HOLDOUT:
+        return spec.holdout_ratio is not None
+    if metric == M.CLIP_ALPHA_N:
+        return spec.clip == "calibrated"
     if metric in _AGREEMENT or metric in M.HELDOUT_METRICS:
         return calib and (spec.clip == "calibrated" if spec.shadow_counts is None else spec.shadow_counts)
     if metric in (M.CLIP_ALPHA, M.SHADOW_CLIPFRAC_NEG_LOW, M.SHADOW_RATIO_NEG_Q01, M.PERF_SHADOW_S):
