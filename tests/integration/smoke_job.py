@@ -18,7 +18,7 @@ COVERAGE = SWEEP.parent / "paper_smoke_coverage"
 CELLS = {  # run-name prefix -> (rollout FP8?, trainer FP8?, algorithm, clip method)
     "grpo-8b-bf16-vanilla": (None, False, "grpo", "vanilla"),
     "grpo-8b-rowwise-calibrated": ("fp8_per_channel", True, "grpo", "calibrated"),
-    "dapo-8b-tensorwise-tis": ("fp8_per_tensor", True, "dapo", "vanilla"),
+    "dapo-8b-tensorwise-score_centering_tis": ("fp8_per_tensor", True, "dapo", "vanilla"),  # + TIS + Score Centering
     "dapo-8b-rollout_only-vanilla": ("fp8_per_tensor", False, "dapo", "vanilla"),
 }
 INTERRUPTED = "grpo-8b-rowwise-calibrated"

@@ -204,8 +204,15 @@ def test_logged_clip_diagnostics_equal_counts_recomputed_from_the_loss_inputs(ru
 
 
 #: Cells whose loss applies TIS (token-level truncated IS on the rollout/trainer mismatch): both
-#: have FP8 engines, so their rollout log-probs differ from the trainer's old log-probs.
-TIS_CELLS = ("grpo-8b-rowwise-calibrated", "dapo-8b-tensorwise-tis")
+#: have FP8 engines, so their rollout log-probs differ from the trainer's old log-probs. The DAPO
+#: one adds the Score Centering term (test_int_score_centering.py checks it).
+TIS_CELLS = ("grpo-8b-rowwise-calibrated", "dapo-8b-tensorwise-score_centering_tis")
+
+
+def sc_loss_term(d: dict) -> torch.Tensor | float:
+    """The Score Centering term A * C a dumped micro-batch's loss added per token (0 without it)."""
+    t = d.get("sc_loss_term")
+    return 0.0 if t is None else t.double()
 
 
 def _tis_cap(run: Path) -> float:
@@ -219,7 +226,8 @@ def test_tis_ran_on_the_engines_log_probs_in_every_micro_batch(runs):
     engines' rollout log-probs (vLLM asked for them: ``SamplingParams(logprobs=1)``), which differ
     from the trainer's old log-probs (FP8 engines), and applied IS weights equal to
     min(exp(old - rollout), C), C the cell's ``clip.tis_cap``, recomputed here; they are not all 1,
-    and the per-token loss it reduced is the PPO loss times them. The logged
+    and the per-token loss it reduced is the PPO loss times them (plus the Score Centering cell's
+    A * C, which test_int_score_centering.py recomputes). The logged
     ``rollout/mismatch_kl`` of every step equals the token-weighted k3 recomputed from the same
     dumps. The vanilla cells apply no weight."""
     for prefix, run in runs.items():
@@ -250,7 +258,7 @@ def test_tis_ran_on_the_engines_log_probs_in_every_micro_batch(runs):
             r, adv = d["ratio"].double(), d["advantages"].double()
             ppo = torch.where(m, torch.maximum(-adv * r, -adv * r.clamp(d["low"], d["high"])),
                               torch.zeros((), dtype=torch.float64))
-            torch.testing.assert_close(d["token_loss"].double(), ppo * want, rtol=1e-5, atol=1e-6,
+            torch.testing.assert_close(d["token_loss"].double(), ppo * want + sc_loss_term(d), rtol=1e-5, atol=1e-6,
                                        msg=lambda e, where=where: f"{where}: {e}")
         rows = metrics(run)
         by_step = loss_dumps(run)  # the attempt that logged each step
@@ -354,7 +362,7 @@ def test_sampled_metrics_out_of_sample_every_step(runs):
         assert 0 <= r["shadow/oos_clipfrac_neg_low"] <= 1 and 0 <= r["shadow/oos_bf16_clipfrac_neg_low"] <= 1
     assert rows[STEPS]["clip/calibrations"] + rows[STEPS]["clip/degenerate_updates"] == windows * STEPS
     assert rows[STEPS]["clip/calibrations"] > 0
-    for prefix in [p for p in ("grpo-8b-bf16-vanilla", "dapo-8b-tensorwise-tis") if p in runs]:
+    for prefix in [p for p in ("grpo-8b-bf16-vanilla", "dapo-8b-tensorwise-score_centering_tis") if p in runs]:
         assert not any(k.startswith(("shadow/", "clip/sample")) for r in metrics(runs[prefix]).values() for k in r)
 
 
@@ -390,7 +398,7 @@ def test_the_report_was_written(runs):
     report = SWEEP / "report" / "report.md"
     assert report.exists() and report.stat().st_size > 0
     text = report.read_text()
-    for arm in ("BF16", "FP8 rowwise + calibrated", "FP8 tensorwise + TIS", "FP8 rollout only"):
+    for arm in ("BF16", "FP8 rowwise + calibrated", "FP8 tensorwise + Score Centering + TIS", "FP8 rollout only"):
         assert f"| {arm} |" in text, arm
     assert "4 cells: 4 ok." in text
 

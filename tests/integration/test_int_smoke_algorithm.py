@@ -17,7 +17,7 @@ from smoke_job import INTERRUPTED, REFERENCE, STEPS, SWEEP, jsonl, loss_dumps, m
 
 pytestmark = pytest.mark.integration
 
-DAPO = ("dapo-8b-tensorwise-tis", "dapo-8b-rollout_only-vanilla")
+DAPO = ("dapo-8b-tensorwise-score_centering_tis", "dapo-8b-rollout_only-vanilla")
 TWO_RANKS = "dapo-8b-rollout_only-vanilla"  # sweeps/smoke_cell/dapo_rollout_only_vanilla.yaml
 PROMPTS_PER_STEP, GROUP = 4, 4
 
@@ -285,8 +285,9 @@ def _loss_advantages(run) -> dict[int, list[float]]:
 
 def test_the_loss_is_the_token_mean_ppo_loss_under_the_configured_bounds(runs):
     """Every dumped micro-batch: the per-token loss is -min(r A, clip(r, low, high) A) (times the
-    IS weights where a correction ran) under the arm's bounds 1 - eps_low, 1 + eps_high (the
-    calibrated cell's: the controller's, inside the configured limits), and the micro-batch's loss
+    IS weights where a correction ran, plus A * C where the Score Centering term ran) under the
+    arm's bounds 1 - eps_low, 1 + eps_high (the calibrated cell's: the controller's, inside the
+    configured limits), and the micro-batch's loss
     is its share of one token mean over the optimizer step: its token-loss sum x DP size / N with
     N the response tokens of all micro-batches of the step's window on every rank / their count per
     rank (DeepSpeed divides each backward by that count and averages the ranks)."""
@@ -315,6 +316,8 @@ def test_the_loss_is_the_token_mean_ppo_loss_under_the_configured_bounds(runs):
                 pg = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
                 if r["is_weights"] is not None:
                     pg = pg * r["is_weights"].double()
+                if r.get("sc_loss_term") is not None:  # the Score Centering cell's A * C (test_int_score_centering.py)
+                    pg = pg + r["sc_loss_term"].double()
                 assert torch.allclose(r["token_loss"].double()[mask], pg[mask], atol=1e-5), (prefix, step)
                 w, gas = place[id(r)]
                 tokens = window_tokens[w] / gas
