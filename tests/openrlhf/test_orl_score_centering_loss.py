@@ -22,8 +22,10 @@ TIS = dict(is_correction_level="token", is_correction_mode="clip", is_correction
 
 
 def _cell(tmp_path, arm: str, **clip):
+    """The smoke job's Score Centering cell as ``arm``, at the paper's TIS cap 2 (the smoke cell
+    itself runs 1.05 so that a clamp binds on its tiny model)."""
     cfg = smoke_config(tmp_path, "dapo_tensorwise_score_centering_tis")
-    return dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, arm=arm, **clip))
+    return dataclasses.replace(cfg, clip=dataclasses.replace(cfg.clip, arm=arm, **{"tis_cap": 2.0, **clip}))
 
 
 @pytest.mark.parametrize("arm, mode, bounds", [("score_centering_tis", "tis", (0.0, 2.0)),
