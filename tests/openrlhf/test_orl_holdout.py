@@ -1,10 +1,10 @@
 """Held-out rows at paper scale (issue 46, ``clip.holdout_share``): from the config through the
 plugin spec to the binding around upstream 0.11.2's real ``ppo_actor.py`` (heavy imports stubbed,
-as in ``test_orl_plugin_bind``), for every clip arm alike.
+as in ``test_orl_plugin_bind``; the harness is ``ppo_flow``), for every clip arm alike.
 
 References computed here, independently of the binding: the held-out rows of each step
 (``sampling.draw_holdout`` from the eligible rows, the spec's seed, the step and rank 0), the FP8
-and BF16 ratios of the stand-in actor (``_want``), the bounds each loss used (recorded), and so
+and BF16 ratios of the stand-in actor (``ppo_flow.want``), the bounds each loss used (recorded), and so
 the ``shadow/ho_*`` counts. Planted bugs (each fails a test here): held-out rows left in the
 calibration set (``Pending.measured | holdout`` in ``binding.calibrate.plan_windows``), held-out
 rows observed without ``holdout=True`` (``plugin.loss``), the windows not run for a vanilla arm
@@ -13,15 +13,12 @@ rows observed without ``holdout=True`` (``plugin.loss``), the windows not run fo
 
 from __future__ import annotations
 
-import contextlib
-import types
-
 import pytest
 import torch
 from orl_helpers import main_table_configs
-from test_orl_plugin_bind import _FakeActor, _Strategy, _want, load_ppo_actor
+from ppo_flow import PpoFlow
+from ppo_flow import want as _want
 
-from fp8rl.backends.openrlhf import plugin
 from fp8rl.backends.openrlhf.plugin import PluginSpec
 from fp8rl.rl.calibration.sampling import draw_holdout
 from fp8rl.runs import metrics as M
@@ -49,81 +46,13 @@ def _spec(arm: str, share: float = SHARE) -> PluginSpec:
 
 
 def _run(monkeypatch, spec: PluginSpec, *, steps: int = 2, two_ranks: bool = False) -> dict:
-    """``steps`` ``ppo_train`` calls through the binding (``N`` samples, micro-batches of 1, windows
-    of ``GAS``; the weights change after each window). The last sample has A == 0 (not eligible).
-    ``two_ranks``: the DP collectives of ``binding.actor`` act as two ranks holding this one's data."""
-    import torch.distributed as dist
-
-    import fp8rl.quant.convert as convert
-    from fp8rl.backends.openrlhf.plugin.binding import actor as actor_binding
-
-    ppo_actor, _ = load_ppo_actor(monkeypatch)
-    actor = _FakeActor(N, T)
-
-    @contextlib.contextmanager
-    def fp8_disabled(model):
-        model.bf16 = True
-        try:
-            yield model
-        finally:
-            model.bf16 = False
-
-    monkeypatch.setattr(convert, "fp8_disabled", fp8_disabled)
-    if two_ranks:
-        def all_reduce(t, op=None, group=None):
-            if op == dist.ReduceOp.SUM:
-                t.mul_(2)
-            return t
-
-        monkeypatch.setattr(actor_binding, "_dp_group", lambda strategy: (None, True))
-        monkeypatch.setattr(actor_binding, "varlen_all_gather", lambda t, group=None: [t, t])
-        monkeypatch.setattr(dist, "all_reduce", all_reduce)
-    g = torch.Generator().manual_seed(1)
-    sign = torch.tensor([(-1.0) ** i for i in range(N)])[:, None]
-    adv = (sign * (torch.rand(N, 1, generator=g) + 0.1)).expand(N, T).clone()
-    adv[N - 1] = 0.0
-    mask = torch.arange(T)[None, :] < torch.randint(T // 2, T + 1, (N,), generator=g)[:, None]
-
-    def collate(chunk):
-        idx = torch.tensor([c.idx for c in chunk])
-        info = {k: [c.info[k] for c in chunk] for k in chunk[0].info}
-        return types.SimpleNamespace(sequences=idx, action_mask=mask[idx], attention_mask=None, advantages=adv[idx],
-                                     action_log_probs=None, info=info, to_device=lambda d, self=None: None)
-
-    forwards = []
-
-    def fake_step(self, experience, kl_ctl, step, loss_batch_info=None):  # upstream's order of events
-        lp = self.actor(experience.sequences, experience.action_mask)
-        loss = self.actor_loss_fn
-        out = loss(lp, experience.action_log_probs, experience.advantages, experience.action_mask,
-                   rollout_log_probs=experience.action_log_probs, **loss_batch_info)
-        w = loss.window
-        forwards.append({"step": loss.step, "k": self.actor.k, "idx": experience.sequences.tolist(),
-                         "bounds": (w.bounds() if w is not None else loss.clipper.bounds(loss.step)).as_tuple()})
-        if step % GAS == GAS - 1:
-            self.actor.k += 1
-        return out
-
-    def fake_ppo_train(self, kl_ctl):
-        batches = []
-        for i in range(N):
-            b = collate([self.replay_buffer.items[i]])
-            b.action_log_probs = old[i:i + 1]
-            batches.append(b)
-        windows = ppo_actor.iter_grad_accum_global_norm(iter(batches), self.strategy, GAS, lambda e: e.action_mask)
-        for step, (exp, info) in enumerate(windows):
-            self.training_step(exp, kl_ctl, step, info)
-        return {"policy_loss": 0.0}
-
-    monkeypatch.setattr(ppo_actor.ActorPPOTrainer, "training_step", fake_step)
-    monkeypatch.setattr(ppo_actor.ActorPPOTrainer, "ppo_train", fake_ppo_train)
-    plugin.install(spec, modules={"ppo_actor": ppo_actor})
-    strategy = _Strategy()
-    strategy.ring_attn_group = None
-    trainer = ppo_actor.ActorPPOTrainer(strategy, actor=actor, ema_model=None, actor_optim=None, actor_scheduler=None)
-    trainer.micro_train_batch_size = 1
-    trainer.replay_buffer.collate_fn = collate
-    ctl = trainer.actor_loss_fn.clipper
+    """``steps`` ``ppo_train`` calls through the binding (``ppo_flow.PpoFlow``: ``N`` samples,
+    micro-batches of 1, windows of ``GAS``; the weights change after each window). The last sample
+    has A == 0 (not eligible). ``two_ranks``: the DP collectives of ``binding.actor`` act as two
+    ranks holding this one's data. Records the plans ``begin_step`` built (with its arguments), the
+    tokens each calibration read, and the rows the BF16 shadow ran on per step."""
+    flow = PpoFlow(monkeypatch, spec, n=N, t=T, gas=GAS, zero_last=True, two_ranks=two_ranks)
+    ctl = flow.ctl
     plans, fed = [], []  # the plans begin_step built (with its arguments); the tokens each calibration read
 
     def begin_step(step, _orig=ctl.begin_step, **kw):
@@ -141,17 +70,11 @@ def _run(monkeypatch, spec: PluginSpec, *, steps: int = 2, two_ranks: bool = Fal
             return _orig(step, parts)
 
         ctl.calibrate_window, ctl.update_step = record_window, record_step
-    statuses, shadow_calls = [], []
-    for _ in range(steps):
-        actor.k = 0
-        old = actor.base + actor.noise[0]  # the FP8 trainer's old log-probs, before the step's first update
-        trainer.replay_buffer.items = [types.SimpleNamespace(idx=i, action_mask=mask[i], advantages=adv[i], info={})
-                                       for i in range(N)]
-        before = len(actor.calls)
-        statuses.append(trainer.ppo_train(0.0))
-        shadow_calls.append(sorted((k, r) for kind, k, rows in actor.calls[before:] if kind == "bf16" for r in rows))
-    return {"actor": actor, "adv": adv, "mask": mask, "old": old, "forwards": forwards, "plans": plans, "fed": fed,
-            "statuses": statuses, "shadow_calls": shadow_calls}
+    flow.train(steps)
+    shadow_calls = [sorted((k, r) for kind, k, rows in calls if kind == "bf16" for r in rows)
+                    for calls in flow.step_calls]
+    return {"actor": flow.actor, "adv": flow.adv, "mask": flow.mask, "old": flow.old, "forwards": flow.forwards,
+            "plans": plans, "fed": fed, "statuses": flow.statuses, "shadow_calls": shadow_calls}
 
 
 def _held_out(step: int, adv, mask) -> list[int]:
