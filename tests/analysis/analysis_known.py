@@ -68,3 +68,27 @@ def capture_figures(monkeypatch) -> dict:
         monkeypatch.setattr(module, "save_figure", save)
     monkeypatch.setattr(plt, "close", lambda fig=None: None)
     return kept
+
+
+def artist_colours(fig) -> list[tuple[str, str]]:
+    """(gid, colour) of every visible line, band and bar drawn with a gid (an arm or the BF16
+    reference): a line's colour, a patch's or collection's first face colour (its edge colour
+    when it has no face)."""
+    from matplotlib.colors import to_hex
+    from matplotlib.lines import Line2D
+
+    out = []
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        for art in [*ax.get_lines(), *ax.collections, *ax.patches]:
+            gid = art.get_gid()
+            if not gid:
+                continue
+            if isinstance(art, Line2D):
+                col = art.get_color()
+            else:
+                fc = art.get_facecolor()
+                col = fc if getattr(fc, "ndim", 1) == 1 else (fc[0] if len(fc) else art.get_edgecolor()[0])
+            out.append((gid, to_hex(col)))
+    return out

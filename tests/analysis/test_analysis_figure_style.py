@@ -9,11 +9,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-from analysis_known import capture_figures
+from analysis_known import artist_colours, capture_figures
 from matplotlib.collections import PolyCollection
-from matplotlib.colors import to_hex
-from matplotlib.lines import Line2D
-from matplotlib.patches import Rectangle
 
 import analysis.curves as curves
 import analysis.granularity as granularity
@@ -45,26 +42,6 @@ def _granularity_like(path):
     return collect(path)
 
 
-def _method_artists(fig):
-    """(gid, colour) of every artist drawn for an arm, and of the BF16 reference."""
-    out = []
-    for ax in fig.axes:
-        if not ax.get_visible():
-            continue
-        for art in [*ax.get_lines(), *ax.collections, *ax.patches]:
-            gid = art.get_gid()
-            if not gid:
-                continue
-            if isinstance(art, Line2D):
-                col = art.get_color()
-            elif isinstance(art, Rectangle):
-                col = art.get_facecolor()
-            else:
-                col = art.get_facecolor()[0] if len(art.get_facecolor()) else art.get_edgecolor()[0]
-            out.append((gid, to_hex(col)))
-    return out
-
-
 @pytest.fixture(scope="module")
 def two_reports(tmp_path_factory):
     base = tmp_path_factory.mktemp("style")
@@ -80,7 +57,7 @@ def test_one_colour_per_method_in_every_figure_of_every_report(two_reports, tmp_
         assert {"entropy", "entropy_vs_bf16", "eval_accuracy", "clipfrac_neg_low", "clipfrac_summary",
                 "reward_accuracy"} <= set(kept)
         for name, fig in kept.items():
-            arts = _method_artists(fig)
+            arts = artist_colours(fig)
             assert arts, f"{name}: no artist drawn for an arm"
             methods_here = set()
             for gid, col in arts:

@@ -11,9 +11,7 @@ captured, not rendered (``analysis_known.capture_figures``).
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
-from analysis_known import capture_figures
-from matplotlib.colors import to_hex
-from matplotlib.lines import Line2D
+from analysis_known import artist_colours, capture_figures
 
 from analysis.arms import _COLOURS, _LINESTYLES, _SHADE, CLIP_LABELS, FP8_LABELS, arm_style
 from analysis.collect import collect
@@ -92,25 +90,6 @@ def test_every_table_has_one_row_per_new_arm_under_its_own_label(report):
         assert f"| {expected_label(*a)} |" in report_md, a
 
 
-def _arm_colours(fig) -> list[tuple[str, str]]:
-    """(gid, colour) of every line, band and bar an arm or the reference is drawn with."""
-    out = []
-    for ax in fig.axes:
-        if not ax.get_visible():
-            continue
-        for art in [*ax.get_lines(), *ax.collections, *ax.patches]:
-            gid = art.get_gid()
-            if not gid:
-                continue
-            if isinstance(art, Line2D):
-                col = art.get_color()
-            else:
-                fc = art.get_facecolor()
-                col = fc if getattr(fc, "ndim", 1) == 1 else (fc[0] if len(fc) else art.get_edgecolor()[0])
-            out.append((gid, to_hex(col)))
-    return out
-
-
 def test_every_figure_draws_each_new_method_in_its_own_colour(report):
     out, kept = report
     assert set(FIGURES) <= {k.split("-")[0] for k in kept}, sorted(kept)  # a split figure: <name>-<part>
@@ -121,7 +100,7 @@ def test_every_figure_draws_each_new_method_in_its_own_colour(report):
     drawn: set[tuple[str, str]] = set()
     fallback = {c.lower() for c in FALLBACK}
     for name, fig in kept.items():
-        for gid, col in _arm_colours(fig):
+        for gid, col in artist_colours(fig):
             if gid == "reference":
                 assert col == REFERENCE_COLOUR, name
                 continue
