@@ -84,6 +84,7 @@ __all__ = [
     "TAIL_MASS_FLOOR",
     "score_centering_coefficients",
     "score_centering_loss_mat",
+    "score_centering_sums",
     "score_centering_term",
     "tail_mass_ratio",
     "trainer_logp_at_sampler_topk",
@@ -295,3 +296,19 @@ def trainer_logp_at_sampler_topk(
     dtype = torch.promote_types(logits.dtype, torch.float32)
     logp = torch.log_softmax(logits.to(dtype) / float(temperature), dim=-1)
     return logp.gather(-1, topk_ids.long())
+
+
+@torch.no_grad()
+def score_centering_sums(train_logp_topk: torch.Tensor, sampler_logp_topk: torch.Tensor, loss_term: torch.Tensor,
+                         mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A (micro-)batch's sums for the ``sc/*`` metrics of both scales (0-d float64): ``sc_head``
+    (sum_H q), ``sc_rho``, ``sc_term_abs`` (|A * C|), each summed over response tokens, and
+    ``sc_tokens``.
+
+    ``train_logp_topk``, ``sampler_logp_topk`` ``[B, T, k]``; ``loss_term`` ``[B, T]`` (A * C);
+    ``mask`` ``[B, T]``."""
+    m = mask.bool()
+    head = torch.exp(torch.logsumexp(sampler_logp_topk.detach().double(), dim=-1))
+    rho = tail_mass_ratio(train_logp_topk.detach().double(), sampler_logp_topk.detach().double())
+    return {"sc_head": head[m].sum(), "sc_rho": rho[m].sum(),
+            "sc_term_abs": loss_term.detach().double().abs()[m].sum(), "sc_tokens": m.sum().double()}

@@ -241,8 +241,8 @@ def score_centering_loss(logits: torch.Tensor, rb: RolloutBatch, idx: torch.Tens
     (the mini-batch is skipped, as for a non-finite loss)."""
     from fp8rl.rl.score_centering import (
         score_centering_loss_mat,
+        score_centering_sums,
         score_centering_term,
-        tail_mass_ratio,
     )
 
     m = mask.bool()
@@ -252,8 +252,8 @@ def score_centering_loss(logits: torch.Tensor, rb: RolloutBatch, idx: torch.Tens
     sampler = rb.topk_logprobs[idx]
     term = score_centering_term(train, sampler, opts["mode"], bounds=opts["bounds"], mask=mask)
     mat = score_centering_loss_mat(term, adv, mask)
-    rho = tail_mass_ratio(train, sampler)
-    return mat, {"n": int(m.sum()), "rho": float(rho[m].sum()), "term_abs": float(mat.detach().abs()[m].sum())}
+    sums = score_centering_sums(train, sampler, mat, mask)  # the paper scale's sums too
+    return mat, {"n": int(sums["sc_tokens"]), "rho": float(sums["sc_rho"]), "term_abs": float(sums["sc_term_abs"])}
 
 
 def trainer_topk_logprobs(logits: torch.Tensor, rb: RolloutBatch, idx: torch.Tensor,

@@ -75,12 +75,15 @@ def check_score_centering(options: dict | None, correction: str, correction_para
 
 def score_centering_terms(options: dict, inputs, advantages: torch.Tensor, mask: torch.Tensor) -> dict:
     """Score Centering of one micro-batch: ``{"loss_term": A * C [B, T], "term": C, "train_logp_topk",
-    "sampler_logp_topk", "topk_ids", "sums"}`` (``sums``: ``plugin.score_centering.step_sums``).
+    "sampler_logp_topk", "topk_ids", "sums"}`` (``sums``: ``fp8rl.rl.score_centering.score_centering_sums``).
 
     ``inputs``: ``(train_logp_topk [B, T, k] with gradient, sampler_logp_topk [B, T, k], ids [B, T, k])``,
     handed over by the binding's forward hook (``binding.actor.score_centering_hook``)."""
-    from fp8rl.backends.openrlhf.plugin.score_centering import step_sums
-    from fp8rl.rl.score_centering import score_centering_loss_mat, score_centering_term
+    from fp8rl.rl.score_centering import (
+        score_centering_loss_mat,
+        score_centering_sums,
+        score_centering_term,
+    )
 
     if inputs is None:
         raise RuntimeError("the plugin spec has Score Centering but the loss got no top-k log-probs for this "
@@ -93,7 +96,7 @@ def score_centering_terms(options: dict, inputs, advantages: torch.Tensor, mask:
     term = score_centering_term(train_lp, sampler_lp, options["mode"], bounds=options["bounds"], mask=mask)
     loss_term = score_centering_loss_mat(term, advantages, mask)
     return {"loss_term": loss_term, "term": term, "train_logp_topk": train_lp, "sampler_logp_topk": sampler_lp,
-            "topk_ids": ids, "sums": step_sums(train_lp, sampler_lp, loss_term, mask)}
+            "topk_ids": ids, "sums": score_centering_sums(train_lp, sampler_lp, loss_term, mask)}
 
 
 def make_policy_loss_class(base: type, spec: PluginSpec) -> type:

@@ -46,7 +46,7 @@ from fp8rl.runs import metrics as M
 
 #: Count keys of ``fp8rl.rl.diagnostics.clip_counts``.
 COUNT_KEYS = ("tokens", "neg", "pos", "neg_low", "neg_high", "pos_low", "pos_high")
-#: Score Centering's per-token sums (``plugin.score_centering.step_sums``) and their token count.
+#: Score Centering's per-token sums (``fp8rl.rl.score_centering.score_centering_sums``) and their token count.
 SC_KEYS = ("sc_head", "sc_rho", "sc_term_abs", "sc_tokens")
 #: Everything :meth:`StepMetrics.finalize` sums over the ranks: the counts, the mismatch sums and
 #: Score Centering's sums.
@@ -103,7 +103,7 @@ class StepMetrics:
         self.micro_batches += 1
 
     def add_score_centering(self, sums: Mapping[str, torch.Tensor]) -> None:
-        """One micro-batch's Score Centering sums (``plugin.score_centering.step_sums``: keys :data:`SC_KEYS`)."""
+        """One micro-batch's Score Centering sums (``fp8rl.rl.score_centering.score_centering_sums``: keys :data:`SC_KEYS`)."""
         if set(sums) != set(SC_KEYS):
             raise KeyError(f"Score Centering sums need keys {SC_KEYS}, got {sorted(sums)}")
         for k, v in sums.items():

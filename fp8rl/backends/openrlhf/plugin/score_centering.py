@@ -28,7 +28,7 @@ same ids. This module holds the pure pieces of the path those travel at paper sc
    module, for the one forward of ``training_step``, reads its logits and action log-probs and
    :func:`trainer_logp_at_topk` gives log p at the ids; the loss (``plugin.loss``) adds
    ``score_centering_loss_mat(C, A, mask)`` to its per-token loss before the reduction, as the
-   mini trainer does (``loss_mat * IS weights + A * C``), and logs ``sc/*`` (:func:`step_sums`).
+   mini trainer does (``loss_mat * IS weights + A * C``), and logs ``sc/*`` (``fp8rl.rl.score_centering.score_centering_sums``).
 
 Choices, and where we deviate or guessed:
 
@@ -226,20 +226,3 @@ def trainer_logp_at_topk(logits: torch.Tensor, action_log_probs: torch.Tensor, s
         at = logits[:, S - 1 - A:S - 1].gather(-1, cols)
     lse = at[..., 0].float() - action_log_probs.float()
     return at[..., 1:].float() - lse.unsqueeze(-1)
-
-
-@torch.no_grad()
-def step_sums(train_logp_topk: torch.Tensor, sampler_logp_topk: torch.Tensor, loss_term: torch.Tensor,
-              mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """A micro-batch's sums for the ``sc/*`` metrics (0-d float64): ``sc_head`` (sum_H q), ``sc_rho``,
-    ``sc_term_abs`` (|A * C|), each summed over response tokens, and ``sc_tokens``.
-
-    ``train_logp_topk``, ``sampler_logp_topk`` ``[B, T, k]``; ``loss_term`` ``[B, T]`` (A * C);
-    ``mask`` ``[B, T]``."""
-    from fp8rl.rl.score_centering import tail_mass_ratio
-
-    m = mask.bool()
-    head = torch.exp(torch.logsumexp(sampler_logp_topk.detach().double(), dim=-1))
-    rho = tail_mass_ratio(train_logp_topk.detach().double(), sampler_logp_topk.detach().double())
-    return {"sc_head": head[m].sum(), "sc_rho": rho[m].sum(),
-            "sc_term_abs": loss_term.detach().double().abs()[m].sum(), "sc_tokens": m.sum().double()}
