@@ -9,13 +9,24 @@ never feed any calibration. Per step the run logs ``shadow/ho_n_neg`` (their A<0
 gradient as trained against BF16's); calibrating arms also log ``clip/alpha_n`` (the BF16-clipped
 count each calibration could expect: how much data it had).
 
-**(a) The deployed bound's held-out ratio.** Per run (= per seed of an arm):
-R_s = sum_steps ho_fp8_low_n / sum_steps ho_bf16_low_n, a ratio of sums over the run's steps (NaN
-when BF16 clipped none), 1 when the bound in force clips as many unseen A<0 tokens as BF16 would.
-Per arm: the mean of R_s over seeds with its 95% **Student-t interval** (n - 1 degrees of freedom;
-:func:`analysis.heldout.mean_ci`), cut at 0. The seed is the unit of replication (steps and tokens
-within a run are not independent draws). Beside it **alpha n**: the mean over seeds of each run's
-mean ``clip/alpha_n`` over the steps that logged it (calibrating arms; "-" otherwise).
+**(a) The deployed bound's held-out ratio.** One definition for every arm: the A<0 tokens with a
+BF16 shadow that **did not set the bound in force on them** (``shadow/oos_*``, the *unseen* tokens):
+every shadowed token of vanilla, TIS, the controls and the step-level modes (``windowed``,
+``pooled``, ``periodic``: their bounds come from earlier steps), the tokens ``sampled``'s subset
+did not feed, and under ``same_batch`` (whose bounds rule the tokens they come from) the held-out
+rows only. With ``clip.shadow_diagnostics`` every row has a shadow, so each arm is scored on every
+token it can be; the held-out rows alone (``shadow/ho_*``, the same rows for every arm) are shown
+beside it. Per run (= per seed of an arm): x_s = sum_steps ``oos_fp8_low_n`` (FP8 below the bound
+in force), y_s = sum_steps ``oos_bf16_low_n`` (the BF16 shadow below 1 - eps_low). Per arm: the
+**ratio of sums over seeds** R = sum_s x_s / sum_s y_s (= mean x / mean y) with **Fieller's 95%
+interval, paired by seed** (:func:`analysis.ratio_ci.fieller_ratio`; cut at 0; unbounded when the
+BF16 count is not significantly above 0). 1 = the deployed bound clips, on tokens it never saw, as
+many A<0 tokens as BF16 would. Why not the mean of per-seed ratios (this module's first version): a
+run holds 1-20 BF16-clipped unseen tokens at mini scale, so a per-seed ratio is undefined in the
+seeds where BF16 clipped none and biased upwards in the others (E[x/y] > E[x]/E[y] for a small
+Poisson y); the seed stays the unit of replication in Fieller's interval. Beside it the **BF16
+events** (sum_s y_s: what the interval rests on) and **alpha n**: the mean over seeds of each
+run's mean ``clip/alpha_n`` over the steps that logged it (calibrating arms; "-" otherwise).
 
 **(b) ``ho_grad_cos``.** Per run the mean over its logged steps; per arm the mean over seeds with
 its 95% Student-t interval.
@@ -26,7 +37,9 @@ granularity, paired by seed (key (sweep, seed): same warm start, prompts and hel
 present once in both arms pairs), on two measures: ``ratio_dist`` = |R_s - 1| (the held-out ratio's
 distance from BF16's 1; lower is better; |R - 1| rather than |log R| because an arm without a lower
 bound, ``no_lower_clip``, has R = 0) and ``grad_cos`` (higher is better). Per (granularity,
-measure): the mean of the per-seed differences calibrated - comparator, its 95% t interval, the
+measure): the mean of the per-seed differences calibrated - comparator (``ratio_dist`` from
+each seed's own unseen-token ratio x_s / y_s; a seed where either arm's BF16 count is 0 does not
+pair), its 95% t interval, the
 paired t statistic and its two-sided p-value (:func:`analysis.ratio_ci.t_two_sided_p`). **Holm
 correction** (:func:`holm`): the family is one (block, calibrated mode, comparator): its
 measures x granularities (2 x 4 = 8 tests in ``calibration_heldout``), the tests with a p-value
@@ -45,10 +58,12 @@ cheapest. Where the issue was silent we chose:
 - **no worse** = the paired difference mode - best control (by seed) has a 95% t interval whose
   upper end is >= 0 (the mode is not significantly below the best control; no multiplicity
   correction: the stricter reading); no control with data in a granularity: not met;
-- **cheapest** = the lowest mean BF16 shadow seconds per step (``perf/shadow_s`` summed over the
-  run's steps / its steps, mean over runs and granularities: the modes differ by their extra BF16
-  forwards); a mode without that measurement, or a tie, falls back to :data:`NOMINAL_COST` (the
-  extra BF16 forwards per step at the defaults, docs/mini.md's table).
+- **cheapest** = :data:`NOMINAL_COST`'s order (the extra BF16 forwards per step at the defaults,
+  docs/mini.md's table; the paper-scale cost model orders them the same way): the measured
+  ``perf/shadow_s`` is shown but does not rank, because a sweep run with ``clip.shadow_diagnostics``
+  (as ``calibration_heldout``) shadows every row of every arm, so the seconds measure the
+  diagnostic, not the mode; ``benchmarks/bench_calibration.py --part modes`` measures the modes'
+  cost without it.
 """
 
 from __future__ import annotations
@@ -64,7 +79,7 @@ from analysis.bf16_ratio import keyed_values
 from analysis.clip_config import run_settings
 from analysis.collect import Collection
 from analysis.heldout import mean_ci
-from analysis.ratio_ci import t_two_sided_p
+from analysis.ratio_ci import fieller_ratio, t_two_sided_p
 from analysis.tabulate import blocks
 from fp8rl.runs import metrics as M
 
@@ -81,6 +96,8 @@ MEASURES: dict[str, tuple[str, bool]] = {"ratio_dist": ("ratio_dist", False), "g
 #: Tie-break / fallback cost order of the modes: extra BF16 forwards per step at the defaults.
 NOMINAL_COST: tuple[str, ...] = ("periodic", "sampled", "windowed", "pooled", "same_batch")
 HOLDOUT_COUNTS = (M.SHADOW_HO_N_NEG, M.SHADOW_HO_FP8_LOW_N, M.SHADOW_HO_BF16_LOW_N)
+#: The unseen tokens' counts ((a): every shadowed A<0 token that did not set the bound in force on it).
+UNSEEN_COUNTS = (M.SHADOW_OOS_N_NEG, M.SHADOW_OOS_FP8_LOW_N, M.SHADOW_OOS_BF16_LOW_N)
 
 
 def has_holdout(coll: Collection) -> bool:
@@ -93,13 +110,15 @@ def has_holdout(coll: Collection) -> bool:
 
 def run_holdout(coll: Collection) -> pd.DataFrame:
     """One row per run that logged steps: ``run, algorithm, model, fp8, clip, method, mode, key``
-    (pairing key (sweep, seed)); ``ho_n_neg, ho_fp8, ho_bf16`` (sums over the steps that logged both
-    clipped counts), ``ho_steps``; ``ratio`` = ho_fp8 / ho_bf16 (NaN without a BF16-clipped token),
-    ``ratio_dist`` = |ratio - 1|; ``grad_cos`` (mean ``shadow/ho_grad_cos``), ``alpha_n`` (mean
-    ``clip/alpha_n``; NaN where not logged), ``shadow_s`` (``perf/shadow_s`` per logged step,
-    missing = 0; NaN when the run never logged it)."""
-    cols = ["run", "algorithm", "model", "fp8", "clip", "method", "mode", "key", "ho_n_neg", "ho_fp8", "ho_bf16",
-            "ho_steps", "ratio", "ratio_dist", "grad_cos", "alpha_n", "shadow_s"]
+    (pairing key (sweep, seed)); ``un_n_neg, un_fp8, un_bf16`` (the unseen tokens' counts, (a), summed
+    over the steps that logged both clipped counts), ``un_steps``; ``ratio`` = un_fp8 / un_bf16 (NaN
+    without a BF16-clipped unseen token), ``ratio_dist`` = |ratio - 1|; ``ho_n_neg, ho_fp8, ho_bf16,
+    ho_steps`` (the held-out rows alone, likewise); ``grad_cos`` (mean ``shadow/ho_grad_cos``),
+    ``alpha_n`` (mean ``clip/alpha_n``; NaN where not logged), ``shadow_s`` (``perf/shadow_s`` per
+    logged step, missing = 0; NaN when the run never logged it)."""
+    cols = ["run", "algorithm", "model", "fp8", "clip", "method", "mode", "key", "un_n_neg", "un_fp8", "un_bf16",
+            "un_steps", "ratio", "ratio_dist", "ho_n_neg", "ho_fp8", "ho_bf16", "ho_steps", "grad_cos", "alpha_n",
+            "shadow_s"]
     st = coll.steps
     if not len(st):
         return pd.DataFrame(columns=cols)
@@ -107,21 +126,24 @@ def run_holdout(coll: Collection) -> pd.DataFrame:
     def col(m: str) -> np.ndarray:
         return st[m].to_numpy(dtype=float) if m in st.columns else np.full(len(st), np.nan)
 
-    run = st["run"].astype(str).to_numpy()
-    fp8, bf16, n_neg = col(M.SHADOW_HO_FP8_LOW_N), col(M.SHADOW_HO_BF16_LOW_N), col(M.SHADOW_HO_N_NEG)
-    ok = np.isfinite(fp8) & np.isfinite(bf16)
-    part = pd.DataFrame({"run": run, "ho_n_neg": np.where(ok, n_neg, np.nan), "ho_fp8": np.where(ok, fp8, np.nan),
-                         "ho_bf16": np.where(ok, bf16, np.nan), "ok": ok, "grad_cos": col(M.SHADOW_HO_GRAD_COS),
+    part = pd.DataFrame({"run": st["run"].astype(str).to_numpy(), "grad_cos": col(M.SHADOW_HO_GRAD_COS),
                          "alpha_n": col(M.CLIP_ALPHA_N), "shadow": col(M.PERF_SHADOW_S)})
+    for prefix, (n_key, fp8_key, bf16_key) in (("un", UNSEEN_COUNTS), ("ho", HOLDOUT_COUNTS)):
+        fp8, bf16, n_neg = col(fp8_key), col(bf16_key), col(n_key)
+        ok = np.isfinite(fp8) & np.isfinite(bf16)
+        part[f"{prefix}_n_neg"] = np.where(ok, n_neg, np.nan)
+        part[f"{prefix}_fp8"], part[f"{prefix}_bf16"] = np.where(ok, fp8, np.nan), np.where(ok, bf16, np.nan)
+        part[f"{prefix}_ok"] = ok
     g = part.groupby("run", sort=False)
-    df = g[["ho_n_neg", "ho_fp8", "ho_bf16"]].sum(min_count=1)
-    df["ho_steps"] = g["ok"].sum().astype(int)
+    counts = [f"{p}_{c}" for p in ("un", "ho") for c in ("n_neg", "fp8", "bf16")]
+    df = g[counts].sum(min_count=1)
+    df["un_steps"], df["ho_steps"] = g["un_ok"].sum().astype(int), g["ho_ok"].sum().astype(int)
     df["grad_cos"] = g["grad_cos"].mean()
     df["alpha_n"] = g["alpha_n"].mean()
     logged = g["shadow"].count()
     df["shadow_s"] = (g["shadow"].sum() / g.size()).where(logged > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        df["ratio"] = np.where(df["ho_bf16"] > 0, df["ho_fp8"] / df["ho_bf16"], np.nan)
+        df["ratio"] = np.where(df["un_bf16"] > 0, df["un_fp8"] / df["un_bf16"], np.nan)
     df["ratio_dist"] = (df["ratio"] - 1.0).abs()
     df = df.reset_index()
     keys = keyed_values(df, coll, "ratio")[["run", "algorithm", "model", "fp8", "clip", "key"]]
@@ -133,20 +155,33 @@ def run_holdout(coll: Collection) -> pd.DataFrame:
     return df[cols]
 
 
+def pooled_ratio(x, y) -> tuple[float, float, float]:
+    """(a)'s ratio of sums over seeds with Fieller's paired 95% interval (cut at 0): ``x`` ``[n]``
+    per-seed FP8-clipped unseen counts, ``y`` ``[n]`` the BF16-clipped ones (same seeds, finite).
+    NaN ratio when ``sum(y) == 0``; NaN bounds below two seeds."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if not len(x) or float(y.sum()) <= 0:
+        return math.nan, math.nan, math.nan
+    lo, hi = fieller_ratio(x, y, paired=True)
+    return float(x.sum() / y.sum()), (max(lo, 0.0) if np.isfinite(lo) else lo), hi
+
+
 def _arm_runs(per_run: pd.DataFrame, algo: str, model: str, fp8: str, clip: str) -> pd.DataFrame:
     m = ((per_run["algorithm"].astype(str) == algo) & (per_run["model"].astype(str) == model)
          & (per_run["fp8"].astype(str) == fp8) & (per_run["clip"].astype(str) == clip))
-    return per_run[m & (per_run["ho_steps"] > 0)]
+    return per_run[m & ((per_run["un_steps"] > 0) | (per_run["ho_steps"] > 0))]
 
 
 def arm_rows(coll: Collection, per_run: pd.DataFrame | None = None) -> pd.DataFrame:
     """(a) and (b): one row per (algorithm, model, arm) whose runs logged the held-out counts.
 
     Columns: ``algorithm, model, fp8, granularity, clip, method, mode, arm, runs`` (seeds with
-    held-out counts), ``steps``, ``ho_n_neg, ho_bf16, ho_fp8`` (sums), ``ratio_mean, ratio_lo,
-    ratio_hi`` (mean of the per-seed ratio of sums, 95% t interval cut at 0), ``ratio_n``,
-    ``alpha_n`` (NaN for arms that do not calibrate or never logged it), ``cos_mean, cos_lo,
-    cos_hi, cos_n``, ``shadow_s`` (mean over runs).
+    held-out counts), ``steps``; ``un_n_neg, un_bf16, un_fp8`` (the unseen tokens, summed over seeds);
+    ``ratio_mean, ratio_lo, ratio_hi`` (:func:`pooled_ratio` over the seeds with unseen counts: the
+    ratio of sums and Fieller's paired interval), ``ratio_n`` (those seeds); ``ho_n_neg, ho_bf16,
+    ho_fp8, ho_ratio`` (the held-out rows alone: sums and their ratio); ``alpha_n`` (NaN for arms
+    that do not calibrate or never logged it), ``cos_mean, cos_lo, cos_hi, cos_n``, ``shadow_s``
+    (mean over runs).
     """
     per_run = run_holdout(coll) if per_run is None else per_run
     rows = []
@@ -155,25 +190,29 @@ def arm_rows(coll: Collection, per_run: pd.DataFrame | None = None) -> pd.DataFr
             r = _arm_runs(per_run, algo, model, fp8, clip)
             if r.empty:
                 continue
-            m, lo, hi, n = mean_ci(r["ratio"])
+            un = r[r["un_steps"] > 0]
+            m, lo, hi = pooled_ratio(un["un_fp8"], un["un_bf16"])
             cm, clo, chi, cn = mean_ci(r["grad_cos"])
             method = split_clip(clip)[0]
             alpha = r["alpha_n"].to_numpy(dtype=float)
+            ho_bf16 = float(r["ho_bf16"].sum())
             rows.append({
                 "algorithm": algo, "model": model, "fp8": fp8, "granularity": FP8_LABELS.get(fp8, fp8),
                 "clip": clip, "method": method, "mode": "/".join(sorted({x for x in r["mode"] if x})),
-                "arm": arm_label(fp8, clip), "runs": len(r), "steps": int(r["ho_steps"].sum()),
-                "ho_n_neg": float(r["ho_n_neg"].sum()), "ho_bf16": float(r["ho_bf16"].sum()),
-                "ho_fp8": float(r["ho_fp8"].sum()),
-                "ratio_mean": m, "ratio_lo": max(lo, 0.0) if np.isfinite(lo) else lo, "ratio_hi": hi, "ratio_n": n,
+                "arm": arm_label(fp8, clip), "runs": len(r), "steps": int(r["un_steps"].sum()),
+                "un_n_neg": float(un["un_n_neg"].sum()), "un_bf16": float(un["un_bf16"].sum()),
+                "un_fp8": float(un["un_fp8"].sum()),
+                "ratio_mean": m, "ratio_lo": lo, "ratio_hi": hi, "ratio_n": len(un),
+                "ho_n_neg": float(r["ho_n_neg"].sum()), "ho_bf16": ho_bf16, "ho_fp8": float(r["ho_fp8"].sum()),
+                "ho_ratio": float(r["ho_fp8"].sum()) / ho_bf16 if ho_bf16 > 0 else math.nan,
                 "alpha_n": (float(np.nanmean(alpha)) if method == "calibrated" and np.isfinite(alpha).any()
                             else math.nan),
                 "cos_mean": cm, "cos_lo": clo, "cos_hi": chi, "cos_n": cn,
                 "shadow_s": float(np.nanmean(r["shadow_s"])) if np.isfinite(r["shadow_s"].to_numpy(float)).any()
                 else math.nan})
     cols = ["algorithm", "model", "fp8", "granularity", "clip", "method", "mode", "arm", "runs", "steps",
-            "ho_n_neg", "ho_bf16", "ho_fp8", "ratio_mean", "ratio_lo", "ratio_hi", "ratio_n", "alpha_n",
-            "cos_mean", "cos_lo", "cos_hi", "cos_n", "shadow_s"]
+            "un_n_neg", "un_bf16", "un_fp8", "ratio_mean", "ratio_lo", "ratio_hi", "ratio_n", "ho_n_neg", "ho_bf16",
+            "ho_fp8", "ho_ratio", "alpha_n", "cos_mean", "cos_lo", "cos_hi", "cos_n", "shadow_s"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -326,10 +365,7 @@ def default_mode_rule(rules: pd.DataFrame) -> RuleVerdict:
     modes = sorted({str(m) for m in rules["mode"]})
 
     def cost_key(mode: str):
-        c = rules.loc[rules["mode"] == mode, "cost"].to_numpy(dtype=float)
-        c = c[np.isfinite(c)]
-        nominal = NOMINAL_COST.index(mode) if mode in NOMINAL_COST else len(NOMINAL_COST)
-        return (float(c.mean()) if len(c) else math.inf, nominal, mode)
+        return (NOMINAL_COST.index(mode) if mode in NOMINAL_COST else len(NOMINAL_COST), mode)
 
     order = tuple(sorted(modes, key=cost_key))
     reasons = {}
@@ -341,19 +377,17 @@ def default_mode_rule(rules: pd.DataFrame) -> RuleVerdict:
     rule = (f"among the calibrated modes, the cheapest whose held-out ratio's 95% interval lies within "
             f"[{RATIO_RANGE[0]}, {RATIO_RANGE[1]}] and whose held-out grad_cos is no worse than the best "
             f"control's ({', '.join(CONTROLS)}), in every granularity; if none qualifies, keep the cheapest")
-    costs = ", ".join(f"{m} ({_cost_text(cost_key(m)[0])})" for m in order)
+    costs = ", ".join(order)
     if qualified:
         mode = qualified[0]
-        text = (f"Default-mode rule ({rule}). Cheapest first: {costs}. Qualify: {', '.join(qualified)}. "
+        text = (f"Default-mode rule ({rule}). Cheapest first (extra BF16 forwards per step): {costs}. "
+                f"Qualify: {', '.join(qualified)}. "
                 f"**Verdict: the default mode is `{mode}`.**")
     else:
         mode = order[0]
-        text = (f"Default-mode rule ({rule}). Cheapest first: {costs}. **No calibrated mode qualifies** ("
+        text = (f"Default-mode rule ({rule}). Cheapest first (extra BF16 forwards per step): {costs}. "
+                "**No calibrated mode qualifies** ("
                 + "; ".join(f"{m}: {reasons[m][0]}" + (f" and {len(reasons[m]) - 1} more" if len(reasons[m]) > 1
                                                         else "") for m in order)
                 + f"). **Verdict: none qualifies; keep the cheapest, `{mode}`.**")
     return RuleVerdict(mode, qualified, order, reasons, text)
-
-
-def _cost_text(c: float) -> str:
-    return f"{c:.2f} s shadow/step" if np.isfinite(c) else "cost not logged"

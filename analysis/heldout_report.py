@@ -4,8 +4,9 @@ The numbers and every method choice are :mod:`analysis.heldout_judgement`'s; thi
 them:
 
 - ``tables/heldout_ratio.*`` (a, b): per block, granularity and arm, the deployed bound's held-out
-  ratio (mean over seeds of the per-seed ratio of sums, 95% Student-t interval), alpha n beside it
-  (calibrating arms; "-" otherwise), ``ho_grad_cos`` (mean, 95% t interval), the held-out tokens;
+  ratio on the tokens that did not set it (ratio of sums over seeds, Fieller's paired 95%
+  interval), the BF16 events it rests on and alpha n beside it (calibrating arms; "-" otherwise),
+  the held-out rows' own ratio, ``ho_grad_cos`` (mean, 95% t interval);
 - ``tables/heldout_paired.*`` (c): each calibrated mode against ``no_lower_clip``, ``wide_lower``
   and ``tis``, paired by seed, per granularity and measure, with the Holm-adjusted p-value and
   whether it survives (family: one block x calibrated mode x comparator, its measures x
@@ -70,22 +71,26 @@ def _num(x, fmt: str) -> str:
 
 
 def ratio_table(arms: pd.DataFrame, *, name: str = "heldout_ratio") -> Table:
-    header = ["Granularity", "arm", "mode", "seeds", "held-out A<0", "BF16-clipped", "FP8-clipped",
-              "held-out ratio (95% CI)", "alpha n", "ho_grad_cos (95% CI)"]
+    header = ["Granularity", "arm", "mode", "seeds", "unseen A<0", "BF16-clipped", "FP8-clipped",
+              "held-out ratio (95% CI)", "alpha n", "held-out rows: BF16 / FP8-clipped", "ho_grad_cos (95% CI)"]
 
     def cells(r, latex: bool) -> list[str]:
         ratio = mean_text(r["ratio_mean"], r["ratio_lo"], r["ratio_hi"], int(r["ratio_n"]), fmt=".3f")
         alpha = _num(r["alpha_n"], ".2f") if r["method"] == "calibrated" else "-"
-        return [r["granularity"], r["arm"], r["mode"], str(r["runs"]), _num(r["ho_n_neg"], ".0f"),
-                _num(r["ho_bf16"], ".0f"), _num(r["ho_fp8"], ".0f"), ratio, alpha,
+        return [r["granularity"], r["arm"], r["mode"], str(r["runs"]), _num(r["un_n_neg"], ".0f"),
+                _num(r["un_bf16"], ".0f"), _num(r["un_fp8"], ".0f"), ratio, alpha,
+                f"{_num(r['ho_bf16'], '.0f')} / {_num(r['ho_fp8'], '.0f')}",
                 mean_text(r["cos_mean"], r["cos_lo"], r["cos_hi"], int(r["cos_n"]))]
 
     md, tex = render_blocks(arms, header, cells, lambda a, m, g: (
-        "held-out rows (seeded, the same rows for every arm of a seed, never fed to any calibration): "
-        "per seed the ratio of sums over the run's steps, FP8 below the bound in force / BF16 shadow below "
-        "1 - eps_low; mean over seeds, 95% Student-t interval (n − 1 df, cut at 0); alpha n: mean "
-        "`clip/alpha_n` (the BF16-clipped count each calibration could expect); ho_grad_cos: mean over "
-        "seeds of each run's mean, 95% Student-t interval"))
+        "unseen A<0 tokens: those with a BF16 shadow that did not set the bound in force on them (every "
+        "token of an arm whose bounds come from earlier steps or from no tokens; under same_batch the "
+        "held-out rows only); held-out ratio: FP8 below the bound in force / BF16 shadow below 1 - eps_low, "
+        "ratio of sums over seeds, Fieller's 95% interval paired by seed (cut at 0; inf: BF16's count not "
+        "significantly above 0); BF16-clipped: the events it rests on; alpha n: mean `clip/alpha_n` (the "
+        "BF16-clipped count each calibration could expect); held-out rows: the seeded rows every arm of a "
+        "seed holds out, never fed to any calibration; ho_grad_cos: their policy gradient's cosine to "
+        "BF16's, mean over seeds of each run's mean, 95% Student-t interval"))
     return Table.from_lines(name, arms, md, tex, empty=NO_DATA[0].upper() + NO_DATA[1:] + ".")
 
 
@@ -103,7 +108,9 @@ def paired_table(comp: pd.DataFrame, *, name: str = "heldout_paired") -> Table:
                 "yes" if r["survives"] else "no", r["favours"] or "-"]
 
     md, tex = render_blocks(df, header, cells, lambda a, m, g: (
-        f"each calibrated mode against {', '.join(COMPARATORS)}, paired by seed (same held-out rows): mean "
+        f"each calibrated mode against {', '.join(COMPARATORS)}, paired by seed (same prompts and held-out "
+        "rows; abs(ratio − 1) from each seed's own unseen-token ratio, a seed without a BF16-clipped unseen "
+        "token in either arm does not pair): mean "
         "of the per-seed differences calibrated − comparator, 95% t interval, paired t and its two-sided "
         f"p; Holm correction within each (calibrated mode, comparator) family of measures x granularities "
         f"({len(g['measure'].unique())} x {len(g['fp8'].unique())} here), survives: adjusted p < {FWER}; "
@@ -113,7 +120,7 @@ def paired_table(comp: pd.DataFrame, *, name: str = "heldout_paired") -> Table:
 
 def rule_table(rules: pd.DataFrame, *, name: str = "heldout_rule") -> Table:
     verdict = default_mode_rule(rules)
-    header = ["calibrated mode", "Granularity", "shadow s/step", "held-out ratio (95% CI)",
+    header = ["calibrated mode", "Granularity", "shadow s/step (not ranked)", "held-out ratio (95% CI)",
               f"within [{RATIO_RANGE[0]}, {RATIO_RANGE[1]}]", "best control", "grad_cos − best control (95% CI)",
               "no worse"]
 
@@ -166,8 +173,13 @@ def plot_heldout_ratio(coll: Collection, arms: pd.DataFrame, out_dir: str | os.P
                 k = calibrated.index(r.clip) if r.clip in calibrated else 0
                 m_, lo, hi = float(r.ratio_mean), float(r.ratio_lo), float(r.ratio_hi)
                 err = [[m_ - lo if np.isfinite(lo) else 0.0], [hi - m_ if np.isfinite(hi) else 0.0]]
-                ax.errorbar([m_], [yi], xerr=err, fmt=variant_style(k)[1] or "o", color=method_colour(r.clip),
+                colour = method_colour(r.clip)
+                ax.errorbar([m_], [yi], xerr=err, fmt=variant_style(k)[1] or "o", color=colour,
                             markersize=3.5, elinewidth=1.0, capsize=2, gid=f"{fp8}|{r.clip}")
+                if np.isfinite(m_) and hi == math.inf:  # unbounded above: an arrow to the panel's edge
+                    ax.annotate("", xy=(1.0, yi), xycoords=("axes fraction", "data"), xytext=(m_, yi),
+                                textcoords="data", arrowprops={"arrowstyle": "->", "color": colour, "lw": 1.0},
+                                gid=f"{fp8}|{r.clip}|unbounded")
                 csv_rows.append((algo, model, fp8, r.arm, r.clip, r.mode, format_number(m_), format_number(lo),
                                  format_number(hi), int(r.ratio_n)))
             ax.set_yticks(y, [CLIP_LABELS.get(r.method, r.method) + (f" ({r.mode})" if r.method == "calibrated" else "")
@@ -180,11 +192,11 @@ def plot_heldout_ratio(coll: Collection, arms: pd.DataFrame, out_dir: str | os.P
         for j in range(len(panels), nrows * ncols):
             axes[j // ncols][j % ncols].set_visible(False)
         fig.suptitle("Held-out ratio of the deployed lower bound per arm; dashed: BF16 (1)", fontsize=9)
-        caption = ("Held-out ratio of the deployed lower bound per arm and granularity: per seed, the A<0 tokens "
-                   "of the held-out rows FP8 puts below the bound in force over those the BF16 shadow puts "
-                   "below 1 - eps_low, summed over the run's steps; dot: mean over seeds, error bar: 95% "
-                   f"Student-t interval (cut at 0); shaded: [{RATIO_RANGE[0]}, {RATIO_RANGE[1]}]; dashed: BF16 "
-                   f"(1). {describe_runs(coll)}")
+        caption = ("Held-out ratio of the deployed lower bound per arm and granularity: the A<0 tokens that did "
+                   "not set the bound in force on them (under same_batch the held-out rows only) FP8 puts below "
+                   "that bound, over those the BF16 shadow puts below 1 - eps_low, summed over steps and seeds; "
+                   "error bar: Fieller's 95% interval paired by seed (cut at 0; an arrow: unbounded); shaded: "
+                   f"[{RATIO_RANGE[0]}, {RATIO_RANGE[1]}]; dashed: BF16 (1). {describe_runs(coll)}")
         paths = save_figure(fig, out_dir, FIGURE, caption, pdf=pdf)
         plt.close(fig)
     header = ["algorithm", "model", "fp8", "arm", "clip", "mode", "mean", "lo", "hi", "n_seeds"]

@@ -32,7 +32,9 @@ whose features are planted on purpose, so analysis can be checked against the nu
 - the held-out rows (``clip.holdout_share``), with ``holdout_ratio=R`` (None: not logged, a run
   from before them), on every step of every arm: ``shadow/ho_n_neg`` ~ Poisson(``holdout_tokens``),
   ``shadow/ho_bf16_low_n`` ~ Binomial(n, 0.05), ``shadow/ho_fp8_low_n`` ~ Binomial(n, 0.05 R), and
-  ``shadow/ho_grad_cos`` = ``holdout_grad_cos`` + N(0, ``holdout_cos_noise``) (at most 1);
+  ``shadow/ho_grad_cos`` = ``holdout_grad_cos`` + N(0, ``holdout_cos_noise``) (at most 1); a
+  calibrated ``same_batch`` run logs the same counts as its ``shadow/oos_*`` on every step (its
+  held-out rows are the only tokens its bounds rule without having seen them, as in the trainer);
   ``alpha_n=a`` logs ``clip/alpha_n`` = a x (1 + N(0, 0.1)) on every step of a calibrated run.
   ``shadow_s`` is the ``perf/shadow_s`` a calibrated run logs on its calibration steps.
 - ``eval.jsonl`` holds ``eval_every``-spaced evaluations per dataset whose last value equals
@@ -259,6 +261,8 @@ def _count_columns(spec: RunSpec, cnl: np.ndarray, n: int, rng: np.random.Genera
     return out
 
 
+_OOS: tuple[str, ...] = (M.SHADOW_OOS_N_NEG, M.SHADOW_OOS_FP8_LOW_N, M.SHADOW_OOS_BF16_LOW_N,
+                         M.SHADOW_OOS_CLIPFRAC_NEG_LOW, M.SHADOW_OOS_BF16_CLIPFRAC_NEG_LOW)
 _HOLDOUT: tuple[str, ...] = (M.SHADOW_HO_N_NEG, M.SHADOW_HO_FP8_LOW_N, M.SHADOW_HO_BF16_LOW_N, M.SHADOW_HO_GRAD_COS)
 
 
@@ -272,15 +276,31 @@ def _holdout_columns(spec: RunSpec, n: int, rng: np.random.Generator) -> dict[st
         out[M.SHADOW_HO_FP8_LOW_N] = rng.binomial(tokens, min(1.0, HELDOUT_P * spec.holdout_ratio)).astype(float)
         out[M.SHADOW_HO_GRAD_COS] = np.minimum(
             1.0, spec.holdout_grad_cos + spec.holdout_cos_noise * rng.standard_normal(n))
+        if _holdout_is_oos(spec):  # same_batch: its held-out rows are its only out-of-sample tokens
+            oos = (M.SHADOW_OOS_N_NEG, M.SHADOW_OOS_FP8_LOW_N, M.SHADOW_OOS_BF16_LOW_N)
+            for o, h in zip(oos, (M.SHADOW_HO_N_NEG, M.SHADOW_HO_FP8_LOW_N, M.SHADOW_HO_BF16_LOW_N), strict=True):
+                out[o] = out[h].copy()
+            with np.errstate(divide="ignore", invalid="ignore"):
+                tok = out[oos[0]]
+                out[M.SHADOW_OOS_CLIPFRAC_NEG_LOW] = np.where(tok > 0, out[oos[1]] / np.maximum(tok, 1), np.nan)
+                out[M.SHADOW_OOS_BF16_CLIPFRAC_NEG_LOW] = np.where(tok > 0, out[oos[2]] / np.maximum(tok, 1), np.nan)
     if spec.alpha_n is not None:
         out[M.CLIP_ALPHA_N] = spec.alpha_n * (1.0 + 0.1 * rng.standard_normal(n))
     return out
+
+
+def _holdout_is_oos(spec: RunSpec) -> bool:
+    """A calibrated ``same_batch`` run with held-out rows logs them as its out-of-sample counts too
+    (on every step, as the trainer does: nothing else it trains on is out of sample)."""
+    return spec.holdout_ratio is not None and spec.clip == "calibrated" and spec.calibration_mode == "same_batch"
 
 
 def _present(spec: RunSpec, metric: str, step: int) -> bool:
     calib = step % CALIBRATION_EVERY == 0
     if metric in _HOLDOUT:
         return spec.holdout_ratio is not None
+    if _holdout_is_oos(spec) and metric in _OOS:
+        return True
     if metric == M.CLIP_ALPHA_N:
         return spec.clip == "calibrated"
     if metric in _AGREEMENT or metric in M.HELDOUT_METRICS:

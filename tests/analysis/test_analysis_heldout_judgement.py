@@ -1,5 +1,6 @@
 """The held-out judgement (analysis.heldout_judgement, analysis.heldout_report) against references
-computed here: per-seed ratios of sums read with json.loads (tests/analysis/holdout_sweep.py), the
+computed here: the unseen tokens' ratio of sums over seeds and Fieller's paired interval by its
+closed form, per-seed ratios, all read with json.loads (tests/analysis/holdout_sweep.py), the
 printed t table, the closed-form t distribution with 3 degrees of freedom, Holm by hand; the
 default-mode rule on constructed tables; and sweeps without held-out rows."""
 
@@ -27,6 +28,7 @@ from fp8rl.runs.synthetic import RunSpec, make_sweep
 T975_3 = 3.1824  # Student t 0.975 quantile, 3 degrees of freedom (4 seeds; printed table: bounds to 1e-4)
 HO_FP8, HO_BF16, HO_COS, ALPHA_N = ("shadow/ho_fp8_low_n", "shadow/ho_bf16_low_n", "shadow/ho_grad_cos",
                                     "clip/alpha_n")
+UN_FP8, UN_BF16 = "shadow/oos_fp8_low_n", "shadow/oos_bf16_low_n"
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +50,27 @@ def _clip(clip, mode):
     return f"calibrated[clip.calibration_mode={mode}]" if mode else clip
 
 
-def _ratio(rows):
-    """Ratio of sums over the run's steps."""
-    return sum(r[HO_FP8] for r in rows if HO_FP8 in r) / sum(r[HO_BF16] for r in rows if HO_BF16 in r)
+def _sum(rows, key):
+    return sum(r[key] for r in rows if key in r)
+
+
+def _ratio(rows, fp8=UN_FP8, bf16=UN_BF16):
+    """Ratio of sums over the run's steps (the unseen tokens unless told)."""
+    return _sum(rows, fp8) / _sum(rows, bf16)
+
+
+def _fieller(x, y):
+    """Fieller's paired 95% interval for sum(x) / sum(y) by its closed form: the R with
+    (mx - R my)^2 <= t^2 (sxx - 2 R sxy + R^2 syy) / n (4 seeds: t on 3 df)."""
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((a - mx) ** 2 for a in x) / (n - 1)
+    syy = sum((b - my) ** 2 for b in y) / (n - 1)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y)) / (n - 1)
+    t2 = T975_3 ** 2 / n
+    a, b, c = my * my - t2 * syy, mx * my - t2 * sxy, mx * mx - t2 * sxx
+    r = math.sqrt(b * b - a * c)
+    return max((b - r) / a, 0.0), (b + r) / a
 
 
 def _mean(rows, key):
@@ -99,7 +119,7 @@ def test_holm_by_hand():
     assert holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
 
 
-def test_heldout_ratio_is_the_mean_of_per_seed_ratios_of_sums(coll, loop):
+def test_heldout_ratio_is_the_unseen_tokens_ratio_of_sums_with_fieller(coll, loop):
     df = arm_rows(coll)
     assert has_holdout(coll)
     assert len(df) == 1 + len(GRANULARITIES) * len(ARMS)
@@ -109,10 +129,17 @@ def test_heldout_ratio_is_the_mean_of_per_seed_ratios_of_sums(coll, loop):
             r = df[(df["fp8"] == fp8) & (df["clip"] == _clip(clip, mode))]
             assert len(r) == 1, (fp8, clip, mode)
             r = r.iloc[0]
-            m, lo, hi = _t_interval([_ratio(runs[s]) for s in SEEDS])
+            x = [_sum(runs[s], UN_FP8) for s in SEEDS]
+            y = [_sum(runs[s], UN_BF16) for s in SEEDS]
             assert r["ratio_n"] == 4 and r["runs"] == 4
-            assert r["ratio_mean"] == pytest.approx(m, rel=1e-12)
-            assert (r["ratio_lo"], r["ratio_hi"]) == pytest.approx((max(lo, 0.0), hi), rel=1e-4, abs=1e-12)
+            assert (r["un_fp8"], r["un_bf16"]) == (sum(x), sum(y))
+            assert r["ratio_mean"] == pytest.approx(sum(x) / sum(y), rel=1e-12)
+            if clip != "no_lower_clip":  # x = 0 there: Fieller's lower end is 0
+                assert (r["ratio_lo"], r["ratio_hi"]) == pytest.approx(_fieller(x, y), rel=1e-4, abs=1e-12)
+            hx, hy = sum(_sum(runs[s], HO_FP8) for s in SEEDS), sum(_sum(runs[s], HO_BF16) for s in SEEDS)
+            assert r["ho_ratio"] == pytest.approx(hx / hy, rel=1e-12)
+            if mode == "same_batch":  # its unseen tokens are its held-out rows
+                assert (sum(x), sum(y)) == (hx, hy)
             cm, clo, chi = _t_interval([_mean(runs[s], HO_COS) for s in SEEDS])
             assert (r["cos_mean"], r["cos_lo"], r["cos_hi"]) == pytest.approx((cm, clo, chi), rel=1e-6)
             if mode:
@@ -120,8 +147,10 @@ def test_heldout_ratio_is_the_mean_of_per_seed_ratios_of_sums(coll, loop):
                 assert r["alpha_n"] == pytest.approx(alpha, rel=1e-12) and r["mode"] == mode
             else:
                 assert math.isnan(r["alpha_n"])
-            if clip != "no_lower_clip":  # the planted ratio, up to binomial noise
-                assert r["ratio_mean"] == pytest.approx(1.0 if fp8 == "bf16" else ARMS[(clip, mode)][0], rel=0.15)
+            planted, ho_planted = (1.0, 1.0) if fp8 == "bf16" else (ARMS[(clip, mode)][0], ARMS[(clip, mode)][4])
+            if clip != "no_lower_clip":  # the planted ratios, up to binomial noise
+                assert r["ratio_mean"] == pytest.approx(planted, rel=0.15)
+                assert r["ho_ratio"] == pytest.approx(ho_planted, rel=0.15)
     text = ratio_table(df).markdown
     assert "| - |" in text and "0.61" in text  # alpha n of sampled; "-" for an arm that does not calibrate
 
