@@ -14,10 +14,18 @@ coloured by clip method (``analysis.style``: the same colours as every line figu
   the BF16 reference arm's gain for the same seed (same warm start, same prompts), in points; a
   dot at the mean over seeds and the 95% Student-t interval of the mean (none below two paired
   seeds); zero (the BF16 reference) dashed black. It is the report's paired accuracy table drawn.
+  **Which engine scores the gains**: a block whose runs were also scored by a BF16 engine on the
+  same weights (``eval_bf16/`` keys) and pair with its BF16 arm is drawn from those BF16-scored
+  gains (``run_gains(precision="bf16")``: the training effect, every arm in one precision); a
+  block without them (sweeps from before the BF16 engine) falls back to each arm's own engine,
+  whose FP8 scoring mixes the evaluation's precision into the training effect. The axis label,
+  the title, the caption and the CSV column ``scored_by`` (``"bf16"`` | ``"own"``) say which.
+  Choice: the engine is chosen per block, not per arm, so one panel never mixes the two; in a BF16
+  block an arm without BF16-scored pairs has no dot.
 
 Written like every figure (``analysis.figures``): PNG (200 dpi), PDF and the CSV of exactly the
 plotted numbers (``kind=bar`` or ``kind=diff``: algorithm, model, arm, fp8, clip, mean, std,
-n_seeds, lo, hi: the drawn interval).
+n_seeds, lo, hi: the drawn interval; ``kind=diff`` adds ``scored_by``).
 """
 
 from __future__ import annotations
@@ -64,7 +72,8 @@ class SummarySpec:
     scale: float = 1.0
     #: ``"mechanism"``: the per-run mean over training (``run_mechanism``); ``"eval"``: the
     #: run's final evaluation averaged over the sets (finished runs); ``"paired_gain"``: the gain
-    #: from step 0 minus the BF16 arm's gain for the same seed (``paired_differences``).
+    #: from step 0 minus the BF16 arm's gain for the same seed, BF16-scored where the runs have it
+    #: (``paired_differences``).
     source: str = "mechanism"
     #: error bars: ``"std"`` (±1 std over seeds) or ``"ci95"`` (95% t interval of the mean).
     interval: str = "std"
@@ -120,30 +129,61 @@ def arm_means(coll: Collection, metric: str) -> pd.DataFrame:
     return df.sort_values(["algorithm", "model", "_k"], kind="stable")[cols].reset_index(drop=True)
 
 
-def paired_differences(coll: Collection) -> pd.DataFrame:
+#: ``scored_by`` of :func:`paired_differences` -> what the figure's label and caption say.
+SCORED_BY_TEXT = {M.EVAL_BF16: "scored by a BF16 engine on the same weights",
+                  M.EVAL_OWN: "scored by each arm's own engine (no BF16-engine evaluation)"}
+SCORED_BY_SHORT = {M.EVAL_BF16: "BF16-scored", M.EVAL_OWN: "own engine"}
+#: which paired accuracy table of the report the figure draws, by the engines of its blocks
+PAIRED_TABLE_OF = {(M.EVAL_BF16,): " scored by a BF16 engine (tables/paired_accuracy_bf16)",
+                   (M.EVAL_OWN,): " (tables/paired_accuracy)"}
+PAIRED_TABLE_MIXED = (" (tables/paired_accuracy_bf16 in the BF16-scored panels, tables/paired_accuracy in "
+                      "the others)")
+SCORED_BY_TITLE = {M.EVAL_BF16: "scored by a BF16 engine", M.EVAL_OWN: "scored by each arm's own engine"}
+
+
+def _block_differences(gains: pd.DataFrame, algo: str, model: str, arms) -> list[dict]:
+    ref = bf16_reference(arms)
+    if ref is None or gains.empty:
+        return []
+    r = select(gains, algo, model, *ref).set_index("seed")["gain"]
+    rows = []
+    for arm in arms:
+        a = select(gains, algo, model, *arm)
+        if arm == ref or a.empty:
+            continue
+        d = (a.set_index("seed")["gain"] - r).dropna().to_numpy(dtype=float)
+        if not len(d):
+            continue
+        lo, hi = mean_interval(d)
+        rows.append({"algorithm": algo, "model": model, "fp8": arm[0], "clip": arm[1],
+                     "arm": arm_label(*arm), "mean": float(d.mean()),
+                     "std": float(d.std(ddof=1)) if len(d) >= 2 else np.nan, "n_seeds": len(d),
+                     "lo": lo, "hi": hi})
+    return rows
+
+
+def paired_differences(coll: Collection, precision: str | None = None) -> pd.DataFrame:
     """Per non-reference arm of every block with a BF16 arm: the gain from step 0 (``run_gains``)
     minus the BF16 reference arm's gain for the same seed; ``mean, std, n_seeds`` over the paired
-    seeds and ``lo, hi``, the 95% Student-t interval of the mean (fractions, not points)."""
-    cols = ["algorithm", "model", "fp8", "clip", "arm", "mean", "std", "n_seeds", "lo", "hi"]
-    gains = run_gains(coll)
+    seeds and ``lo, hi``, the 95% Student-t interval of the mean (fractions, not points), and
+    ``scored_by``, the engine whose gains these are.
+
+    ``precision=None``: per block, the BF16 engine's gains where the block has BF16-scored pairs
+    (``eval_bf16/`` keys), else the arm's own engine's; ``"own"`` or ``"bf16"``: that engine only.
+    """
+    cols = ["algorithm", "model", "fp8", "clip", "arm", "mean", "std", "n_seeds", "lo", "hi", "scored_by"]
+    if precision is not None and precision not in M.EVAL_PRECISIONS:
+        raise ValueError(f"precision must be None (BF16 engine where present) or one of "
+                         f"{M.EVAL_PRECISIONS}, got {precision!r}")
+    order = (M.EVAL_BF16, M.EVAL_OWN) if precision is None else (precision,)
+    gains = {p: run_gains(coll, precision=p) for p in order}
     rows = []
     for algo, model, arms in blocks(coll):
-        ref = bf16_reference(arms)
-        if ref is None or gains.empty:
-            continue
-        r = select(gains, algo, model, *ref).set_index("seed")["gain"]
-        for arm in arms:
-            a = select(gains, algo, model, *arm)
-            if arm == ref or a.empty:
-                continue
-            d = (a.set_index("seed")["gain"] - r).dropna().to_numpy(dtype=float)
-            if not len(d):
-                continue
-            lo, hi = mean_interval(d)
-            rows.append({"algorithm": algo, "model": model, "fp8": arm[0], "clip": arm[1],
-                         "arm": arm_label(*arm), "mean": float(d.mean()),
-                         "std": float(d.std(ddof=1)) if len(d) >= 2 else np.nan, "n_seeds": len(d),
-                         "lo": lo, "hi": hi})
+        for p in order:
+            found = _block_differences(gains[p], algo, model, arms)
+            if found:
+                rows += [{**r, "scored_by": p} for r in found]
+                break
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -176,6 +216,7 @@ def plot_summary(coll: Collection, spec: SummarySpec | str, out_dir: str | os.Pa
     data = paired_differences(coll) if diff else arm_means(coll, spec.metric)
     if data.empty:
         return None
+    engines = sorted(set(data["scored_by"])) if diff else []  # "bf16" sorts before "own"
     panels = [p for p in panels_of(coll) if not data[(data["algorithm"] == p[0]) & (data["model"] == p[1])].empty]
     arm_sets = {p: data[(data["algorithm"] == p[0]) & (data["model"] == p[1])] for p in panels}
     same_arms = len({tuple(a["arm"]) for a in arm_sets.values()}) == 1
@@ -223,24 +264,37 @@ def plot_summary(coll: Collection, spec: SummarySpec | str, out_dir: str | os.Pa
                 ax.set_yticks(y, a["arm"].tolist())
             ax.tick_params(axis="y", length=0)
             ax.grid(axis="y", visible=False)
-            ax.set_title(f"{algo.upper()} · {model}")
+            engine = str(a["scored_by"].iloc[0]) if diff else ""
+            ax.set_title(f"{algo.upper()} · {model}" + (f" ({SCORED_BY_SHORT[engine]})" if len(engines) > 1 else ""))
             if i // ncols == nrows - 1 or i + ncols >= len(panels):
-                ax.set_xlabel(spec.xlabel)
+                ax.set_xlabel(f"{spec.xlabel}, {SCORED_BY_SHORT[engine]}" if diff else spec.xlabel)
             for r, lo_, hi_ in zip(a.itertuples(index=False), lo, hi, strict=True):
                 csv_rows.append(("diff" if diff else "bar", spec.metric, algo, model, r.arm, r.fp8, r.clip,
                                  format_number(float(r.mean) * spec.scale), format_number(float(r.std) * spec.scale),
-                                 int(r.n_seeds), format_number(float(lo_)), format_number(float(hi_))))
+                                 int(r.n_seeds), format_number(float(lo_)), format_number(float(hi_)),
+                                 *((r.scored_by,) if diff else ())))
         for j in range(len(panels), nrows * ncols):
             axes[j // ncols][j % ncols].set_visible(False)
         has_ref = diff or (data["fp8"] == "bf16").any()
-        fig.suptitle(spec.title + ("; dashed: BF16" if has_ref else ""), fontsize=9)
+        if not diff:
+            scored, title_engine = "", ""
+        elif len(engines) == 1:
+            scored = SCORED_BY_TEXT[engines[0]]
+            title_engine = f", {SCORED_BY_TITLE[engines[0]]}"
+        else:
+            scored = (f"{SCORED_BY_TEXT[M.EVAL_BF16]} in the panels marked {SCORED_BY_SHORT[M.EVAL_BF16]}, "
+                      f"else {SCORED_BY_TEXT[M.EVAL_OWN]}")
+            title_engine = ", BF16-scored where the runs have it (panel titles say)"
+        fig.suptitle(spec.title + title_engine + ("; dashed: BF16" if has_ref else ""), fontsize=9)
         if diff:
             caption = (f"{spec.title}: per arm and seed, the gain in avg@k from step 0 to the last evaluation "
-                       "(mean over the evaluation sets, same problems and sampling seed at every evaluation; "
-                       "finished runs) minus the BF16 reference arm's gain for the same seed, in points; dots: "
+                       f"(mean over the evaluation sets, {scored}; same problems and sampling seed at every "
+                       "evaluation; finished runs) minus the BF16 reference arm's gain for the same seed, in "
+                       "points; dots: "
                        "the mean over the paired seeds; error bars: its 95% confidence interval (Student t; "
                        "none below two pairs); dashed line: zero, the BF16 reference. The report's paired "
-                       f"accuracy table, drawn. {describe_runs(coll)}")
+                       f"accuracy table{PAIRED_TABLE_OF.get(tuple(engines), PAIRED_TABLE_MIXED)}, drawn. "
+                       f"{describe_runs(coll)}")
         else:
             what = ("each finished run's final evaluation, avg@k averaged over the evaluation sets"
                     if spec.source == "eval" else "each run's mean over its logged steps")
@@ -250,6 +304,7 @@ def plot_summary(coll: Collection, spec: SummarySpec | str, out_dir: str | os.Pa
                        + f". {describe_runs(coll)}")
         paths = save_figure(fig, out_dir, spec.name, caption, pdf=pdf)
         plt.close(fig)
-    header = ["kind", "metric", "algorithm", "model", "arm", "fp8", "clip", "mean", "std", "n_seeds", "lo", "hi"]
+    header = ["kind", "metric", "algorithm", "model", "arm", "fp8", "clip", "mean", "std", "n_seeds", "lo", "hi",
+              *(("scored_by",) if diff else ())]
     pd.DataFrame(csv_rows, columns=header).to_csv(paths["csv"], index=False, lineterminator="\n")
     return paths
