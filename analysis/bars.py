@@ -267,7 +267,7 @@ def plot_summary(coll: Collection, spec: SummarySpec | str, out_dir: str | os.Pa
             engine = str(a["scored_by"].iloc[0]) if diff else ""
             ax.set_title(f"{algo.upper()} · {model}" + (f" ({SCORED_BY_SHORT[engine]})" if len(engines) > 1 else ""))
             if i // ncols == nrows - 1 or i + ncols >= len(panels):
-                ax.set_xlabel(f"{spec.xlabel}, {SCORED_BY_SHORT[engine]}" if diff else spec.xlabel)
+                ax.set_xlabel(f"{spec.xlabel}\n{SCORED_BY_TITLE[engine]}" if diff else spec.xlabel)
             for r, lo_, hi_ in zip(a.itertuples(index=False), lo, hi, strict=True):
                 csv_rows.append(("diff" if diff else "bar", spec.metric, algo, model, r.arm, r.fp8, r.clip,
                                  format_number(float(r.mean) * spec.scale), format_number(float(r.std) * spec.scale),
