@@ -6,8 +6,14 @@ Per (algorithm, model) block, from the report's own tables (nothing here is hand
   evaluation): the best and the lowest arm, and the block's BF16 reference arm, mean ± std
   over seeds;
 - versus BF16, paired by seed: the arms with the largest gain and the largest loss relative to
-  the BF16 arm's gain (mean, t and pairs); where a BF16 engine also scored the evaluations, the
-  same from its numbers with 95% intervals: the training effect (``analysis.paired``);
+  the BF16 arm's gain. Where a BF16 engine also scored the block's evaluations (``eval_bf16/``
+  keys, the ``paired_bf16`` table), only its numbers, with 95% intervals: the training effect
+  (``analysis.paired``); an FP8 arm's own engine mixes the evaluation's precision into the gain,
+  so the own-engine difference is not printed then. Without them (sweeps from before the BF16
+  engine) the own-engine difference (mean, t and pairs), labelled as such. The final-accuracy
+  sentence stays the arms' own engines (what each arm's engine scores) and says so where the
+  block also has BF16-scored numbers (the same rule as the ``eval_accuracy`` figure,
+  ``analysis.bars.paired_differences``: BF16-scored per block where it has pairs);
 - entropy surges (``analysis.tables.diagnostics_table``): how many runs surged, in which arms;
   the highest peak entropy against the BF16 arm's;
 - the mechanism (``analysis.clip_tables.mechanism_table``): the range over FP8 arms of the
@@ -36,13 +42,19 @@ def _pct(m, s=None) -> str:
     return out + (f" ± {100 * s:.1f}" if _fin(s) else "")
 
 
+#: How the summary labels a gain scored by each arm's own engine (no BF16-engine evaluation).
+OWN_ENGINE = "scored by each arm's own engine (no BF16-engine evaluation in these runs)"
+
+
 def _block(df: pd.DataFrame, algo: str, model: str) -> pd.DataFrame:
     if df is None or df.empty or "algorithm" not in df.columns:
         return pd.DataFrame()
     return df[(df["algorithm"].astype(str) == algo) & (df["model"].astype(str) == model)]
 
 
-def _accuracy_lines(p: pd.DataFrame) -> list[str]:
+def _accuracy_lines(p: pd.DataFrame, *, own_gains: bool = True, bf16_scored: bool = False) -> list[str]:
+    """The final accuracy and (``own_gains``) the own-engine gain minus BF16's; ``bf16_scored``:
+    the block also has BF16-scored numbers, so the final accuracy names its engine."""
     if p is None or p.empty or "last_mean" not in p.columns:  # no run evaluated
         return []
     p = p[p["last_mean"].map(_fin)]
@@ -52,19 +64,20 @@ def _accuracy_lines(p: pd.DataFrame) -> list[str]:
     bf16 = p[p["fp8"].astype(str) == "bf16"]
     ref = f"; BF16 reference {bf16.iloc[0]['arm']} {_pct(bf16.iloc[0]['last_mean'], bf16.iloc[0]['last_std'])}" \
         if len(bf16) else ""
-    lines = [f"Final accuracy (avg@k, mean over sets and seeds): highest {best['arm']} "
+    engine = ", each arm's own engine" if bf16_scored else ""
+    lines = [f"Final accuracy (avg@k{engine}, mean over sets and seeds): highest {best['arm']} "
              f"{_pct(best['last_mean'], best['last_std'])}, lowest {low['arm']} "
              f"{_pct(low['last_mean'], low['last_std'])}{ref}."]
     d = p[(p["vs_bf16_pairs"] > 0) & p["vs_bf16_mean"].map(_fin)]
-    if len(d):
+    if own_gains and len(d):
         hi, lo = d.loc[d["vs_bf16_mean"].idxmax()], d.loc[d["vs_bf16_mean"].idxmin()]
 
         def vs(r) -> str:
             t = f", t = {r['vs_bf16_t']:.1f}" if _fin(r["vs_bf16_t"]) else ""
             return f"{r['arm']} {100 * r['vs_bf16_mean']:+.1f} pts ({int(r['vs_bf16_pairs'])} seed{'s' if r['vs_bf16_pairs'] != 1 else ''}{t})"
 
-        lines.append(f"Gain from step 0 minus the BF16 arm's gain, paired by seed: largest {vs(hi)}, "
-                     f"smallest {vs(lo)}.")
+        lines.append(f"Gain from step 0 minus the BF16 arm's gain, paired by seed, {OWN_ENGINE}: "
+                     f"largest {vs(hi)}, smallest {vs(lo)}.")
     return lines
 
 
@@ -124,14 +137,16 @@ def _training_effect_lines(p: pd.DataFrame) -> list[str]:
 def findings(coll: Collection, *, paired: pd.DataFrame, diagnostics: pd.DataFrame,
              mechanism: pd.DataFrame, paired_bf16: pd.DataFrame | None = None) -> list[str]:
     """Markdown lines of the summary (a bullet list per (algorithm, model) block); with
-    ``paired_bf16`` (``analysis.paired`` of the BF16 engine) also the training effect."""
+    ``paired_bf16`` (``analysis.paired`` of the BF16 engine) the gains versus BF16 of every block
+    it pairs are the training effect, BF16-scored, in place of the own-engine ones."""
     runs = coll.runs
     counts = runs["cell"].value_counts().to_dict()
     out = [f"- {len(runs)} cells: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + "."]
     blocks = runs[["algorithm", "model"]].dropna().astype(str).drop_duplicates().to_numpy().tolist()
     for algo, model in sorted(map(tuple, blocks), key=lambda b: panel_order_key(*b)):
-        lines = (_accuracy_lines(_block(paired, algo, model))
-                 + _training_effect_lines(_block(paired_bf16, algo, model))
+        effect = _training_effect_lines(_block(paired_bf16, algo, model))
+        lines = (_accuracy_lines(_block(paired, algo, model), own_gains=not effect, bf16_scored=bool(effect))
+                 + effect
                  + _entropy_lines(_block(diagnostics, algo, model)) + _mechanism_lines(_block(mechanism, algo, model)))
         if not lines:
             continue
