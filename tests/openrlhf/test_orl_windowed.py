@@ -8,7 +8,10 @@ step, rank 0), their tokens' FP8 and BF16 ratios on the weights each loss saw (`
 so each step's k (A<0 tokens whose BF16 ratio is below 1 - eps_low) and n (A<0 tokens); the window W
 (the fewest recent steps whose A<0 count times the BF16 rate over the last ``window_max`` steps
 reaches ``window_target``), and the logged values of the pooled W steps. Planted bugs this catches:
-a window that never drops old steps, the window's rate or alpha n read from the FP8 ratios.
+a window that never drops old steps, the window's rate or alpha n read from the FP8 ratios; and,
+with held-out rows (``clip.holdout_share``), the rows whose tokens reach the estimate are the
+mode's draw minus the seed's held-out draw from the eligible rows (planted: held-out rows marked
+measured in the binding's ``Pending``, or drawn from the windowed subset).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from ppo_flow import PpoFlow
 from ppo_flow import want as _want
 
 from fp8rl.backends.openrlhf.plugin import PluginSpec
-from fp8rl.rl.calibration.sampling import draw_subset
+from fp8rl.rl.calibration.plan import WindowPlan
+from fp8rl.rl.calibration.sampling import draw_holdout, draw_subset
 from fp8rl.runs import metrics as M
 
 SEED, SHARE, TARGET, WMAX = 5, 0.5, 6.0, 4
@@ -27,11 +31,11 @@ N, T, GAS, STEPS = 16, 32, 2, 6
 V = 0.8  # 1 - eps_low
 
 
-def _spec() -> PluginSpec:
+def _spec(share: float = SHARE, holdout: float = 0.0) -> PluginSpec:
     return PluginSpec(clip_method="calibrated",
-                      clip_options={"mode": "windowed", "window_share": SHARE, "window_target": TARGET,
+                      clip_options={"mode": "windowed", "window_share": share, "window_target": TARGET,
                                     "window_max": WMAX, "init_bounds": [0.8, 1.28], "upper_rule": "proportional"},
-                      eps_low=0.2, eps_high=0.28, seed=SEED)
+                      eps_low=0.2, eps_high=0.28, seed=SEED, holdout_share=holdout)
 
 
 def _window(ks: list[int], ns: list[int]) -> int:
@@ -99,3 +103,29 @@ def test_the_plugin_logs_k_n_alpha_n_of_the_window_the_shared_rule_picks(monkeyp
     # than BF16, so a window sized from the FP8 ratios would differ
     assert max(windows) > 1 and any(w < min(s + 1, WMAX) for s, w in enumerate(windows)), windows
     assert sum(fs) > 2 * sum(ks) and [_window(fs[: s + 1], ns[: s + 1]) for s in range(STEPS)] != windows, (fs, ks)
+
+
+def test_held_out_rows_never_reach_a_windowed_estimate(monkeypatch):
+    """Every step: the rows whose tokens the estimate read (the sequence ids handed to the window's
+    ``calibrate``, this rank's) are the mode's seeded draw minus the held-out rows, and those are
+    the seed's draw from the eligible rows (references recomputed here)."""
+    share, holdout = 0.75, 0.25
+    flow = PpoFlow(monkeypatch, _spec(share, holdout), n=N, t=T, gas=GAS, zero_last=True)
+    fed = []  # (step, sequence ids one window's calibrate read)
+    calibrate = WindowPlan.calibrate
+
+    def record(self, ratio, shadow_ratio, advantages, mask, *, seq=None):
+        fed.append((self.plan.step, seq.tolist()))
+        return calibrate(self, ratio, shadow_ratio, advantages, mask, seq=seq)
+
+    monkeypatch.setattr(WindowPlan, "calibrate", record)
+    flow.train(3)
+    eligible = ((flow.adv != 0) & flow.mask).any(1)
+    exposed = 0  # held-out rows whose micro-batch ran before the window's calibration (a leak would show)
+    for step in range(3):
+        held = draw_holdout(eligible, holdout, seed=SEED, step=step)
+        drawn = draw_subset(eligible, share, seed=SEED, step=step)
+        read = sorted({s for st, seq in fed if st == step for s in seq})
+        assert read == torch.nonzero(drawn & ~held).flatten().tolist(), step
+        exposed += sum(bool(held[r]) and bool((drawn & ~held)[r + 1]) for r in range(0, N, GAS))
+    assert exposed > 0
