@@ -136,6 +136,13 @@ def test_heldout_ratio_is_the_unseen_tokens_ratio_of_sums_with_fieller(coll, loo
             assert r["ratio_mean"] == pytest.approx(sum(x) / sum(y), rel=1e-12)
             if clip != "no_lower_clip":  # x = 0 there: Fieller's lower end is 0
                 assert (r["ratio_lo"], r["ratio_hi"]) == pytest.approx(_fieller(x, y), rel=1e-4, abs=1e-12)
+            last = {s: max(row["step"] for row in runs[s]) for s in SEEDS}
+            late = {s: [row for row in runs[s] if row["step"] > 0.25 * last[s]] for s in SEEDS}
+            lx, ly = [_sum(late[s], UN_FP8) for s in SEEDS], [_sum(late[s], UN_BF16) for s in SEEDS]
+            assert 0 < sum(ly) < sum(y) and r["late_bf16"] == sum(ly)
+            assert r["late_mean"] == pytest.approx(sum(lx) / sum(ly), rel=1e-12)
+            if clip != "no_lower_clip":
+                assert (r["late_lo"], r["late_hi"]) == pytest.approx(_fieller(lx, ly), rel=1e-4, abs=1e-12)
             hx, hy = sum(_sum(runs[s], HO_FP8) for s in SEEDS), sum(_sum(runs[s], HO_BF16) for s in SEEDS)
             assert r["ho_ratio"] == pytest.approx(hx / hy, rel=1e-12)
             if mode == "same_batch":  # its unseen tokens are its held-out rows
