@@ -32,6 +32,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
@@ -56,6 +57,10 @@ from analysis.style import REFERENCE_COLOUR, method_colour, variant_style
 from analysis.tabulate import Table, render_blocks
 
 FIGURE = "heldout_ratio"
+#: The figure's x axis: symmetric-log (linear below 0.5, so ``no_lower_clip``'s 0 is drawn), up to
+#: this ratio; an interval reaching beyond (or unbounded) ends in an arrow.
+X_MAX = 16.0
+X_TICKS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 NO_DATA = ("no held-out data: no run logged the held-out rows' counts (`shadow/ho_*`, "
            "`clip.holdout_share` > 0), so there is no held-out judgement")
 MEASURE_LABELS = {"ratio_dist": "abs(held-out ratio − 1)", "grad_cos": "held-out grad_cos"}
@@ -176,14 +181,15 @@ def plot_heldout_ratio(coll: Collection, arms: pd.DataFrame, out_dir: str | os.P
             for yi, r in zip(y, a.itertuples(index=False), strict=True):
                 k = calibrated.index(r.clip) if r.clip in calibrated else 0
                 m_, lo, hi = float(r.ratio_mean), float(r.ratio_lo), float(r.ratio_hi)
-                err = [[m_ - lo if np.isfinite(lo) else 0.0], [hi - m_ if np.isfinite(hi) else 0.0]]
+                shown = min(hi, X_MAX) if np.isfinite(m_) else hi
+                err = [[m_ - lo if np.isfinite(lo) else 0.0], [shown - m_ if np.isfinite(shown) else 0.0]]
                 colour = method_colour(r.clip)
                 ax.errorbar([m_], [yi], xerr=err, fmt=variant_style(k)[1] or "o", color=colour,
                             markersize=3.5, elinewidth=1.0, capsize=2, gid=f"{fp8}|{r.clip}")
-                if np.isfinite(m_) and hi == math.inf:  # unbounded above: an arrow to the panel's edge
-                    ax.annotate("", xy=(1.0, yi), xycoords=("axes fraction", "data"), xytext=(m_, yi),
-                                textcoords="data", arrowprops={"arrowstyle": "->", "color": colour, "lw": 1.0},
-                                gid=f"{fp8}|{r.clip}|unbounded")
+                if np.isfinite(m_) and hi > X_MAX:  # beyond the axis or unbounded: an arrow to its edge
+                    ax.annotate("", xy=(X_MAX * 1.25, yi), xytext=(max(m_, shown), yi), textcoords="data",
+                                arrowprops={"arrowstyle": "->", "color": colour, "lw": 1.0},
+                                gid=f"{fp8}|{r.clip}|beyond")
                 csv_rows.append((algo, model, fp8, r.arm, r.clip, r.mode, format_number(m_), format_number(lo),
                                  format_number(hi), int(r.ratio_n)))
             ax.set_yticks(y, [CLIP_LABELS.get(r.method, r.method) + (f" ({r.mode})" if r.method == "calibrated" else "")
@@ -191,6 +197,10 @@ def plot_heldout_ratio(coll: Collection, arms: pd.DataFrame, out_dir: str | os.P
             ax.tick_params(axis="y", length=0)
             ax.grid(axis="y", visible=False)
             ax.set_title(f"{algo.upper()} · {model} · {a['granularity'].iloc[0]}")
+            ax.set_xscale("symlog", linthresh=0.5, linscale=0.6)
+            ax.set_xlim(0.0, X_MAX * 1.3)
+            ax.set_xticks(X_TICKS, [format(t, "g") for t in X_TICKS])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             if i // ncols == nrows - 1 or i + ncols >= len(panels):
                 ax.set_xlabel("held-out ratio, FP8 / BF16-clipped A<0")
         for j in range(len(panels), nrows * ncols):
@@ -199,7 +209,8 @@ def plot_heldout_ratio(coll: Collection, arms: pd.DataFrame, out_dir: str | os.P
         caption = ("Held-out ratio of the deployed lower bound per arm and granularity: the A<0 tokens that did "
                    "not set the bound in force on them (under same_batch the held-out rows only) FP8 puts below "
                    "that bound, over those the BF16 shadow puts below 1 - eps_low, summed over steps and seeds; "
-                   "error bar: Fieller's 95% interval paired by seed (cut at 0; an arrow: unbounded); shaded: "
+                   "error bar: Fieller's 95% interval paired by seed (cut at 0; an arrow: beyond the axis or unbounded); "
+                   "symmetric-log axis; shaded: "
                    f"[{RATIO_RANGE[0]}, {RATIO_RANGE[1]}]; dashed: BF16 (1). {describe_runs(coll)}")
         paths = save_figure(fig, out_dir, FIGURE, caption, pdf=pdf)
         plt.close(fig)
