@@ -14,12 +14,11 @@ import math
 import statistics
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from figure_capture import capture_saved_figures
 
 import analysis.bars as bars
-import analysis.curves as curves
 from analysis.collect import collect
 from analysis.report import write_report
 from fp8rl.runs.synthetic import RunSpec, make_sweep
@@ -79,18 +78,6 @@ def _expected(sweep_dir: Path, prefix: str) -> dict:
     return out
 
 
-def _capture(monkeypatch):
-    kept = []
-
-    def save(fig, *a, **k):
-        kept.append(fig)
-        return curves.save_figure(fig, *a, **k)
-
-    monkeypatch.setattr(bars, "save_figure", save)
-    monkeypatch.setattr(plt, "close", lambda fig=None: None)
-    return kept
-
-
 def test_the_planted_engines_disagree(sweeps):
     own, bf16 = _expected(sweeps[0], "eval"), _expected(sweeps[0], "eval_bf16")
     for arm in own:  # the test means something only if the two engines differ in sign
@@ -99,7 +86,7 @@ def test_the_planted_engines_disagree(sweeps):
 
 def test_eval_accuracy_draws_bf16_scored_gains_and_falls_back_per_block(sweeps, tmp_path, monkeypatch):
     with_bf16, own_only = sweeps
-    kept = _capture(monkeypatch)
+    kept = capture_saved_figures(monkeypatch, bars)
     paths = bars.plot_summary(collect([with_bf16, own_only], workers=1, progress=False), "eval_accuracy",
                               tmp_path / "mixed")
     csv = pd.read_csv(paths["csv"])
@@ -126,7 +113,7 @@ def test_eval_accuracy_draws_bf16_scored_gains_and_falls_back_per_block(sweeps, 
 
 
 def test_eval_accuracy_of_a_sweep_without_bf16_engine_says_own_engine(sweeps, tmp_path, monkeypatch):
-    kept = _capture(monkeypatch)
+    kept = capture_saved_figures(monkeypatch, bars)
     paths = bars.plot_summary(collect(sweeps[1], workers=1, progress=False), "eval_accuracy", tmp_path / "own")
     csv = pd.read_csv(paths["csv"])
     assert set(csv["scored_by"]) == {"own"}

@@ -8,12 +8,12 @@ import dataclasses
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from figure_capture import capture_saved_figures
 from matplotlib.collections import PolyCollection
 from matplotlib.container import BarContainer, ErrorbarContainer
 from PIL import Image
 
 import analysis.bars as bars
-import analysis.curves as curves
 import analysis.figures as figures
 import analysis.granularity as granularity
 from analysis.paired import run_gains
@@ -21,25 +21,12 @@ from analysis.ratio_ci import t_quantile
 from analysis.report import main as report_main
 
 
-def _capture(monkeypatch, module):
-    """Keep the figures ``module`` saves (``save_figure`` is wrapped), for inspection."""
-    kept = []
-
-    def save(fig, *a, **k):
-        kept.append(fig)
-        return curves.save_figure(fig, *a, **k)
-
-    monkeypatch.setattr(module, "save_figure", save)
-    monkeypatch.setattr(plt, "close", lambda fig=None: None)
-    return kept
-
-
 def _visible(fig):
     return [ax for ax in fig.axes if ax.get_visible()]
 
 
 def test_entropy_one_panel_per_granularity_mean_and_band(known_coll, tmp_path, monkeypatch):
-    kept = _capture(monkeypatch, granularity)
+    kept = capture_saved_figures(monkeypatch, granularity)
     paths = figures.plot_figure(known_coll, "entropy", tmp_path)
     (fig,) = kept
     axes = _visible(fig)
@@ -76,7 +63,7 @@ def test_entropy_one_panel_per_granularity_mean_and_band(known_coll, tmp_path, m
 
 
 def test_accuracy_is_paired_differences_with_confidence_intervals(known_coll, tmp_path, monkeypatch):
-    kept = _capture(monkeypatch, bars)
+    kept = capture_saved_figures(monkeypatch, bars)
     paths = bars.plot_summary(known_coll, "eval_accuracy", tmp_path)
     (fig,) = kept
     (ax,) = _visible(fig)
@@ -100,7 +87,7 @@ def test_ratio_quantiles_axis_has_no_offset(known_coll, tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     steps["actor/ratio_neg_q50"] = 1.0 + 3e-5 * rng.random(len(steps))  # the mini runs' q50
     coll = dataclasses.replace(known_coll, steps=steps)
-    kept = _capture(monkeypatch, granularity)
+    kept = capture_saved_figures(monkeypatch, granularity)
     figures.plot_figure(coll, "ratio_quantiles", tmp_path)
     (fig,) = kept
     fig.canvas.draw()
