@@ -14,7 +14,10 @@ Machine paths: the launcher resolves ``output_dir`` and the SFT cache directory 
 paths, and ``provenance.json`` records ``argv``. In the text files copied, every occurrence of
 the absolute path of ``root`` (default: the current directory, i.e. the repository the sweep
 was run from) followed by ``/`` is replaced by ``./``, so a published ``config.yaml`` says
-``output_dir: ./runs/main_table``. Nothing else is changed, and the original is only read.
+``output_dir: ./runs/main_table``. Nothing else is changed, and the original is only read. A sweep
+run from another checkout (its ``config.yaml`` names an absolute ``output_dir`` outside ``root``) is
+refused before anything is written, naming that checkout: publishing it from here would carry its
+machine path into the copy; pass ``root`` (``--root``) = the checkout the sweep ran from.
 
 Bad input raises before anything is written: ``src`` must be a sweep directory (holding
 ``manifest.json``), ``dest`` must not exist or be empty (``replace=True`` deletes an earlier
@@ -75,6 +78,21 @@ def _check(src: Path, dest: Path, replace: bool) -> None:
                                       f"(no {MANIFEST_FILE}); refusing to delete it")
 
 
+def _foreign_output_dir(src: Path, prefix: str) -> str | None:
+    """The first run's absolute ``output_dir`` that lies outside ``prefix`` (the root), else None."""
+    for run in sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        cfg = run / CONFIG_FILE
+        if not cfg.is_file():
+            continue
+        for line in cfg.read_text(encoding="utf-8").splitlines():
+            if line.startswith("output_dir:"):
+                value = line.split(":", 1)[1].strip().strip("'\"")
+                if value.startswith("/") and not (value + "/").startswith(prefix):
+                    return value
+                break
+    return None
+
+
 def _copy_text(src: Path, dest: Path, prefix: str) -> bool:
     text = src.read_text(encoding="utf-8")
     new = text.replace(prefix, "./")
@@ -89,6 +107,11 @@ def publish_sweep(src: str | os.PathLike, dest: str | os.PathLike, *,
     _check(src, dest, replace)
     root_abs = Path(root if root is not None else os.getcwd()).resolve()
     prefix = str(root_abs).rstrip("/") + "/"
+    foreign = _foreign_output_dir(src, prefix)
+    if foreign is not None:
+        raise ValueError(f"the sweep ran from another checkout (a run's output_dir is {foreign}, outside "
+                         f"{root_abs}): its machine path would stay in the copy; pass --root <the checkout "
+                         "the sweep ran from> (root=...)")
     if dest.exists() and any(dest.iterdir()):
         shutil.rmtree(dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,20 @@ def test_the_published_sweeps_are_there():
     assert not heavy, heavy[:5]
 
 
+def test_no_machine_path_in_the_published_runs():
+    """``experiments.publish`` rewrote the checkout's absolute path: every published ``config.yaml``
+    names a relative ``output_dir`` and SFT cache, every ``provenance.json`` a relative launcher."""
+    bad = []
+    for s in SWEEPS:
+        for run in sorted((RESULTS / "runs" / s).iterdir()):
+            for name in ("config.yaml", "provenance.json", "overrides.txt"):
+                f = run / name
+                if f.is_file() and re.search(r"(^|[\s\"':])/(work|tmp|home|root|Users)/", f.read_text(encoding="utf-8"),
+                                             re.MULTILINE):
+                    bad.append(str(f.relative_to(RESULTS)))
+    assert not bad, f"{len(bad)} published files carry a machine path, e.g. {bad[:3]}"
+
+
 def test_the_makefile_pools_the_same_sweeps():
     line = next(x for x in (ROOT / "Makefile").read_text().splitlines() if x.startswith("POOLED"))
     assert set(line.split("?=")[1].split()) == POOLED

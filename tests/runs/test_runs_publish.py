@@ -84,6 +84,10 @@ def test_bad_input_is_refused_before_anything_is_written(sweep, tmp_path, capsys
     with pytest.raises(FileExistsError, match="refusing to delete"):
         publish_sweep(src, other, replace=True)
     assert (other / "keep.md").read_text() == "mine"
+    # a sweep run from another checkout: refused, naming it, unless that checkout is the root
+    with pytest.raises(ValueError, match=r"another checkout.*--root"):
+        publish_sweep(src, tmp_path / "elsewhere", root=tmp_path / "not_the_checkout")
+    assert not (tmp_path / "elsewhere").exists()
     # an earlier published copy is replaced only when asked
     dest = tmp_path / "pub"
     publish_sweep(src, dest, root=root)
