@@ -6,10 +6,24 @@ there is a ``clip.<name>`` key at once, with its type. Two things differ from th
 purpose, and only here:
 
 - a name: ``CalibrationOptions.mode`` is ``clip.calibration_mode`` (:data:`CONFIG_NAMES`);
-- two defaults (:data:`CONFIG_DEFAULTS`): ``init_bounds`` [0.6, 1.8], the paper's wide start,
-  where the controller's own default (None) starts at the vanilla bounds; and ``low_min`` 0.05,
+- four defaults (:data:`CONFIG_DEFAULTS`): ``init_bounds`` [0.6, 1.8], the paper's wide start,
+  where the controller's own default (None) starts at the vanilla bounds; ``low_min`` 0.05,
   the floor of the lower bound, where the controller's 0.5 binds at mini scale (with it
-  ``same_batch`` clipped up to 3x the BF16 shadow's count; docs/mini.md, "The floor").
+  ``same_batch`` clipped up to 3x the BF16 shadow's count; docs/mini.md, "The floor"); and
+  ``period`` and ``window`` None: the run's scale preset (:meth:`ClipConfig.settle`).
+
+**Scale presets.** ``periodic``'s schedule depends on the run's length: the paper recalibrates
+every 20 of its 200+ steps (the options' defaults, period 20, window 1), a 20-step mini run every 4
+steps pooling the last 4 calibrations (the setting issue 46's held-out judgement chose). A run
+config class names its preset (``RunConfig.CALIBRATION_PRESETS``); ``period`` / ``window`` left
+None take it when the mode reads them, and the options' defaults otherwise, so choosing another
+mode (``clip.calibration_mode=same_batch``) never trips the check that refuses an option the mode
+would ignore. The resolved values are what the run's config, identity and ``config.yaml`` hold.
+
+**Arms that do not calibrate** (vanilla, TIS, the controls) carry :data:`NEUTRAL_CALIBRATION`
+whatever the config says (:meth:`ClipConfig.settle`): the options cannot change what they compute,
+so they must not change their identity either. These are the values every such arm carried while
+``same_batch`` was the default mode, so published run directories keep their names.
 """
 
 from __future__ import annotations
@@ -21,13 +35,17 @@ from typing import Any
 
 from fp8rl.config.validation import _check_registry, _require
 from fp8rl.rl.calibration.options import CalibrationOptions
+from fp8rl.rl.calibration.schedule import MODE_OPTION_DEFAULTS
 
 #: ``CalibrationOptions`` field -> its ``clip.`` key, where the two names differ.
 CONFIG_NAMES: dict[str, str] = {"mode": "calibration_mode"}
 #: ``CalibrationOptions`` field -> the config's default, where it differs on purpose (module docstring).
-CONFIG_DEFAULTS: dict[str, Any] = {"init_bounds": (0.6, 1.8), "low_min": 0.05}
-#: The config's type of a field, where the option's does not suit a YAML key (a list, not a tuple).
-_CONFIG_TYPES: dict[str, Any] = {"init_bounds": list[float]}
+CONFIG_DEFAULTS: dict[str, Any] = {"init_bounds": (0.6, 1.8), "low_min": 0.05, "period": None, "window": None}
+#: The config's type of a field, where the option's does not suit a YAML key (a list, not a tuple;
+#: None allowed for a scale preset).
+_CONFIG_TYPES: dict[str, Any] = {"init_bounds": list[float], "period": int | None, "window": int | None}
+#: The options a scale may preset (``RunConfig.CALIBRATION_PRESETS``): None in the config = preset.
+PRESET_KEYS: tuple[str, ...] = ("period", "window")
 
 
 def _calibration_fields() -> list[tuple[str, Any, Any]]:
@@ -44,6 +62,16 @@ def _calibration_fields() -> list[tuple[str, Any, Any]]:
 
 #: The calibration part of ``ClipConfig``: one field per ``CalibrationOptions`` field.
 _CalibrationFields = dataclasses.make_dataclass("_CalibrationFields", _calibration_fields())
+
+#: ``clip.<key>`` -> value of every calibration option for an arm that does not calibrate: the
+#: config's defaults, with the mode and ``periodic``'s preset keys at the values such arms carried
+#: while ``same_batch`` was the default mode (so published non-calibrating runs keep their identity).
+NEUTRAL_CALIBRATION: dict[str, Any] = {
+    **{f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+       for f in dataclasses.fields(_CalibrationFields)},
+    "calibration_mode": "same_batch",
+    **{k: MODE_OPTION_DEFAULTS[k] for k in PRESET_KEYS},
+}
 
 
 @dataclass
@@ -72,9 +100,11 @@ class ClipConfig(_CalibrationFields):
             ``window``, ``calibrate_at_start``, ``upper_rule``, ``init_bounds``, ``reference``,
             ``alpha``, ``p_target``, ``low_min``, ``high_max``, ``lower_estimator``,
             ``sample_*``): the calibration options, documented there; the config's defaults are
-            the options' but for :data:`CONFIG_DEFAULTS`. They are built into one validated
+            the options' but for :data:`CONFIG_DEFAULTS` (``period`` / ``window`` None: the
+            run's scale preset, module docstring). They are built into one validated
             ``CalibrationOptions`` for every arm (:meth:`calibration_options`): an option of one
-            mode set with another raises; a method that does not calibrate ignores them.
+            mode set with another raises; an arm that does not calibrate carries
+            :data:`NEUTRAL_CALIBRATION` once its run config settles it (:meth:`settle`).
     """
 
     arm: str = "vanilla"
@@ -138,11 +168,33 @@ class ClipConfig(_CalibrationFields):
         bounds = None if mode == "none" else ((0.0, float(self.tis_cap)) if mode == "tis" else DEFAULT_BOUNDS[mode])
         return {"mode": mode, "bounds": bounds, "topk": int(self.score_centering_topk)}
 
+    def settle(self, presets: dict[str, dict[str, int]] | None = None) -> None:
+        """Resolve the config for a run whose config class presets ``presets`` (mode -> {key:
+        value} for :data:`PRESET_KEYS`; ``RunConfig.CALIBRATION_PRESETS``): an arm that does not
+        calibrate takes :data:`NEUTRAL_CALIBRATION`; a calibrating arm's ``period`` / ``window``
+        left None take the preset of its mode, or the options' defaults when the mode has none
+        (module docstring). Idempotent."""
+        from fp8rl.rl.clipping import method_calibrates
+
+        if not method_calibrates(self.method):
+            for key, value in NEUTRAL_CALIBRATION.items():
+                setattr(self, key, list(value) if isinstance(value, (list, tuple)) else value)
+        else:
+            preset = (presets or {}).get(self.calibration_mode, {})
+            for key in PRESET_KEYS:
+                if getattr(self, key) is None:
+                    setattr(self, key, preset.get(key, MODE_OPTION_DEFAULTS[key]))
+        self.calibration_options()
+
     def calibration_options(self) -> CalibrationOptions:
         """The calibration options as one validated ``CalibrationOptions`` (built for every arm:
-        the config carries them either way; errors name ``clip.<key>``)."""
+        the config carries them either way; errors name ``clip.<key>``). ``period`` / ``window``
+        still None (a config no run settled) are the options' defaults."""
         values = {f.name: getattr(self, CONFIG_NAMES.get(f.name, f.name))
                   for f in dataclasses.fields(CalibrationOptions)}
+        for key in PRESET_KEYS:
+            if values[key] is None:
+                values[key] = MODE_OPTION_DEFAULTS[key]
         try:
             return CalibrationOptions.from_dict(values, prefix="clip.")
         except (TypeError, ValueError) as e:

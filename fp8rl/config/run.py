@@ -114,8 +114,13 @@ class RunConfig:
 
     #: The backend's own config keys left out of the run identity, besides :data:`IDENTITY_EXCLUDE`.
     BACKEND_IDENTITY_EXCLUDE: ClassVar[tuple[str, ...]] = ()
+    #: Calibration mode -> the values its ``clip.period`` / ``clip.window`` take when left None
+    #: (``ClipConfig.settle``); a mode not named here takes the options' defaults (the paper's
+    #: ``periodic``: every 20 steps, no pooling).
+    CALIBRATION_PRESETS: ClassVar[dict[str, dict[str, int]]] = {}
 
     def __post_init__(self) -> None:
+        self.clip.settle(self.CALIBRATION_PRESETS)
         self.validate()
 
     def resolve_run_dir(self) -> Path:

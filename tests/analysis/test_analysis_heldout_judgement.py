@@ -66,7 +66,7 @@ def _fieller(x, y):
     mx, my = sum(x) / n, sum(y) / n
     sxx = sum((a - mx) ** 2 for a in x) / (n - 1)
     syy = sum((b - my) ** 2 for b in y) / (n - 1)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y)) / (n - 1)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / (n - 1)
     t2 = T975_3 ** 2 / n
     a, b, c = my * my - t2 * syy, mx * my - t2 * sxy, mx * mx - t2 * sxx
     r = math.sqrt(b * b - a * c)

@@ -142,10 +142,12 @@ def test_spec_of_a_smoke_cell_carries_device_dump_dir_seed_and_batching(tmp_path
     assert PluginSpec.from_json(spec.to_json()) == spec
     with pytest.raises(ValueError, match="run directory"):
         PluginSpec.from_config(cfg)
-    # the calibrated smoke cell runs the sampled mode (tests/integration/test_int_paper_smoke.py)
+    # the calibrated smoke cell runs the default mode, periodic, every 2 steps, at the paper preset's
+    # window (tests/integration/test_int_paper_smoke.py)
     cal = PluginSpec.from_config(smoke_config(tmp_path, "grpo_rowwise_calibrated"), run_dir=tmp_path / "run")
-    assert cal.clip_options.mode == "sampled" and cal.clip_options.sample_fraction == 0.5
-    assert cal.make_clipper().mode == "sampled"
+    o = cal.clip_options
+    assert (o.mode, o.period, o.window, o.ema, o.calibrate_at_start) == ("periodic", 2, 1, 0.5, True)
+    assert cal.make_clipper().mode == "periodic"
 
 
 def test_cpu_runtime_env_sets_the_cpu_accelerator_standins_and_dump_logs(tmp_path):

@@ -270,8 +270,9 @@ def test_each_mode_uses_its_own_lower_estimator_unless_told():
 
 
 def test_clip_config_carries_every_calibration_option_to_the_controller():
-    """Each ``CalibrationOptions`` field is a ``clip.`` key with the options' default (but the two
-    stated ones), and a non-default value of each reaches the options the controller gets."""
+    """Each ``CalibrationOptions`` field is a ``clip.`` key with the options' default (but the four
+    stated ones: two of them, period and window, None = the scale's preset), and a non-default
+    value of each reaches the options the controller gets."""
     import dataclasses
 
     from fp8rl.config import ClipConfig
@@ -279,7 +280,7 @@ def test_clip_config_carries_every_calibration_option_to_the_controller():
     from fp8rl.rl.calibration import CalibrationOptions
 
     cfg_fields = {f.name: f for f in dataclasses.fields(ClipConfig)}
-    assert set(CONFIG_DEFAULTS) == {"init_bounds", "low_min"}
+    assert set(CONFIG_DEFAULTS) == {"init_bounds", "low_min", "period", "window"}
     for f in dataclasses.fields(CalibrationOptions):
         key = CONFIG_NAMES.get(f.name, f.name)
         assert key in cfg_fields, f"CalibrationOptions.{f.name} has no clip.{key}"

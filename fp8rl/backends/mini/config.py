@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from fp8rl.config import ClipConfig, Fp8Config, RunConfig, _require
 
@@ -75,10 +76,13 @@ class MiniRunConfig(RunConfig):
     at 2e-5 and the final norm at 1e-2 (the scale of the output distribution: BF16 GRPO then
     raises paired T=1 accuracy on 512 held-out problems by ~6 points in 20 steps, mostly by
     sharpening), evaluation at step 0 and at the end (the paired gain; evaluations do not perturb
-    training, so this is a cost choice), and Calibrated Clipping in the ``same_batch`` mode (the
-    default; mirrors ``sweeps/scale/mini.yaml``; the ``periodic`` mode's mini settings are
-    ``period=4, window=4``).
+    training, so this is a cost choice), and Calibrated Clipping's default mode ``periodic`` at
+    its mini preset (:data:`CALIBRATION_PRESETS`: every 4 steps, pooling the last 4 calibrations;
+    issue 46's held-out judgement, docs/mini.md "Calibration modes").
     """
+
+    #: ``periodic`` in a 20-step run: calibrate every 4 steps, pool the last 4 calibrations.
+    CALIBRATION_PRESETS: ClassVar[dict[str, dict[str, int]]] = {"periodic": {"period": 4, "window": 4}}
 
     fp8: Fp8Config = field(default_factory=lambda: Fp8Config(emulate=True))
     clip: ClipConfig = field(default_factory=ClipConfig)
