@@ -88,8 +88,21 @@ def state(run_dir: Path) -> dict:
 
 
 def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a checkpoint whose step's metrics line reached the driver log.
+
+    Both are needed before the interruption: the resume starts after the checkpoint's step and
+    never logs that step again, and the trainer's ``Global step N:`` line reaches the driver's
+    log through Ray's log forwarding, which can lag the checkpoint on a busy machine (a kill in
+    between lost step 1's metrics)."""
     actor = run_dir / "checkpoint" / "deepspeed" / "_actor"
-    return actor.exists() and any(p.name.startswith("global_step") for p in actor.iterdir())
+    if not actor.exists():
+        return False
+    steps = [int(p.name[len("global_step"):]) for p in actor.iterdir()
+             if p.name.startswith("global_step") and p.name[len("global_step"):].isdigit()]
+    if not steps:
+        return False
+    line = f"Global step {min(steps)}:"
+    return any(line in log.read_text(errors="replace") for log in (run_dir / "openrlhf").glob("driver.*.log"))
 
 
 def owner(run_dir: Path) -> dict:

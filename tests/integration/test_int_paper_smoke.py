@@ -307,63 +307,73 @@ def test_the_bf16_shadow_pass_ran_no_fp8_gemm(runs):
         assert (ran > 0) == (CELLS[prefix][3] == "calibrated"), (prefix, ran)
 
 
-SAMPLE_FRACTION = 0.5  # sweeps/smoke_cell/grpo_rowwise_calibrated.yaml
+PERIOD = 2  # sweeps/smoke_cell/grpo_rowwise_calibrated.yaml (the default mode, periodic)
+#: The calibrated cell's calibration steps, 1-based as its metrics (calibrate_at_start: the first).
+CALIBRATION_STEPS = [s + 1 for s in range(STEPS) if s % PERIOD == 0]
 
 
-def test_sampled_shadows_only_the_seeded_subset_drawn_anew_each_step(runs):
-    """``clip.calibration_mode=sampled`` in the real actor: each step's measured rows are the seeded
-    draw of ``fp8rl.rl.calibration.sampling.draw_subset`` from that step's eligible rows (A != 0),
-    recomputed here from the dumped eligible rows, the run's seed and the step -- so a subset not
-    drawn anew each step, or drawn from the wrong rows, fails; only those rows got a BF16 shadow,
-    and the shadow forwards ran on them alone: twice per step (old and current weights), so the
-    shadow's work is the subset's share of what a shadow of every row would cost (the forward's
-    GEMM count is fixed per call; rows say what it computed)."""
-    from fp8rl.rl.calibration.sampling import draw_subset
-
+def test_periodic_shadows_every_row_on_its_calibration_steps_only(runs):
+    """``clip.calibration_mode=periodic`` (the default) in the real actor: on every ``PERIOD``-th
+    step, the first included, every row got a BF16 shadow and fed the step's one estimate, and the
+    shadow forwards ran twice on all of them (old and current weights); on the steps between, no
+    shadow ran at all (a schedule that shadows every step, or none, fails)."""
     run = runs.get(INTERRUPTED)
     if run is None:
         pytest.skip("the calibrated cell is not among the runs")
-    rows = metrics(run)
     kernels = dict(_kernels(run))
-    assert len(kernels) >= STEPS
-    shares, draws = [], []
-    for step in range(STEPS):
-        k = kernels[f"kernels-rank0-step{step}.json"]
-        plan, n = k["plan"], k["plan"]["n"]
-        eligible = torch.zeros(n, dtype=torch.bool)
-        eligible[plan["eligible"]] = True
-        want = draw_subset(eligible, SAMPLE_FRACTION, seed=0, step=step, rank=0)
-        assert plan["measured"] == torch.nonzero(want).flatten().tolist(), (step, plan)
-        assert plan["shadowed"] == plan["measured"], (step, plan)  # no diagnostics: the subset only
-        assert k["rows"].get("shadow", 0) == 2 * len(plan["measured"]), (step, k["rows"])
-        assert "fp8_prepass" not in k["rows"], step  # sampled takes the FP8 ratios from the losses
-        assert rows[step + 1]["clip/sample_seqs"] == len(plan["measured"])
-        assert rows[step + 1]["clip/sample_share"] == SAMPLE_FRACTION
-        shares.append(len(plan["measured"]) / n)
-        draws.append(plan["measured"])
-    assert 0 < sum(shares) / len(shares) < 0.75, shares  # the shadow did a part of a full shadow's work
-    assert len({tuple(d) for d in draws}) > 1, draws  # different rows in different steps
+    for step in range(1, STEPS + 1):
+        k = kernels.get(f"kernels-rank0-step{step - 1}.json", {})
+        plan, rows = k.get("plan") or {}, k.get("rows", {})
+        if step in CALIBRATION_STEPS:
+            assert plan["measured"] == list(range(plan["n"])), (step, plan)
+            assert plan["shadowed"] == plan["measured"], (step, plan)
+            assert rows.get("shadow", 0) == 2 * plan["n"], (step, rows)
+            assert sum(k["shadow"].values()) > 0, step
+        else:
+            assert not plan.get("measured") and not plan.get("shadowed"), (step, plan)
+            assert rows.get("shadow", 0) == 0 and not sum(k.get("shadow", {}).values()), (step, k)
+        assert "fp8_prepass" not in rows, step  # only same_batch runs a pre-pass
 
 
-def test_sampled_metrics_out_of_sample_every_step(runs):
-    """Every step of the sampled cell calibrates in each optimizer-step window that holds measured
-    rows (the counts add up over the steps, and survive the interruption), and logs the
-    out-of-sample counts: the measured rows' tokens ran under the bounds of an earlier window, so
-    each step with a shadow has ``shadow/oos_*`` with the FP8 and BF16 counts below the bounds;
-    the cells without a shadow log none of it."""
+def test_periodic_calibrations_log_their_data_and_rule_the_next_steps_across_the_restart(runs):
+    """Issue 46's calibration data in the real run, recomputed from the loss inputs the plugin
+    dumped: on a calibration step ``clip/n`` is the step's A<0 tokens (every row measured),
+    ``clip/k`` lies in [0, n], ``clip/alpha_n`` is the run's BF16 rate so far times n, and
+    ``clip/alpha_run`` at the last calibration pools both calibrations, the first of them made
+    before the interruption (the controller's run totals survived the checkpoint). The bounds:
+    step 1 ran under the initial ones, and step 1's calibration ruled steps 2 and 3 -- step 3 in
+    the resumed attempt, so a restart that forgot the calibrated bounds fails. Steps without a
+    calibration log no calibration data; the cells without a shadow log none of it."""
     if INTERRUPTED not in runs:
         pytest.skip("the calibrated cell is not among the runs")
-    rows = metrics(runs[INTERRUPTED])
-    windows = 2  # num_mini_batches
+    run = runs[INTERRUPTED]
+    rows, dumps = metrics(run), loss_dumps(run)
     for step in range(1, STEPS + 1):
         r = rows[step]
         assert "clip/low" in r and "clip/high" in r, step
-        assert r["shadow/oos_n_neg"] > 0, (step, r)
-        assert 0 <= r["shadow/oos_clipfrac_neg_low"] <= 1 and 0 <= r["shadow/oos_bf16_clipfrac_neg_low"] <= 1
-    assert rows[STEPS]["clip/calibrations"] + rows[STEPS]["clip/degenerate_updates"] == windows * STEPS
+        if step not in CALIBRATION_STEPS:
+            assert not any(k in r for k in ("clip/k", "clip/n", "clip/alpha_n", "clip/events")), (step, r)
+            continue
+        n_neg = sum(int(((d["advantages"] < 0) & d["mask"].bool()).sum()) for d in dumps[step])
+        assert r["clip/events"] == 1 and r["clip/n"] == n_neg > 0, (step, r, n_neg)
+        assert 0 <= r["clip/k"] <= r["clip/n"] and float(r["clip/k"]).is_integer(), (step, r)
+        assert r["clip/alpha_n"] == pytest.approx(r["clip/alpha_run"] * r["clip/n"]), (step, r)
+        assert r["shadow/oos_n_neg"] > 0, (step, r)  # its tokens ran under earlier bounds: out of sample
+    first, last = rows[CALIBRATION_STEPS[0]], rows[CALIBRATION_STEPS[-1]]
+    assert last["clip/alpha_run"] == pytest.approx((first["clip/k"] + last["clip/k"]) / (first["clip/n"] + last["clip/n"]))
+    init = (0.6, 1.8)  # sweeps/clip/calibrated.yaml's init_bounds
+    assert all((d["low"], d["high"]) == pytest.approx(init) for d in dumps[1])
+    assert (rows[1]["clip/low"], rows[1]["clip/high"]) == pytest.approx(init)  # the bounds in force
+    ruled = (rows[1]["clip/low_next"], rows[1]["clip/high_next"])  # step 1's calibration, EMA-smoothed
+    assert ruled != pytest.approx(init), ruled
+    for step in (2, 3):
+        assert (rows[step]["clip/low"], rows[step]["clip/high"]) == pytest.approx(ruled), step
+        assert all((d["low"], d["high"]) == pytest.approx(ruled) for d in dumps[step]), step
+    assert rows[STEPS]["clip/calibrations"] + rows[STEPS]["clip/degenerate_updates"] == len(CALIBRATION_STEPS)
     assert rows[STEPS]["clip/calibrations"] > 0
     for prefix in [p for p in ("grpo-8b-bf16-vanilla", "dapo-8b-tensorwise-score_centering_tis") if p in runs]:
-        assert not any(k.startswith(("shadow/", "clip/sample")) for r in metrics(runs[prefix]).values() for k in r)
+        assert not any(k.startswith(("shadow/", "clip/k", "clip/n", "clip/alpha")) for r in metrics(runs[prefix]).values()
+                       for k in r)
 
 
 def test_the_driver_checked_every_policy_actor_before_training(runs):
@@ -390,8 +400,8 @@ def test_the_interrupted_cell_resumed_from_its_checkpoint(runs):
     assert f"Global step {STEPS}:" in resumed
     rows = metrics(run)
     assert sorted(rows) == list(range(1, STEPS + 1))
-    # the controller's counts survived the restart: every window of every step, each counted once
-    assert rows[STEPS]["clip/calibrations"] + rows[STEPS]["clip/degenerate_updates"] == 2 * STEPS
+    # the controller's counts survived the restart: every calibration step, each counted once
+    assert rows[STEPS]["clip/calibrations"] + rows[STEPS]["clip/degenerate_updates"] == len(CALIBRATION_STEPS)
 
 
 def test_the_report_was_written(runs):

@@ -57,3 +57,21 @@ def test_a_task_outside_an_array_is_requeued_alone(tmp_path, slurm_log):
     what, held = paper_smoke.interrupt(run, slurm=True, log=print)
     assert held == [] and what == "scontrol requeue 9"
     assert slurm_log.read_text().splitlines() == ["scontrol requeue 9"]
+
+
+def test_the_interruption_waits_for_the_checkpointed_steps_metrics_line(tmp_path):
+    """A checkpoint alone is not enough to interrupt: the resume never logs the checkpoint's step
+    again, so its ``Global step N:`` line must have reached the driver log first (Ray forwards
+    the trainer's output with a lag; a kill in between lost step 1's metrics)."""
+    run = tmp_path / "run"
+    actor = run / "checkpoint" / "deepspeed" / "_actor"
+    (run / "openrlhf").mkdir(parents=True)
+    assert not paper_smoke.has_checkpoint(run)
+    (actor / "global_step1").mkdir(parents=True)
+    log = run / "openrlhf" / "driver.1.log"
+    log.write_text("Global step 0 is not a step\n")
+    assert not paper_smoke.has_checkpoint(run)  # checkpoint written, its metrics line not yet
+    log.write_text("... Global step 1: {'policy_loss': 0.1}\n")
+    assert paper_smoke.has_checkpoint(run)
+    (actor / "global_step2").mkdir()  # the earliest checkpoint's line is the one the resume skips
+    assert paper_smoke.has_checkpoint(run)
