@@ -47,7 +47,9 @@ __all__ = [
     "masked_quantiles",
     "masked_sum",
     "neg_counts",
+    "ratio_dev_sums",
     "ratio_quantiles",
+    "ratio_std_from_sums",
     "token_entropy",
 ]
 
@@ -225,6 +227,29 @@ def neg_counts(counts: dict[str, torch.Tensor], prefix: str = "actor/") -> dict[
     divide different numbers of A<0 tokens: the ratio of their counts is not the ratio of their
     fractions when one run makes more A<0 tokens."""
     return {f"{prefix}n_neg": counts["neg"].to(torch.float64), f"{prefix}n_neg_low": counts["neg_low"].to(torch.float64)}
+
+
+def ratio_dev_sums(ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Sums behind ``actor/ratio_std`` over the response tokens of ``ratio`` / ``mask`` ``[B, T]``:
+    ``{"dev_n": n, "dev_sum": sum(r - 1), "dev_sq": sum((r - 1)^2)}`` (float64 0-d tensors), to be
+    added over micro-batches and ranks before :func:`ratio_std_from_sums`."""
+    m = _as_bool_mask(mask, ratio)
+    d = torch.where(m, ratio.detach().to(torch.float64) - 1.0, torch.zeros((), dtype=torch.float64, device=ratio.device))
+    return {"dev_n": m.sum().to(torch.float64), "dev_sum": d.sum(), "dev_sq": (d * d).sum()}
+
+
+def ratio_std_from_sums(sums: dict[str, torch.Tensor], prefix: str = "actor/") -> dict[str, torch.Tensor]:
+    """``{prefix}ratio_std``: the standard deviation (population, over the step's response tokens)
+    of r - 1, from :func:`ratio_dev_sums` summed over micro-batches and ranks; NaN without tokens.
+    The precision-noise dose of a run (issue 48): near 0 on-policy in BF16, larger as the
+    trainer's format adds noise to the ratio; it includes the policy's own change over the step's
+    updates, which BF16's value measures."""
+    n = sums["dev_n"].to(torch.float64)
+    if float(n) <= 0:
+        return {f"{prefix}ratio_std": torch.tensor(float("nan"), dtype=torch.float64)}
+    mean = sums["dev_sum"].to(torch.float64) / n
+    var = torch.clamp(sums["dev_sq"].to(torch.float64) / n - mean * mean, min=0.0)
+    return {f"{prefix}ratio_std": var.sqrt()}
 
 
 def clip_table(

@@ -61,6 +61,8 @@ ACTOR_CLIPFRAC_POS_HIGH = "actor/clipfrac_pos_high"
 ACTOR_RATIO_NEG_Q01 = "actor/ratio_neg_q01"
 ACTOR_RATIO_NEG_Q50 = "actor/ratio_neg_q50"
 ACTOR_RATIO_NEG_Q99 = "actor/ratio_neg_q99"
+# the standard deviation of r - 1 over the step's response tokens: the precision-noise dose (issue 48)
+ACTOR_RATIO_STD = "actor/ratio_std"
 # the counts behind actor/clipfrac_neg_low (its denominator and numerator): a ratio of counts
 # between two runs is not the ratio of their fractions when one run makes more A<0 tokens
 ACTOR_N_NEG = "actor/n_neg"
@@ -199,6 +201,7 @@ TRAIN_METRICS: tuple[str, ...] = (
     ACTOR_RATIO_NEG_Q01,
     ACTOR_RATIO_NEG_Q50,
     ACTOR_RATIO_NEG_Q99,
+    ACTOR_RATIO_STD,
     ACTOR_N_NEG,
     ACTOR_N_NEG_LOW,
     CLIP_LOW,

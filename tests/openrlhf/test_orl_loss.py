@@ -111,6 +111,9 @@ def test_step_metrics_are_global_counts_not_means_of_micro_batches(upstream_loss
     import numpy as np
 
     assert got["actor/ratio_neg_q01"] == pytest.approx(float(np.quantile(neg_ratios, 0.01)), rel=1e-6)
+    # actor/ratio_std (issue 48's dose): over every response token of both ranks, as the mini backend's
+    dev = np.concatenate([(torch.exp(lp.detach() - old)[mask.bool()] - 1).double().numpy() for lp, old, _, mask in batches])
+    assert got["actor/ratio_std"] == pytest.approx(float(np.std(dev)), rel=1e-6)
     # the mean of per-micro-batch fractions (what upstream's merge of info would log) differs
     per_mb = []
     for b in batches:

@@ -193,3 +193,27 @@ def test_quantiles_and_clip_table_on_gpu_match_cpu():
            **ratio_quantiles(ratio.cuda(), adv.cuda(), mask.cuda())}
     for k, v in cpu.items():
         torch.testing.assert_close(gpu[k].cpu(), v, rtol=1e-6, atol=1e-7)
+
+
+def test_ratio_std_is_numpys_std_of_r_minus_1_over_response_tokens_summed_over_micro_batches():
+    """``actor/ratio_std`` (issue 48's dose): the population std of r - 1 over the masked tokens,
+    the same from sums added over micro-batches (and ranks) as from the whole step; padding,
+    whatever its ratio, never counts; NaN without tokens."""
+    import numpy as np
+
+    from fp8rl.rl.diagnostics import ratio_dev_sums, ratio_std_from_sums
+
+    g = torch.Generator().manual_seed(3)
+    ratio = torch.exp(0.05 * torch.randn(6, 9, generator=g))
+    mask = torch.rand(6, 9, generator=g) > 0.3
+    ratio_padded = torch.where(mask, ratio, torch.full_like(ratio, 50.0))  # padding must not count
+    want = np.std((ratio[mask] - 1).double().numpy())
+    whole = ratio_std_from_sums(ratio_dev_sums(ratio_padded, mask))["actor/ratio_std"]
+    assert float(whole) == pytest.approx(want, rel=1e-12)
+    parts = [ratio_dev_sums(ratio_padded[i:i + 2], mask[i:i + 2]) for i in range(0, 6, 2)]
+    summed = {k: sum(p[k] for p in parts) for k in parts[0]}
+    assert float(ratio_std_from_sums(summed)["actor/ratio_std"]) == pytest.approx(want, rel=1e-12)
+    assert float(ratio_std_from_sums(ratio_dev_sums(ratio, torch.ones_like(mask)))["actor/ratio_std"]) != \
+        pytest.approx(want, rel=1e-3)  # the mask matters
+    empty = ratio_dev_sums(ratio, torch.zeros_like(mask))
+    assert math.isnan(float(ratio_std_from_sums(empty)["actor/ratio_std"]))

@@ -106,7 +106,7 @@ def test_config_hash_rejects_bad_input():
 
 
 def test_metric_names():
-    assert len(M.TRAIN_METRICS) == len(set(M.TRAIN_METRICS)) == 66
+    assert len(M.TRAIN_METRICS) == len(set(M.TRAIN_METRICS)) == 67
     assert M.ACTOR_CLIPFRAC_NEG_LOW == "actor/clipfrac_neg_low"
     assert all("/" in m for m in M.TRAIN_METRICS)
     assert set(M.SPARSE_METRICS) <= set(M.TRAIN_METRICS)

@@ -28,7 +28,13 @@ class UpdateStats:
         self.skipped += res["skipped"]
 
     def result(self) -> dict:
-        from fp8rl.rl.diagnostics import fractions_from_counts, neg_counts, ratio_quantiles
+        from fp8rl.rl.diagnostics import (
+            fractions_from_counts,
+            neg_counts,
+            ratio_dev_sums,
+            ratio_quantiles,
+            ratio_std_from_sums,
+        )
 
         if not self.items:
             return {}
@@ -41,6 +47,7 @@ class UpdateStats:
             return torch.cat([torch.nn.functional.pad(r[key].float(), (0, t - r[key].shape[1])) for r in self.items])
 
         out.update({k: to_float(v) for k, v in ratio_quantiles(cat("ratio"), cat("adv"), cat("mask")).items()})
+        out.update({k: to_float(v) for k, v in ratio_std_from_sums(ratio_dev_sums(cat("ratio"), cat("mask"))).items()})
         good = [r for r in self.items if not r["skipped"]]
 
         def mean(key: str) -> float:

@@ -26,6 +26,8 @@ summed over the step's mini-batches). Metrics (names as in docs/design.md):
 - ``actor/n_neg``, ``actor/n_neg_low``: the summed A<0 count and its part below the lower bound
   (``fractions_from_counts``' denominator and numerator, global over ranks).
 - ``actor/ratio_neg_q01|q50|q99``: quantiles over the A<0 ratios of the whole step (all ranks).
+- ``actor/ratio_std``: the standard deviation of r - 1 over the step's response tokens (all ranks;
+  ``fp8rl.rl.diagnostics.ratio_dev_sums`` summed, then ``ratio_std_from_sums``).
 - ``rollout/mismatch_kl``: the k3 estimate summed over tokens / number of tokens (TIS arms).
 - ``perf/shadow_s``: seconds in BF16 shadow forwards (calibration steps).
 - ``sc/head_mass``, ``sc/rho``, ``sc/term_abs`` (Score Centering arms): sum_H q, rho and |A * C|
@@ -50,7 +52,9 @@ COUNT_KEYS = ("tokens", "neg", "pos", "neg_low", "neg_high", "pos_low", "pos_hig
 SC_KEYS = ("sc_head", "sc_rho", "sc_term_abs", "sc_tokens")
 #: Everything :meth:`StepMetrics.finalize` sums over the ranks: the counts, the mismatch sums and
 #: Score Centering's sums.
-SUMMED_KEYS = (*COUNT_KEYS, "mismatch_sum", "mismatch_tokens", "has_mismatch", *SC_KEYS)
+#: The sums behind ``actor/ratio_std`` (``fp8rl.rl.diagnostics.ratio_dev_sums``).
+DEV_KEYS = ("dev_n", "dev_sum", "dev_sq")
+SUMMED_KEYS = (*COUNT_KEYS, "mismatch_sum", "mismatch_tokens", "has_mismatch", *SC_KEYS, *DEV_KEYS)
 
 
 def all_reduce_keyed(values: Mapping[str, torch.Tensor], all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None,
@@ -87,11 +91,12 @@ class StepMetrics:
         """One micro-batch: ``ratio``, ``advantages``, ``mask`` ``[B, T]``; ``mismatch_kl`` the 0-d
         mean k3 estimate of the rollout/trainer mismatch over its response tokens (None without
         rollout log-probs), weighted here by the micro-batch's token count."""
-        from fp8rl.rl.diagnostics import clip_counts
+        from fp8rl.rl.diagnostics import clip_counts, ratio_dev_sums
 
         with torch.no_grad():
             m = mask.bool()
-            for k, v in clip_counts(ratio, advantages, m, low=low, high=high).items():
+            for k, v in [*clip_counts(ratio, advantages, m, low=low, high=high).items(),
+                         *ratio_dev_sums(ratio, m).items()]:
                 v = v.to(torch.float64)
                 self.counts[k] = v if k not in self.counts else self.counts[k] + v
             self.neg_ratios.append(ratio.detach()[m & (advantages < 0)].float())
@@ -114,10 +119,10 @@ class StepMetrics:
                  all_gather: Callable[[torch.Tensor], list[torch.Tensor]] | None = None) -> dict[str, float]:
         """The step's metrics over all ranks (``None`` collectives: this rank only). Every rank must
         call it (collectives inside), also a rank that saw no micro-batch."""
-        from fp8rl.rl.diagnostics import fractions_from_counts, neg_counts, ratio_quantiles
+        from fp8rl.rl.diagnostics import fractions_from_counts, neg_counts, ratio_quantiles, ratio_std_from_sums
 
         device = self._device()
-        local = {k: self.counts[k].to(device) for k in COUNT_KEYS if k in self.counts}
+        local = {k: self.counts[k].to(device) for k in (*COUNT_KEYS, *DEV_KEYS) if k in self.counts}
         if self.mismatch_sum is not None:
             local.update(mismatch_sum=self.mismatch_sum.to(device), mismatch_tokens=self.mismatch_tokens.to(device),
                          has_mismatch=torch.ones((), dtype=torch.float64, device=device))
@@ -126,6 +131,7 @@ class StepMetrics:
         counts = {k: total[k] for k in COUNT_KEYS}
         out = {k: float(v) for k, v in fractions_from_counts(counts).items() if k != M.ACTOR_CLIPFRAC}
         out.update({k: float(v) for k, v in neg_counts(counts).items()})
+        out.update({k: float(v) for k, v in ratio_std_from_sums({k: total[k] for k in DEV_KEYS}).items()})
         neg = torch.cat(self.neg_ratios) if self.neg_ratios else torch.zeros(0, device=device)
         if all_gather is not None:
             neg = torch.cat(all_gather(neg.to(device).contiguous()))
