@@ -37,6 +37,9 @@ whose features are planted on purpose, so analysis can be checked against the nu
   held-out rows are the only tokens its bounds rule without having seen them, as in the trainer);
   ``alpha_n=a`` logs ``clip/alpha_n`` = a x (1 + N(0, 0.1)) on every step of a calibrated run.
   ``shadow_s`` is the ``perf/shadow_s`` a calibrated run logs on its calibration steps.
+- the precision-noise dose, with ``ratio_std=d`` (None: not logged, a run from before it):
+  ``actor/ratio_std`` = d x (1 + N(0, 0.05)) on every step (drawn after every other column, so a
+  spec without it writes the bytes it wrote before).
 - ``eval.jsonl`` holds ``eval_every``-spaced evaluations per dataset whose last value equals
   ``RunSpec.eval[dataset]`` exactly (each value ``final x (0.5 + 0.5 step / last step)``, so the
   gain from step 0 is half the final value); ``RunSpec.eval_bf16`` adds the BF16 engine's keys
@@ -109,6 +112,7 @@ class RunSpec:
     holdout_cos_noise: float = 0.002
     alpha_n: float | None = None
     shadow_s: float = 1.5
+    ratio_std: float | None = None
 
     def name(self) -> str:
         return run_name(self.algorithm, self.model, self.fp8, self.clip, self.seed)
@@ -200,6 +204,8 @@ def _columns(spec: RunSpec, rng: np.random.Generator) -> tuple[np.ndarray, dict[
     cols.update(_agreement_columns(spec, len(s), rng))  # drawn last: earlier columns unchanged
     cols.update(_count_columns(spec, cnl, len(s), rng))  # drawn only when asked for: likewise
     cols.update(_holdout_columns(spec, len(s), rng))  # likewise
+    if spec.ratio_std is not None:  # likewise
+        cols[M.ACTOR_RATIO_STD] = spec.ratio_std * (1.0 + 0.05 * rng.standard_normal(len(s)))
     if spec.nan_every:
         cols[M.ACTOR_ENTROPY] = np.where(s % spec.nan_every == spec.nan_every - 1, np.nan, cols[M.ACTOR_ENTROPY])
     return s, cols
