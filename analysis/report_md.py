@@ -3,7 +3,8 @@ command line around it, ``analysis.report``).
 
 report.md, in order: the findings summary; the figures, each with its caption; the headline
 tables (accuracy, the paired accuracy gain, the paired end-of-training entropy, the mechanism);
-the calibration analyses (``analysis.calibration_report``); which runs; the missing, failed,
+the calibration analyses (``analysis.calibration_report``); the dose response of sweeps whose FP
+arms log ``actor/ratio_std`` (``analysis.dose_report``; absent otherwise); which runs; the missing, failed,
 damaged and incomplete cells; the per-cell detail (diagnostics per arm, start versus end, the
 calibration bounds at every step), folded in ``<details>`` blocks; the method. A secondary variant
 of a headline table (greedy decoding, the BF16 engine) and a problem list of more than
@@ -24,6 +25,7 @@ from analysis.bars import SUMMARY_NAMES, plot_summary, summary_spec
 from analysis.calibration_report import calibration_match_sections
 from analysis.clip_tables import calibration_table, mechanism_table
 from analysis.collect import Collection
+from analysis.dose_report import dose_sections
 from analysis.entropy_paired import entropy_paired_table
 from analysis.evals import has_evals
 from analysis.figures import FIGURE_NAMES, figure_spec, plot_figure
@@ -248,6 +250,7 @@ def write_report(
                            "[tables/surges.csv](tables/surges.csv)."]),
         *(_section(coll, e) for e in headline),
         *(Section(t, lines) for t, lines in calibration_match_sections(done, tab_dir, fig_dir, pdf=pdf)),
+        *(Section(t, lines) for t, lines in dose_sections(coll, tab_dir, fig_dir, rule=rule, smooth=smooth, pdf=pdf)),
         Section("Which runs", provenance_lines(coll, pooled) + replay),
         Section(PROBLEMS_TITLE, _problem_lines(coll)),
         *(_section(coll, e) for e in entries if e.detail),
