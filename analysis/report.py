@@ -29,6 +29,9 @@ Reads the sweep directories (never trains, never needs a GPU), then writes into 
                               runs with held-out rows only (clip.holdout_share > 0): the deployed bound's
                               held-out ratio, the paired comparisons (Holm) and the default-mode rule
                               (analysis.heldout_report); without them the command prints "no held-out data"
+    tables/dose.*, surge_dose.*, dose_comparisons.*, figures/entropy_dose.png, dose_response.png,
+    share_vs_surge.png        finished runs of two or more FP precisions that log actor/ratio_std only:
+                              the dose response of the entropy surge (analysis.dose_report)
     tables/cells.csv          one row per cell: sweep, run, axes, state, steps logged, why it is not ok
     tables/surges.csv         per run: diagnostics including the surge onset step
 
