@@ -211,6 +211,21 @@ reproduce-heldout: install-run
 	$(LAUNCH) +sweep=calibration_heldout clip=calibrated \
 	  clip.calibration_mode=periodic clip.period=4 clip.window=4
 
+# The long-horizon dose-response sweep (issue 48; sweeps/sweep/surge_dose.yaml): BF16 vanilla, then
+# 4 doses x 4 clip arms, 6 seeds, 102 cells at scale=long. Resumable: a rerun skips DONE cells
+# and resumes a killed one from its last checkpoint. Its cost: docs/timings.md.
+.PHONY: reproduce-surge
+reproduce-surge: install-run
+	$(LAUNCH) +sweep=surge_dose fp8=bf16 clip=vanilla
+	$(LAUNCH) +sweep=surge_dose
+
+# Does the body learn in the long regime (issue 48; sweeps/sweep/long_body.yaml): BF16 at
+# scale=long, full / body frozen / body alone, 3 seeds, 9 cells.
+.PHONY: reproduce-long-body
+reproduce-long-body: install-run
+	$(LAUNCH) +sweep=long_body
+	$(LAUNCH) +sweep=long_body lr=1.0e-5 lr_lm_head=0 lr_final_norm=0
+
 # The published mini reproduction (docs/results/mini/README.md). After the sweeps have run:
 # copy each sweep's run directories (no checkpoints, samples or event files, no machine paths)
 # into $(RESULTS)/runs/ and regenerate its report from that copy with the published figures only

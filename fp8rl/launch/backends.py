@@ -122,7 +122,7 @@ BACKENDS.add(
         settings_key="mini",
         settings_class="fp8rl.backends.mini.config:MiniSettings",
         data=("arith",),
-        scales=("mini",),
+        scales=("mini", "long"),
         shared_cache=("mini.cache_dir", ".cache/sft"),
         prepare=("fp8rl.backends.mini.run:warm_start_key", "fp8rl.backends.mini.run:prepare_warm_start"),
         prepare_progress="fp8rl.backends.mini.run:warm_start_progress",

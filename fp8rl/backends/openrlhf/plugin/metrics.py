@@ -119,7 +119,12 @@ class StepMetrics:
                  all_gather: Callable[[torch.Tensor], list[torch.Tensor]] | None = None) -> dict[str, float]:
         """The step's metrics over all ranks (``None`` collectives: this rank only). Every rank must
         call it (collectives inside), also a rank that saw no micro-batch."""
-        from fp8rl.rl.diagnostics import fractions_from_counts, neg_counts, ratio_quantiles, ratio_std_from_sums
+        from fp8rl.rl.diagnostics import (
+            fractions_from_counts,
+            neg_counts,
+            ratio_quantiles,
+            ratio_std_from_sums,
+        )
 
         device = self._device()
         local = {k: self.counts[k].to(device) for k in (*COUNT_KEYS, *DEV_KEYS) if k in self.counts}
