@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from analysis.collect import collect
-from analysis.dose import dose_arms, fisher_exact, has_dose, wilson
+from analysis.dose import dose_arms, fisher_exact, fp_runs, has_dose, wilson
 from analysis.dose_report import dose_sections
 from analysis.report_md import write_report
 from analysis.surge import SurgeRule, surge_onset
@@ -243,6 +243,9 @@ def test_comparisons_fisher_and_holm_by_hand(numbers, section):
 def test_bf16_runs_are_not_fp_runs(numbers, section):
     runs, _, _, comp = numbers
     fp_surged = sum(len(v) for k, v in SURGES.items() if k[0] != "bf16")
+    fp = fp_runs(runs)
+    assert (len(fp), int(fp["surged"].sum())) == (24, fp_surged) and "bf16" not in set(fp["fp8"])
+    assert "bf16" not in set(comp["fp8"])
     _, secs = section
     text = "\n".join(secs[0][1])
     assert f"{fp_surged} of 24 FP runs surged" in text
