@@ -67,6 +67,11 @@ def _blocks(levels: pd.DataFrame) -> list[tuple[str, str]]:
     return sorted(pairs, key=lambda b: panel_order_key(*b))
 
 
+def _row_of_panels(n: int, height: float):
+    """``(fig, axes [1, n])``: one panel per (algorithm, model) block, side by side."""
+    return plt.subplots(1, n, figsize=(3.4 * n + 0.4, height), squeeze=False, layout="constrained")
+
+
 def _write_csv(rows: list, header: list[str], path: Path) -> None:
     pd.DataFrame(rows, columns=header).to_csv(path, index=False, lineterminator="\n")
 
@@ -151,8 +156,7 @@ def plot_dose_response(coll: Collection, arms: pd.DataFrame, out_dir: str | os.P
         return None
     csv_rows, handles = [], {}
     with plt.rc_context(RC):
-        fig, axes = plt.subplots(1, len(blks), figsize=(3.4 * len(blks) + 0.4, 2.6), squeeze=False,
-                                 layout="constrained")
+        fig, axes = _row_of_panels(len(blks), 2.6)
         for i, (algo, model) in enumerate(blks):
             ax = axes[0][i]
             blk = arms[(arms["algorithm"] == algo) & (arms["model"] == model)]
@@ -211,8 +215,7 @@ def plot_share_vs_surge(coll: Collection, runs: pd.DataFrame, levels: pd.DataFra
         return None
     csv_rows, handles = [], {}
     with plt.rc_context(RC):
-        fig, axes = plt.subplots(1, len(blks), figsize=(3.4 * len(blks) + 0.4, 2.8), squeeze=False,
-                                 layout="constrained")
+        fig, axes = _row_of_panels(len(blks), 2.8)
         for i, (algo, model) in enumerate(blks):
             ax = axes[0][i]
             lv = levels[(levels["algorithm"] == algo) & (levels["model"] == model)].sort_values("dose_rank")
