@@ -7,7 +7,7 @@
   :func:`analysis.curves.auto_span`) in the method's colour (``analysis.style``), each seed a thin
   line of the same colour, and the block's BF16 vanilla mean dashed black in every panel;
 - ``figures/dose_response.png`` (:func:`plot_dose_response`): x the measured dose of each
-  precision (its vanilla runs' mean ``actor/ratio_std``), y the surge probability with its
+  precision (its vanilla runs' mean of per-run median ``actor/ratio_std``, log scale), y the surge probability with its
   Wilson 95% interval, one line per clip arm over the FP doses (dodged a few points sideways so
   the intervals do not hide each other), BF16 vanilla a black square;
 - ``figures/share_vs_surge.png`` (:func:`plot_share_vs_surge`): one point per run, x its A<0
@@ -138,7 +138,7 @@ def plot_entropy_dose(coll: Collection, levels: pd.DataFrame, out_dir: str | os.
         span_txt = (f"EMA span {format_number(float(smooth))} logged steps" if smooth
                     else "EMA span max(1, round(T / 50)) for a run of T logged steps")
         caption = ("Policy entropy over training, one panel per FP precision ordered by its measured dose (the mean "
-                   "over its vanilla runs of each run's mean actor/ratio_std, in the title); thick line: the mean "
+                   "over its vanilla runs of each run's median actor/ratio_std, in the title); thick line: the mean "
                    f"over seeds of each run's smoothed curve ({span_txt}) per clip arm, one colour per clip method; "
                    "thin lines: the seeds; dashed black: BF16 vanilla's mean, the same in every panel; finished "
                    f"runs only. {describe_runs(done)}")
@@ -184,10 +184,12 @@ def plot_dose_response(coll: Collection, arms: pd.DataFrame, out_dir: str | os.P
                               format_number(float(r.p_surge)), format_number(float(r.p_lo)),
                               format_number(float(r.p_hi))) for r in a.itertuples(index=False)]
             doses = blk["dose_mean"].to_numpy(dtype=float)
-            if np.isfinite(doses).any():  # the dodge's transform keeps the points out of autoscaling
-                ax.set_xlim(0.0, 1.12 * float(np.nanmax(doses)))
+            pos = doses[np.isfinite(doses) & (doses > 0)]
+            ax.set_xscale("log")  # the doses span orders of magnitude (FP8 ~0.1, NVFP4 ~10)
+            if len(pos):  # the dodge's transform keeps the points out of autoscaling
+                ax.set_xlim(float(pos.min()) / 1.6, 1.6 * float(pos.max()))
             ax.set_ylim(-0.03, 1.03)
-            ax.set_xlabel("measured dose: mean actor/ratio_std")
+            ax.set_xlabel("measured dose: actor/ratio_std (log scale)")
             ax.set_ylabel("surge probability")
             if len(blks) > 1:
                 ax.set_title(f"{algo.upper()} · {model}")
@@ -195,7 +197,7 @@ def plot_dose_response(coll: Collection, arms: pd.DataFrame, out_dir: str | os.P
                    ncol=min(len(handles), 5), frameon=False)
         fig.suptitle("Surge probability against the measured noise dose", fontsize=9)
         caption = ("Surge probability per arm against its precision's measured dose (the mean over the precision's "
-                   "vanilla runs of each run's mean actor/ratio_std), one line per clip arm over the FP precisions, "
+                   "vanilla runs of each run's median actor/ratio_std; log scale), one line per clip arm over the FP precisions, "
                    "BF16 vanilla a black square; error bars: Wilson's 95% interval of the proportion of runs (seeds) "
                    f"that surged (points dodged a few points sideways); surge: {rule.describe()}; finished runs only. "
                    f"{describe_runs(finished(coll))}")

@@ -5,7 +5,7 @@ The numbers and every method choice are :mod:`analysis.dose`'s, the figures
 
 - ``tables/dose.*``: per (algorithm, model) block, per precision arm ordered by its measured dose
   (BF16 first) with its nominal rank beside it, per clip arm: the precision's dose (its vanilla
-  runs' mean ``actor/ratio_std``, 95% t interval over seeds), the arm's own mean ``actor/ratio_std``
+  runs' mean of per-run median ``actor/ratio_std``, 95% t interval over seeds), the arm's own mean
   and its A<0 share below the bound (ratio of sums over runs and steps);
 - ``tables/surge_dose.*``: per arm the runs, the surged runs (the report's surge rule, stated in
   the caption), the surge probability with Wilson's 95% interval, the onset's median and range,
@@ -88,7 +88,7 @@ def dose_table(arms: pd.DataFrame, *, name: str = "dose") -> Table:
     nominal = " < ".join(label(f) for f in NOMINAL_DOSES)
     md, tex = render_blocks(arms, header, cells, lambda a, m, g: (
         "precision arms ordered by the measured dose (measured rank; BF16 0); dose: the mean over the precision's "
-        "vanilla runs of each run's mean `actor/ratio_std` (standard deviation of r − 1 over a step's response "
+        "vanilla runs of each run's median `actor/ratio_std` over its steps (standard deviation of r − 1 over a step's response "
         "tokens), 95% Student-t interval over those runs (seeds); \"(all arms)\": a precision without a finished "
         f"vanilla run, defined by all its runs; nominal rank: the sweep's order {nominal} (1 weakest); arm's "
         "ratio_std: the same mean over this arm's runs; share below bound: sum over runs and steps of "
@@ -155,7 +155,7 @@ def summary_lines(runs: pd.DataFrame, levels: pd.DataFrame, comp: pd.DataFrame) 
         fp_lv = lv[[is_fp(f) for f in lv["fp8"]]]
         nominal = fp_lv.sort_values(["nominal_rank", "fp8"])["fp8"].tolist()
         same = nominal == fp_lv["fp8"].tolist()
-        lines.append(f"- {pre}measured dose order (mean `actor/ratio_std`): {measured}; nominal order of these FP "
+        lines.append(f"- {pre}measured dose order (median `actor/ratio_std`): {measured}; nominal order of these FP "
                      f"precisions: {' < '.join(label(f) for f in nominal)}; the two orders "
                      + ("agree." if same else "differ."))
         fp = fp_runs(blk)
@@ -183,8 +183,9 @@ def method_lines(rule: SurgeRule, n_comp: int) -> list[str]:
     return [
         "What is computed (finished runs only; `analysis.dose`):",
         "",
-        "- **dose** of a precision: the mean over its vanilla runs of each run's mean `actor/ratio_std` "
-        "(the standard deviation of r − 1 over a step's response tokens), with the 95% Student-t interval "
+        "- **dose** of a precision: the mean over its vanilla runs of each run's median `actor/ratio_std` "
+        "over its steps (the standard deviation of r − 1 over a step's response tokens; the median, as "
+        "at FP4 a single step's can exceed the run's typical step by 10^4), with the 95% Student-t interval "
         "over those runs (seeds); the precisions are ordered by it, BF16 first;",
         "- **share below the bound**: sum over runs and steps of `actor/n_neg_low` / sum of `actor/n_neg`, "
         "per (precision, clip) arm;",
