@@ -211,13 +211,20 @@ reproduce-heldout: install-run
 	$(LAUNCH) +sweep=calibration_heldout clip=calibrated \
 	  clip.calibration_mode=periodic clip.period=4 clip.window=4
 
-# The long-horizon dose-response sweep (issue 48; sweeps/sweep/surge_dose.yaml): BF16 vanilla, then
-# 4 doses x 4 clip arms, 6 seeds, 102 cells at scale=long. Resumable: a rerun skips DONE cells
-# and resumes a killed one from its last checkpoint. Its cost: docs/timings.md.
+# The long-horizon dose-response sweep (issue 48; sweeps/sweep/surge_dose.yaml): BF16 vanilla and
+# 4 doses x 4 clip arms at scale=long, 17 cells a seed, 102 for the six seeds, run one seed block
+# after another (every cell of seed s before seed s+1), so a sweep stopped early, or split over
+# sessions and machines, leaves whole blocks, each from one machine and paired within itself;
+# SURGE_SEEDS="3 4 5" runs those blocks only. The cells are those of the two plain launches
+# (python -m experiments.launch +sweep=surge_dose [fp8=bf16 clip=vanilla]), the same run
+# directories. Resumable: a rerun skips DONE cells and resumes a killed one from its last
+# checkpoint. Its cost: docs/timings.md.
+SURGE_SEEDS ?= 0 1 2 3 4 5
 .PHONY: reproduce-surge
 reproduce-surge: install-run
-	$(LAUNCH) +sweep=surge_dose fp8=bf16 clip=vanilla
-	$(LAUNCH) +sweep=surge_dose
+	@for s in $(SURGE_SEEDS); do \
+	  $(LAUNCH) +sweep=surge_dose fp8=bf16 clip=vanilla seeds=1 seed=$$s && \
+	  $(LAUNCH) +sweep=surge_dose seeds=1 seed=$$s || exit 1; done
 
 # Does the body learn in the long regime (issue 48; sweeps/sweep/long_body.yaml): BF16 at
 # scale=long, full / body frozen / body alone, 3 seeds, 9 cells.
