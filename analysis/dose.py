@@ -12,7 +12,8 @@ counts (``shadow/ho_*``). The report's section and figures are :mod:`analysis.do
   names the ones left out. A *FP run* is one whose ``fp8`` is not ``bf16``.
 - **Per run** (:func:`run_rows`): its dose, the **median** of ``actor/ratio_std`` over its
   logged steps (not the mean: at FP4 the step's std of r - 1 is heavy-tailed; one NVFP4 run's
-  steps ranged 0.91-3.1e5 around a median of 17.5, its mean 1,867 set by a single step); its A<0 counts summed over steps; its surge onset (:func:`analysis.surge.surge_onset`
+  steps ranged 0.91-3.1e5 around a median of 17.5, its mean 1,867 set by a single step); its A<0
+  counts summed over steps; its surge onset (:func:`analysis.surge.surge_onset`
   with the report's rule); the *rise*: the largest amount by which its EMA-smoothed entropy
   (the rule's span) exceeds the running minimum of that curve after the rule's warm-up (nats;
   the quantity the rule thresholds); its ``rollout/garbled_frac`` summed and counted over all

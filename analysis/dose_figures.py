@@ -7,8 +7,8 @@
   :func:`analysis.curves.auto_span`) in the method's colour (``analysis.style``), each seed a thin
   line of the same colour, and the block's BF16 vanilla mean dashed black in every panel;
 - ``figures/dose_response.png`` (:func:`plot_dose_response`): x the measured dose of each
-  precision (its vanilla runs' mean of per-run median ``actor/ratio_std``, log scale), y the surge probability with its
-  Wilson 95% interval, one line per clip arm over the FP doses (dodged a few points sideways so
+  precision (its vanilla runs' mean of per-run median ``actor/ratio_std``, log scale), y the
+  surge probability with its Wilson 95% interval, one line per clip arm over the FP doses (dodged a few points sideways so
   the intervals do not hide each other), BF16 vanilla a black square;
 - ``figures/share_vs_surge.png`` (:func:`plot_share_vs_surge`): one point per run, x its A<0
   share below the bound (its sum of ``actor/n_neg_low`` over its sum of ``actor/n_neg``, in
