@@ -60,6 +60,8 @@ FIGURE = "heldout_ratio"
 #: The figure's x axis: symmetric-log (linear below 0.5, so ``no_lower_clip``'s 0 is drawn), up to
 #: this ratio; an interval reaching beyond (or unbounded) ends in an arrow.
 X_MAX = 16.0
+#: Where a ratio beyond X_MAX is drawn (a right-pointing triangle; the CSV keeps its value).
+X_EDGE = X_MAX * 1.25
 X_TICKS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 NO_DATA = ("no held-out data: no run logged the held-out rows' counts (`shadow/ho_*`, "
            "`clip.holdout_share` > 0), so there is no held-out judgement")
@@ -167,6 +169,7 @@ def plot_heldout_ratio(coll: Collection, arms: pd.DataFrame, out_dir: str | os.P
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_rows = []
+    any_off = False
     with plt.rc_context(RC):
         fig, axes = plt.subplots(nrows, ncols, figsize=(3.4 * ncols + 0.6, (0.5 + 0.2 * n_arms) * nrows + 0.5),
                                  squeeze=False, sharex=True, layout="constrained")
@@ -181,13 +184,19 @@ def plot_heldout_ratio(coll: Collection, arms: pd.DataFrame, out_dir: str | os.P
             for yi, r in zip(y, a.itertuples(index=False), strict=True):
                 k = calibrated.index(r.clip) if r.clip in calibrated else 0
                 m_, lo, hi = float(r.ratio_mean), float(r.ratio_lo), float(r.ratio_hi)
+                # a ratio beyond the axis (few BF16-clipped tokens, a strong dose): a triangle at its edge
+                off_axis = np.isfinite(m_) and m_ > X_MAX
+                any_off = any_off or off_axis
+                at = X_EDGE if off_axis else m_
                 shown = min(hi, X_MAX) if np.isfinite(m_) else hi
-                err = [[m_ - lo if np.isfinite(lo) else 0.0], [shown - m_ if np.isfinite(shown) else 0.0]]
+                err = [[max(at - lo, 0.0) if np.isfinite(lo) else 0.0],
+                       [max(shown - at, 0.0) if np.isfinite(shown) else 0.0]]
                 colour = method_colour(r.clip)
-                ax.errorbar([m_], [yi], xerr=err, fmt=variant_style(k)[1] or "o", color=colour,
-                            markersize=3.5, elinewidth=1.0, capsize=2, gid=f"{fp8}|{r.clip}")
-                if np.isfinite(m_) and hi > X_MAX:  # beyond the axis or unbounded: an arrow to its edge
-                    ax.annotate("", xy=(X_MAX * 1.25, yi), xytext=(max(m_, shown), yi), textcoords="data",
+                ax.errorbar([at], [yi], xerr=err, fmt=">" if off_axis else variant_style(k)[1] or "o",
+                            color=colour, markersize=3.5, elinewidth=1.0, capsize=2,
+                            gid=f"{fp8}|{r.clip}" + ("|off_axis" if off_axis else ""))
+                if np.isfinite(m_) and hi > X_MAX and not off_axis:  # beyond the axis or unbounded: an arrow
+                    ax.annotate("", xy=(X_EDGE, yi), xytext=(max(m_, shown), yi), textcoords="data",
                                 arrowprops={"arrowstyle": "->", "color": colour, "lw": 1.0},
                                 gid=f"{fp8}|{r.clip}|beyond")
                 csv_rows.append((algo, model, fp8, r.arm, r.clip, r.mode, format_number(m_), format_number(lo),
@@ -209,7 +218,9 @@ def plot_heldout_ratio(coll: Collection, arms: pd.DataFrame, out_dir: str | os.P
         caption = ("Held-out ratio of the deployed lower bound per arm and granularity: the A<0 tokens that did "
                    "not set the bound in force on them (under same_batch the held-out rows only) FP8 puts below "
                    "that bound, over those the BF16 shadow puts below 1 - eps_low, summed over steps and seeds; "
-                   "error bar: Fieller's 95% interval paired by seed (cut at 0; an arrow: beyond the axis or unbounded); "
+                   "error bar: Fieller's 95% interval paired by seed (cut at 0; an arrow: beyond the axis or unbounded"
+                   + (f"; a triangle at the edge: a ratio above {X_MAX:g}, its value in the CSV" if any_off else "")
+                   + "); "
                    "symmetric-log axis; shaded: "
                    f"[{RATIO_RANGE[0]}, {RATIO_RANGE[1]}]; dashed: BF16 (1). {describe_runs(coll)}")
         paths = save_figure(fig, out_dir, FIGURE, caption, pdf=pdf)

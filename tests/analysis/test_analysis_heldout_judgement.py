@@ -21,7 +21,13 @@ from analysis.heldout_judgement import (
     holm,
     rule_rows,
 )
-from analysis.heldout_report import heldout_sections, no_data_line, ratio_table
+from analysis.heldout_report import (
+    X_MAX,
+    heldout_sections,
+    no_data_line,
+    plot_heldout_ratio,
+    ratio_table,
+)
 from analysis.ratio_ci import t_two_sided_p
 from fp8rl.runs.synthetic import RunSpec, make_sweep
 
@@ -251,6 +257,23 @@ def test_sections_tables_and_figure(coll, tmp_path):
     arms = arms[arms["fp8"] != "bf16"]
     assert len(fig) == len(arms)
     np.testing.assert_allclose(fig["mean"].to_numpy(), arms["ratio_mean"].to_numpy(), rtol=1e-5)
+
+
+def test_a_ratio_beyond_the_axis_is_drawn_at_its_edge_and_kept_in_the_csv(coll, tmp_path):
+    """Few BF16-clipped tokens (surge_dose_quick's 8 steps: tensorwise vanilla 35x) can put a whole
+    ratio above the axis: its point sits at the edge (the CSV keeps the value), its bar from the
+    lower bound; an interval that does not hold its point (never Fieller's) draws no negative bar."""
+    arms = arm_rows(coll).reset_index(drop=True)
+    fp8_rows = arms.index[arms["fp8"] != "bf16"]
+    beyond, odd = fp8_rows[0], fp8_rows[1]
+    arms.loc[beyond, ["ratio_mean", "ratio_lo", "ratio_hi"]] = [X_MAX * 2.5, X_MAX * 1.5, X_MAX * 4]
+    arms.loc[odd, ["ratio_mean", "ratio_lo", "ratio_hi"]] = [2.0, 2.5, 1.5]
+    paths = plot_heldout_ratio(coll, arms, tmp_path)
+    fig = pd.read_csv(paths["csv"])
+    assert fig["mean"].max() == pytest.approx(X_MAX * 2.5)
+    assert "a triangle at the edge" in paths.caption
+    plain = plot_heldout_ratio(coll, arm_rows(coll), tmp_path / "plain")
+    assert "triangle" not in plain.caption
 
 
 def test_without_heldout_rows_the_report_says_so(tmp_path, capsys):
