@@ -31,6 +31,14 @@ PyTorch code (``fake_quantize`` with the kernels off: the fast paths above, or t
 where none applies), on every operand of the three tables; the same floats and strides,
 checked. The first table's ``fake_quantize`` is whatever the process uses (the header says
 whether the native kernels are on).
+
+A fifth times the native kernel of the FP4 / FP6 operands (``native.microscaled``: NVFP4 1 x 16
+with nearest-even or stochastic elements, NVFP4's 16 x 16 weight tiles, MXFP6's E2M3 and E3M2)
+against their PyTorch code (``microscale``'s tensor path, the kernels off), on the operands of a
+long-regime 8b-slot cell (``scale=long``: a mini-batch of ~3,840 tokens, widths 64 and 192;
+the wgrad operands transposed; a 192 x 64 weight; a decode step's 128 x 64): the same floats,
+strides and draws, checked (a stochastic operand's two sides draw from generators seeded
+alike, so both time the same ``torch.rand``).
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ import torch
 
 from fp8rl.backends.mini.runtime import keep_freed_memory
 from fp8rl.quant import (
+    E2M1,
+    E2M3,
+    E3M2,
     E4M3,
     MX,
     PerBlock,
@@ -54,6 +65,7 @@ from fp8rl.quant import (
     native,
     quantize,
 )
+from fp8rl.quant.granularity import NVBlock
 
 GRANULARITIES = {"tensor": PerTensor(), "row": PerRow(), "block1x128": PerBlock(1, 128), "mx32": MX(32)}
 #: (rows, cols, transposed): the mini 14b slot's operands
@@ -72,6 +84,35 @@ FAST_PATH_CASES = [(128, 80, torch.bfloat16, "tensor"), (128, 240, torch.bfloat1
 #: for 1 x 128: both sides take the tensor path there)
 TRANSPOSED_CASES = [(80, 80, "row"), (80, 1600, "row"), (240, 1600, "row"), (240, 1536, "block1x128"),
                     (240, 1696, "block1x128"), (80, 1600, "mx32")]
+
+
+#: (rows, cols, transposed): a long-regime 8b-slot cell's FP4 / FP6 operands (see the docstring)
+MICRO_SHAPES = [(3840, 64, False), (3840, 192, False), (64, 3840, True), (192, 3840, True), (192, 64, False),
+                (128, 64, False)]
+#: name -> (granularity, element format, stochastic): the operands of the nvfp4 and mxfp6 recipes
+MICRO_OPERANDS = {"nvfp4": (NVBlock(16), E2M1, False), "nvfp4 stochastic": (NVBlock(16), E2M1, True),
+                  "nvfp4 16x16": (NVBlock(16, rows=16), E2M1, False), "mxfp6 e2m3": (MX(32), E2M3, False),
+                  "mxfp6 e3m2": (MX(32), E3M2, False)}
+
+
+def measure_microscaled(x: torch.Tensor, gran, fmt, stochastic: bool, repeats: int) -> dict:
+    """``native.microscaled`` against the PyTorch code on ``x``: same bits, strides and draws."""
+    def call(gen):
+        return lambda: fake_quantize(x, gran, fmt, generator=gen)
+
+    def fresh():
+        return torch.Generator().manual_seed(0) if stochastic else None
+
+    a, b = fresh(), fresh()
+    got, want = call(a)(), without_native(call(b))()
+    assert got.stride() == want.stride() and torch.equal(got.contiguous().view(torch.int32),
+                                                         want.contiguous().view(torch.int32))
+    assert not stochastic or torch.equal(a.get_state(), b.get_state())
+    calls = native.calls["mq_full"]
+    m = measure(x, gran, repeats, without_native(call(fresh())), call(fresh()))
+    if native.calls["mq_full"] == calls:
+        raise AssertionError(f"the microscaled kernel did not run on {tuple(x.shape)} {gran}")
+    return m
 
 
 def without_native(fn):
@@ -182,6 +223,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         m = {"operand": label, "granularity": name, "table": "native",
              **measure_native(x, GRANULARITIES[name], name == "mx32", a.repeats)}
         _add_row(rows, m)
+    print("\n| operand (FP4 / FP6) | format | PyTorch code us | native kernel us | baseline / ours |")
+    print("|---|---|---|---|---|")
+    for r, c, t in MICRO_SHAPES:
+        for name, (gran, fmt, stochastic) in MICRO_OPERANDS.items():
+            if name == "nvfp4 16x16" and (r, c) != (192, 64):
+                continue  # the weights' tiles
+            m = {"operand": f"{r} x {c}{' transposed' if t else ''}", "granularity": name, "table": "microscaled",
+                 **measure_microscaled(operand(r, c, t), gran, fmt, stochastic, a.repeats)}
+            _add_row(rows, m)
     return rows
 
 

@@ -57,8 +57,13 @@ Choices and deviations [G]:
 - Codes (``quantize_microscaled``) are stored unpacked, one ``uint8`` per element with the sign
   as the top bit of the format's ``bits``; scales as float32 (E8M0 / E4M3 values, exactly).
 
-Not in the native C kernels (``fp8rl.quant.native``): ``fake.fake_quantize`` sends every
-sub-byte operand here before it looks at the native or FP8 fast paths.
+``fake.fake_quantize`` sends every sub-byte operand here before it looks at its FP8 native
+kernels or fast paths. Here, a float32 or BF16 CPU operand that is row-major, or the transpose of
+a row-major 2-D one, goes to the C kernel ``native.microscaled`` (``mq_full``): the same formulas
+as the tensor code below, the same floats and layout (tested bit for bit, stochastic draws and
+the generator's final state included: ``tests/quant/test_quant_native_microscale_proc.py``); other
+operands, ``FP8RL_NATIVE=0`` and ``native.disabled()`` keep the tensor code. ``quantize_microscaled``
+(codes and scales) always runs the tensor code.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ from dataclasses import dataclass
 
 import torch
 
+import fp8rl.quant.native as native
 from fp8rl.quant.formats import (
     E2M1,
     E4M3,
@@ -201,8 +207,49 @@ def fake_quantize_microscaled(x: torch.Tensor, granularity: Granularity, fmt: El
         NonFiniteError: ``x`` holds inf or NaN.
         ValueError: no standard defines ``granularity`` with ``fmt`` (``check_microscaled``).
     """
+    if x.dtype in (torch.float32, torch.bfloat16) and x.device.type == "cpu" and x.ndim and native.enabled():
+        out = _fake_quantize_native(x, granularity, fmt, generator)
+        if out is not None:
+            return out
     q, d, _, _, rows, cols = _quantize_values(x, granularity, fmt, generator)
     return _crop(q.mul_(d), rows, cols, x.shape)
+
+
+def _fake_quantize_native(x: torch.Tensor, granularity: Granularity, fmt: ElementFormat,
+                          generator: torch.Generator | None) -> torch.Tensor | None:
+    """``fake_quantize_microscaled`` by the C kernel (``native.microscaled``): the tensor path's
+    floats and layout, in two passes over the operand, for a row-major ``x`` or the transpose of
+    a row-major 2-D one (the backward GEMMs' operands); ``None`` for any other layout.
+
+    The transpose is worked on in its memory order: ``y = x.t()`` is row-major, ``x``'s ``br x bc``
+    blocks are ``y``'s ``bc x br`` ones. The tensor path returns such an operand column-major,
+    or row-major where it zero-pads a ragged block; so does this. Stochastic draws are the tensor
+    path's: one ``torch.rand`` of the padded blocked shape from ``generator`` (the same stream),
+    element ``(r, c)`` of ``x`` reading draw ``r * C_padded + c``."""
+    check_microscaled(granularity, fmt)
+    _check_generator(generator, fmt)
+    assert isinstance(fmt, SubByteFormat)
+    transposed = not x.is_contiguous()
+    if transposed and not (x.ndim == 2 and x.t().is_contiguous()):
+        return None
+    x2, (br, bc) = _as_2d(x, granularity)
+    rows, cols = x2.shape
+    gr, gc = -(-rows // br), -(-cols // bc)
+    u = None
+    if generator is not None:  # the tensor path's draw: the padded blocked shape, in its order
+        u = torch.rand((gr, br, gc, bc), generator=generator, dtype=torch.float32,
+                       device=generator.device).to(x.device).reshape(-1)
+    nv = isinstance(granularity, NVBlock)
+    if not transposed:
+        out = native.microscaled(x2, br, bc, fmt, nv, EPS, NVFP4_TENSOR_RANGE, u, (gc * bc, 1))
+    else:
+        out = native.microscaled(x2.t(), bc, br, fmt, nv, EPS, NVFP4_TENSOR_RANGE, u, (1, gc * bc))
+    if out is None:
+        _raise_non_finite(x, "quantize (microscaled)")
+    if not transposed:
+        return out.view(x.shape)
+    out = out.t()
+    return out.contiguous() if gr * br != rows or gc * bc != cols else out
 
 
 def _positive_values(fmt: SubByteFormat) -> torch.Tensor:

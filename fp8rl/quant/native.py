@@ -6,7 +6,7 @@ BF16 gradient eight times (``abs``, a BF16 ``amax`` that PyTorch runs 5x slower 
 one on AVX2, the product with the scales with its BF16 -> float32 conversion, the three
 integer operations and two float ones of the rounding, ``copysign`` with another conversion,
 the dequantization), and a decode step's ``[128, 80]`` input pays ~10 operator calls of a few
-microseconds each. Three small C functions (``csrc/fake_quantize.c``) do the same work in two passes:
+microseconds each. Small C functions (``csrc/fake_quantize.c``) do the same work in two passes:
 
 - ``fq_amax``: the amax of every block, as the integer maximum of the magnitudes' bit
   patterns (for non-negative floats the order of the bit patterns is the order of the
@@ -17,7 +17,11 @@ microseconds each. Three small C functions (``csrc/fake_quantize.c``) do the sam
   ``formats.round_magnitudes_``), ``x``'s sign copied back, then ``* (1 / qscale)`` or
   ``/ qscale``;
 - ``fq_full``: both passes in one call, with the scales computed in C (in double, as
-  ``quantize._qscale`` computes them without a power of two), for the common case.
+  ``quantize._qscale`` computes them without a power of two), for the common case;
+- ``mq_full``: the same for the FP4 / FP6 operands of ``fp8rl.quant.microscale`` (MX's E8M0 and
+  NVFP4's two-level scales, computed as its tensor code computes them; elements rounded to
+  nearest even, or stochastically with draws the caller takes from PyTorch), called through
+  :func:`microscaled` by ``microscale.fake_quantize_microscaled``.
 
 The scale formula has three homes, tested to agree bit for bit: ``quantize._qscale`` (the
 tensor code, and the scales :func:`apply` is given), ``fake._one_qscale`` (one scale, in Python
@@ -70,7 +74,7 @@ _lib: ctypes.CDLL | None = None
 _why: str | None = None  # why the native kernels are off (None: not tried yet, or on)
 _tried = False
 #: Calls into the C code since the process started (tests check that a run used the kernels).
-calls = {"fq_amax": 0, "fq_apply": 0, "fq_full": 0}
+calls = {"fq_amax": 0, "fq_apply": 0, "fq_full": 0, "mq_full": 0}
 
 
 def _cache_dir() -> Path:
@@ -139,6 +143,10 @@ def _load() -> ctypes.CDLL | None:
     lib.fq_full.argtypes = [vp, ctypes.c_int, i64, i64, i64, i64, ctypes.c_double, ctypes.c_double,
                             ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32, vp]
     lib.fq_full.restype = ctypes.c_uint32
+    u32, dbl = ctypes.c_uint32, ctypes.c_double
+    lib.mq_full.argtypes = [vp, ctypes.c_int, i64, i64, i64, i64, ctypes.c_int, ctypes.c_int32, dbl, dbl,
+                            u32, u32, u32, ctypes.c_float, vp, i64, i64, vp]
+    lib.mq_full.restype = u32
     _lib = lib
     return lib
 
@@ -251,3 +259,36 @@ def apply(x2: torch.Tensor, br: int, bc: int, qscale: torch.Tensor, dq: torch.Te
                   qscale.data_ptr(), dq.data_ptr(), int(divide), min_bits, shift, out.data_ptr())
     calls["fq_apply"] += 1
     return out
+
+
+def microscaled(x2: torch.Tensor, br: int, bc: int, fmt, nv: bool, eps: float, tensor_range: float,
+                u: torch.Tensor | None = None, u_strides: tuple[int, int] = (0, 0)) -> torch.Tensor | None:
+    """``microscale.fake_quantize_microscaled`` of ``x2 [R, C]`` (``supports(x2)``) with ``br x bc``
+    blocks in one call: float32 row-major ``[R, C]``, or ``None`` when ``x2`` holds a non-finite
+    value (nothing computed).
+
+    Args:
+        fmt: the element format (``SubByteFormat``: its grid, ``max`` and, for MX, ``emax``).
+        nv: NVFP4's two-level scales (``eps`` and ``tensor_range`` its per-tensor scale's floor and
+            range), else MX's E8M0 scales.
+        u: float32 uniform draws for stochastic rounding (``None``: nearest even), contiguous; the
+            draw of element ``(r, c)`` is ``u.view(-1)[r * u_strides[0] + c * u_strides[1]]``.
+    """
+    rows, cols = _checked(x2, br, bc)
+    su_r, su_c = (int(s) for s in u_strides)
+    if u is not None:
+        last = (rows - 1) * su_r + (cols - 1) * su_c
+        if (u.dtype != torch.float32 or u.device.type != "cpu" or not u.is_contiguous() or min(su_r, su_c) < 0
+                or last >= u.numel()):
+            raise ValueError(f"fp8rl.quant.native.microscaled: u must be a contiguous float32 CPU tensor holding "
+                             f"element {last} (strides {u_strides} over {rows} x {cols}), got {u.dtype} "
+                             f"{tuple(u.shape)} on {u.device}")
+    out = torch.empty(rows, cols, dtype=torch.float32)
+    min_bits, shift = (fmt.min_normal_exp + 127) << 23, (23 - fmt.mantissa_bits) << 23
+    worst = _lib.mq_full(x2.data_ptr(), int(x2.dtype == torch.bfloat16), rows, cols, br, bc, int(nv),
+                         int(fmt.emax), eps, tensor_range, min_bits, shift, fmt.mantissa_bits << 23, fmt.max,
+                         None if u is None else u.data_ptr(), su_r, su_c, out.data_ptr())
+    calls["mq_full"] += 1
+    if worst == 0xFFFFFFFF:
+        raise MemoryError(f"fp8rl.quant.native: no memory for the block scales of a {rows} x {cols} operand")
+    return None if worst >= 0x7F800000 else out
