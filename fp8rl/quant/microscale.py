@@ -61,7 +61,7 @@ Choices and deviations [G]:
 kernels or fast paths. Here, a float32 or BF16 CPU operand that is row-major, or the transpose of
 a row-major 2-D one, goes to the C kernel ``native.microscaled`` (``mq_full``): the same formulas
 as the tensor code below, the same floats and layout (tested bit for bit, stochastic draws and
-the generator's final state included: ``tests/quant/test_quant_native_microscale_proc.py``); other
+the generator's final state included: ``tests/quant/test_quant_native_microscale.py``); other
 operands, ``FP8RL_NATIVE=0`` and ``native.disabled()`` keep the tensor code. ``quantize_microscaled``
 (codes and scales) always runs the tensor code.
 """

@@ -29,7 +29,7 @@ ARMS = {
     "rowwise": ("rowwise", "rowwise"),
     "blockwise": ("blockwise", "blockwise"),
     "mxfp8": ("mxfp8", "mxfp8"),
-    # FP4 / FP6 (not golden cells: test_mini_native_microscale_proc.py runs them with the native
+    # FP4 / FP6 (not golden cells: test_mini_native_microscale.py runs them with the native
     # kernels on and off)
     "mxfp6": ("mxfp6", "mxfp6"),
     "nvfp4": ("nvfp4", "nvfp4"),

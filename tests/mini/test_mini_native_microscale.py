@@ -5,7 +5,7 @@ blocks, 16 x 16 weight tiles, stochastically rounded gradients, the wgrad RHT) a
 and the BF16 evaluations, every logged value but wall times. So the kernel changes what a cell
 costs, never what it computes: published FP4 / FP6 runs replay (the surge_dose cells were run
 on the PyTorch code). The kernel-level comparison, edge by edge, is
-``tests/quant/test_quant_native_microscale_proc.py``.
+``tests/quant/test_quant_native_microscale.py``.
 """
 
 from __future__ import annotations
