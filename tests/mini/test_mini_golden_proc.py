@@ -3,10 +3,11 @@
 A speed change (fewer operations, cached tables, no NaN fill) must leave every logged number
 of a run that does not opt in bit for bit as it was, so that a published run replays. These
 tests run the golden cells of ``tiny_cells.py`` (SFT warm start, 3 steps, evaluations at steps 0
-and 3; fp32 and BF16 compute, the FP8 trainer and rollout at every granularity, TIS, Calibrated
-Clipping in its ``same_batch`` and ``sampled`` modes, 64-row rollouts that share their prefill)
+and 3; fp32 and BF16 compute, the FP8 trainer and rollout at every granularity, NVFP4's training
+recipe and MXFP6, TIS, Calibrated Clipping in its ``same_batch``, ``sampled`` and ``periodic``
+modes, 64-row rollouts that share their prefill)
 and compare every value of ``metrics.jsonl`` and ``eval.jsonl`` except ``perf/*`` (wall times)
-with ``golden_numerics.json``, exactly; the FP8 cells also check that they ran the native
+with ``golden_numerics.json``, exactly; the FP8 and FP4 / FP6 cells also check that they ran the native
 ``fake_quantize`` kernels where those are built, and the 64-row cells that their rollouts
 prefilled each prompt once.
 

@@ -29,8 +29,7 @@ ARMS = {
     "rowwise": ("rowwise", "rowwise"),
     "blockwise": ("blockwise", "blockwise"),
     "mxfp8": ("mxfp8", "mxfp8"),
-    # FP4 / FP6 (not golden cells: test_mini_native_microscale.py runs them with the native
-    # kernels on and off)
+    # FP4 / FP6 (test_mini_native_microscale.py also runs them with the native kernel on and off)
     "mxfp6": ("mxfp6", "mxfp6"),
     "nvfp4": ("nvfp4", "nvfp4"),
 }
@@ -51,6 +50,10 @@ CELLS = {
     # (shared_prefill.py; the cells above have 16 rows, too few to share)
     "bf16-vanilla-64rows": ("bf16", "vanilla", {}),
     "rowwise-tis-64rows": ("rowwise", "tis", {}),
+    # FP4 / FP6: NVIDIA's NVFP4 training recipe (stochastic gradients, wgrad RHT, 16x16 weight
+    # tiles) and MXFP6, recorded where the FP4 / FP6 kernel (native.microscaled) did not exist yet
+    "nvfp4-calibrated": ("nvfp4", "calibrated", {}),
+    "mxfp6-tis": ("mxfp6", "tis", {}),
 }
 #: cells with more than the tiny fixture's 4 x 4 rollout rows (their run settings)
 WIDE = {"bf16-vanilla-64rows", "rowwise-tis-64rows"}
