@@ -213,9 +213,9 @@ def _checked(x2: torch.Tensor, br: int, bc: int) -> tuple[int, int]:
 def _grid(fmt) -> tuple[int, int]:
     """The rounding constants of ``formats.round_magnitudes_`` for ``fmt``: the exponent field of
     its smallest normal, and the shift from a binade to the grid's ``2^23``-scaled spacing."""
-    got = _GRID.get(fmt.dtype)
+    got = _GRID.get(fmt.name)  # FP8 and sub-byte formats alike (the sub-byte ones have no dtype)
     if got is None:
-        got = _GRID[fmt.dtype] = ((fmt.min_normal_exp + 127) << 23, (23 - fmt.mantissa_bits) << 23)
+        got = _GRID[fmt.name] = ((fmt.min_normal_exp + 127) << 23, (23 - fmt.mantissa_bits) << 23)
     return got
 
 
@@ -284,7 +284,7 @@ def microscaled(x2: torch.Tensor, br: int, bc: int, fmt, nv: bool, eps: float, t
                              f"element {last} (strides {u_strides} over {rows} x {cols}), got {u.dtype} "
                              f"{tuple(u.shape)} on {u.device}")
     out = torch.empty(rows, cols, dtype=torch.float32)
-    min_bits, shift = (fmt.min_normal_exp + 127) << 23, (23 - fmt.mantissa_bits) << 23
+    min_bits, shift = _grid(fmt)
     worst = _lib.mq_full(x2.data_ptr(), int(x2.dtype == torch.bfloat16), rows, cols, br, bc, int(nv),
                          int(fmt.emax), eps, tensor_range, min_bits, shift, fmt.mantissa_bits << 23, fmt.max,
                          None if u is None else u.data_ptr(), su_r, su_c, out.data_ptr())
