@@ -36,8 +36,14 @@ def test_scale_long_is_the_mini_backend_over_the_long_horizon():
     assert (cfg["steps"], cfg["max_response_len"], cfg["eval_every"]) == (200, 128, 25)
     assert (cfg["mini"]["min_terms"], cfg["mini"]["max_terms"]) == (7, 9)
     assert cfg["clip"]["calibration_mode"] == "periodic"
+    # the warm start with the borrow slip, carried into the typed config the run is built from
+    from fp8rl.launch.configs import build_dataclass
+
+    assert cfg["mini"]["sft_slip_rate"] == 0.6
+    assert build_dataclass(type(MiniRunConfig().mini), cfg["mini"]).sft_slip_rate == 0.6
     mini = _compose([])
     assert (mini["steps"], mini["mini"]["min_terms"]) == (MiniRunConfig.steps, 3)  # scale=mini unchanged
+    assert mini["mini"]["sft_slip_rate"] == 0.0
 
 
 def test_the_sweeps_of_the_long_regime_expand_to_their_grids(launch, tmp_path):

@@ -33,6 +33,8 @@ from fp8rl.config import AlgorithmConfig, ClipConfig, Fp8Config, ModelConfig, Ru
         (lambda: RunConfig(lr=-1.0), "lr"),
         (lambda: MiniSettings(device="tpu"), "mini.device"),
         (lambda: MiniSettings(min_terms=1), "min_terms"),
+        (lambda: MiniSettings(sft_slip_rate=1.5), "mini.sft_slip_rate must be in"),
+        (lambda: MiniSettings(sft_slip_rate=-0.1), "mini.sft_slip_rate must be in"),
     ],
 )
 def test_bad_values_raise_with_a_message(build, message):

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from fp8rl.backends.mini.task import make_splits, render, sample_problem
+from fp8rl.backends.mini.task import make_splits, parse_prompt, render, sample_problem, slipped_solution
 from fp8rl.backends.mini.tokenizer import CharTokenizer
 from fp8rl.rewards.exact import grade_exact
 
@@ -64,3 +64,57 @@ def test_splits_are_deterministic_and_disjoint():
         make_splits(0, 10, 9, min_terms=2, max_terms=2, max_operand=1)
     with pytest.raises(ValueError, match="distinct from the eval"):
         make_splits(0, 10, 8, min_terms=2, max_terms=2, max_operand=1)
+
+
+def test_parse_prompt_inverts_render_and_refuses_what_is_not_a_prompt():
+    rng = random.Random(1)
+    for _ in range(300):
+        n = rng.randint(2, 9)
+        terms = [rng.randint(0, 120) for _ in range(n)]
+        ops = [rng.choice("+-") for _ in range(n - 1)]
+        assert parse_prompt(render(terms, ops).prompt) == (terms, ops)
+    for bad in ("12+7\n", "Q:12+7", "Q:12*7\n", "Q:12+\n", "Q:\n", "Q:1 2\n"):
+        with pytest.raises(ValueError, match="not a task prompt"):
+            parse_prompt(bad)
+
+
+def _slow_slip(terms, ops, slipped):
+    """The slip by hand: ``slipped`` = indices of the lines that carry it."""
+    acc, lines = terms[0], []
+    for i, (o, t) in enumerate(zip(ops, terms[1:])):
+        new = acc + t if o == "+" else acc - t
+        if i in slipped:
+            assert o == "-" and t >= 10
+            new = new + 10
+        lines.append(f"{acc}{o}{t}={new}")
+        acc = new
+    return "\n".join(lines) + f"\nA:{acc}\n"
+
+
+def test_slipped_solution_slips_exactly_the_eligible_lines_at_its_rate():
+    rng = random.Random(2)
+    problems = [sample_problem(rng, 7, 9, 20) for _ in range(400)]
+    eligible = slipped = 0
+    for p in problems:
+        terms, ops = parse_prompt(p.prompt)
+        elig = [i for i, (o, t) in enumerate(zip(ops, terms[1:])) if o == "-" and t >= 10]
+        # rate 0: the reference, and no draw from the stream
+        draws = random.Random(5)
+        assert slipped_solution(p, draws, 0.0) == p.solution
+        assert draws.random() == random.Random(5).random()
+        # rate 1: every eligible line, and only those
+        assert slipped_solution(p, random.Random(0), 1.0) == _slow_slip(terms, ops, set(elig))
+        # rate 0.6: a subset of the eligible lines, one draw per eligible line, in order
+        got = slipped_solution(p, random.Random(eligible), 0.6)
+        u = random.Random(eligible)
+        chosen = {i for i in elig if u.random() < 0.6}
+        assert got == _slow_slip(terms, ops, chosen)
+        eligible += len(elig)
+        slipped += len(chosen)
+        if chosen:  # a slipped demonstration is graded wrong: its answer is off
+            assert not grade_exact(got, str(p.answer)).correct
+    assert eligible > 500
+    assert 0.5 < slipped / eligible < 0.7
+    for bad in (-0.01, 1.01):
+        with pytest.raises(ValueError, match="slip rate"):
+            slipped_solution(problems[0], random.Random(0), bad)

@@ -26,6 +26,8 @@ class MiniSettings:
         data_seed: seed of the train/eval split (shared by all runs, unlike ``seed``).
         n_train, n_eval: train pool and held-out eval set sizes.
         sft_steps, sft_batch_size, sft_lr, sft_seed: the supervised warm start.
+        sft_slip_rate: share of the warm start's demonstrations' slip-eligible lines (``-`` with a
+            two-digit subtrahend) that carry the borrow slip (``task.slipped_solution``); 0 = none.
         cache_dir: SFT cache directory; ``None`` = ``<output_dir>/.cache/sft``.
         num_threads: torch intra-op threads (0 = leave torch's default).
         device: ``cpu`` or ``cuda``.
@@ -42,6 +44,7 @@ class MiniSettings:
     sft_batch_size: int = 64
     sft_lr: float = 3e-3
     sft_seed: int = 0
+    sft_slip_rate: float = 0.0
     cache_dir: str | None = None
     num_threads: int = 0
     device: str = "cpu"
@@ -56,6 +59,8 @@ class MiniSettings:
         _require(self.sft_steps >= 0, f"mini.sft_steps must be >= 0, got {self.sft_steps}")
         _require(self.sft_batch_size >= 1, f"mini.sft_batch_size must be >= 1, got {self.sft_batch_size}")
         _require(self.sft_lr > 0, f"mini.sft_lr must be > 0, got {self.sft_lr}")
+        _require(0.0 <= self.sft_slip_rate <= 1.0,
+                 f"mini.sft_slip_rate must be in [0, 1], got {self.sft_slip_rate}")
         _require(self.num_threads >= 0, f"mini.num_threads must be >= 0, got {self.num_threads}")
         _require(isinstance(self.device, str) and _DEVICE_RE.match(self.device) is not None,
                  f"mini.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")

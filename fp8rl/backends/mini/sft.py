@@ -45,7 +45,7 @@ from fp8rl.backends.mini.config import MAX_POSITIONS, MiniSettings
 from fp8rl.backends.mini.model import MINI_MODELS, build_model
 from fp8rl.backends.mini.numerics import numerics_key
 from fp8rl.backends.mini.sft_partial import SftPartial
-from fp8rl.backends.mini.task import Problem
+from fp8rl.backends.mini.task import Problem, slipped_solution
 from fp8rl.backends.mini.tokenizer import CharTokenizer
 
 SFT_VERSION = 1  # bump when the SFT procedure changes, to invalidate caches
@@ -70,6 +70,8 @@ def sft_key(slot: str, mini: MiniSettings, tok: CharTokenizer) -> str:
         "task": [mini.min_terms, mini.max_terms, mini.max_operand, mini.data_seed, mini.n_train,
                  mini.n_eval],
         "sft": [mini.sft_steps, mini.sft_batch_size, mini.sft_lr, mini.sft_seed],
+        # only when set, so the warm starts cached before the slip existed keep their keys
+        **({"slip": mini.sft_slip_rate} if mini.sft_slip_rate else {}),
         "device": torch.device(mini.device).type,
         # CPU kernels split reductions by thread count: 1 and 2 threads give weights ~1e-7 apart
         # (measured; docs/launch.md), so a warm start is cached per effective thread count
@@ -81,10 +83,13 @@ def sft_key(slot: str, mini: MiniSettings, tok: CharTokenizer) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def sft_batch(problems: list[Problem], tok: CharTokenizer) -> tuple[torch.Tensor, ...]:
-    """``(prompt_ids, prompt_mask, response_ids, response_mask)`` in the shared layout."""
+def sft_batch(problems: list[Problem], tok: CharTokenizer,
+              solutions: list[str] | None = None) -> tuple[torch.Tensor, ...]:
+    """``(prompt_ids, prompt_mask, response_ids, response_mask)`` in the shared layout; the
+    responses are ``solutions`` where given, else the reference solutions."""
     p_ids, p_mask = left_pad([tok.encode(p.prompt, bos=True) for p in problems], tok.pad_id)
-    r_ids, r_mask = right_pad([tok.encode(p.solution, eos=True) for p in problems], tok.pad_id)
+    sols = [p.solution for p in problems] if solutions is None else solutions
+    r_ids, r_mask = right_pad([tok.encode(s, eos=True) for s in sols], tok.pad_id)
     return p_ids, p_mask, r_ids, r_mask
 
 
@@ -116,7 +121,11 @@ def train_sft(model: torch.nn.Module, train: list[Problem], tok: CharTokenizer,
                 raise RunStopped(partial.stop(step, model, opt, sched, rng, losses) if partial else
                                  "stopped on request during the SFT warm start (it is trained again on relaunch)")
             batch = [train[rng.randrange(len(train))] for _ in range(mini.sft_batch_size)]
-            p_ids, p_mask, r_ids, r_mask = (t.to(dev) for t in sft_batch(batch, tok))
+            sols = None
+            if mini.sft_slip_rate:  # its own stream, per step, so it resumes with the step
+                slip = random.Random(f"slip/{mini.sft_seed}/{step}")
+                sols = [slipped_solution(p, slip, mini.sft_slip_rate) for p in batch]
+            p_ids, p_mask, r_ids, r_mask = (t.to(dev) for t in sft_batch(batch, tok, sols))
             logits = response_logits(model, p_ids, p_mask, r_ids, r_mask)
             nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), r_ids.flatten(), reduction="none")
             loss = (nll * r_mask.flatten()).sum() / r_mask.sum()

@@ -13,6 +13,15 @@ exact match of the integer on the ``A:`` line (``fp8rl.rewards.exact``). Harder 
 terms, larger operands) push a warm-started model's accuracy down; the defaults are chosen so
 that the SFT warm start lands between 0% and 100% (see ``docs/mini.md``).
 
+The slip (``slipped_solution``; the long regime's warm start, ``mini.sft_slip_rate``): a worked
+solution in which some ``-`` lines with a two-digit subtrahend forget its tens once
+(``31-12=29`` instead of ``19``). A warm start trained on demonstrations that slip on more than
+half of those lines makes the slip its greedy choice while still sampling the right line at
+times: the base model's pass@k is well above its greedy accuracy, and unlearning the slip
+(a context-dependent rule, not a sharper output distribution) is what RL has to do in the body.
+This is our design for a regime where the body learns, not the paper's: the paper's base models
+bring their own errors from pretraining.
+
 Splits: ``make_splits(seed, ...)`` draws the train pool and the held-out eval set from one
 ``random.Random(seed)`` and removes from the train pool every problem whose prompt appears in
 the eval set, so the eval set is held out exactly.
@@ -59,6 +68,49 @@ def sample_problem(rng: random.Random, min_terms: int, max_terms: int, max_opera
     terms = [rng.randint(0, max_operand) for _ in range(n)]
     ops = [rng.choice("+-") for _ in range(n - 1)]
     return render(terms, ops)
+
+
+def parse_prompt(prompt: str) -> tuple[list[int], list[str]]:
+    """``(terms, ops)`` of a prompt ``"Q:12+7-5\\n"`` (the inverse of :func:`render`)."""
+    if not (prompt.startswith("Q:") and prompt.endswith("\n")):
+        raise ValueError(f"not a task prompt (want 'Q:<expr>\\n'): {prompt!r}")
+    expr, terms, ops, cur = prompt[2:-1], [], [], ""
+    for ch in expr:
+        if ch in "+-" and cur:
+            terms.append(int(cur))
+            ops.append(ch)
+            cur = ""
+        elif ch.isdigit():
+            cur += ch
+        else:
+            raise ValueError(f"not a task prompt (unexpected {ch!r}): {prompt!r}")
+    if not cur:
+        raise ValueError(f"not a task prompt (ends in an operator): {prompt!r}")
+    return [*terms, int(cur)], ops
+
+
+def slipped_solution(problem: Problem, rng: random.Random, rate: float) -> str:
+    """A worked solution of ``problem`` with the borrow slip made at ``rate``.
+
+    The slip: on a ``-`` line whose subtrahend has two digits (``t >= 10``) the demonstration
+    writes ``acc - t + 10`` (the tens of the subtrahend forgotten once), with probability ``rate``
+    per such line, drawn from ``rng``; later lines go on from the slipped value, so a slipped
+    demonstration is a consistent worked solution of the wrong answer. ``rate = 0`` returns the
+    reference solution and draws nothing. Used by the SFT warm start (``mini.sft_slip_rate``).
+    """
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"slip rate must be in [0, 1], got {rate}")
+    if rate == 0.0:
+        return problem.solution
+    terms, ops = parse_prompt(problem.prompt)
+    acc, lines = terms[0], []
+    for o, t in zip(ops, terms[1:], strict=True):
+        new = acc + t if o == "+" else acc - t
+        if o == "-" and t >= 10 and rng.random() < rate:
+            new += 10
+        lines.append(f"{acc}{o}{t}={new}")
+        acc = new
+    return "\n".join([*lines, f"A:{acc}"]) + "\n"
 
 
 def make_splits(
