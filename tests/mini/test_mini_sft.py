@@ -90,11 +90,11 @@ def test_the_slip_rate_changes_what_the_warm_start_trains_on(monkeypatch):
         sft_mod.train_sft(model, train, TOK, _mini(min_terms=7, max_terms=9, max_operand=20,
                                                    n_train=200, sft_slip_rate=rate, sft_steps=3))
         runs[rate] = list(seen)
-    for (p0, s0), (p6, s6) in zip(runs[0.0], runs[0.6], strict=True):
+    for (p0, s0), (p6, _s6) in zip(runs[0.0], runs[0.6], strict=True):
         assert p0 == p6 and s0 is None  # the same problems drawn; references at rate 0
     n_diff = 0
     for step, (problems, sols) in enumerate(runs[0.6]):
         slip = random.Random(f"slip/0/{step}")
         assert sols == [slipped_solution(p, slip, 0.6) for p in problems]
-        n_diff += sum(s != p.solution for s, p in zip(sols, problems))
+        n_diff += sum(s != p.solution for s, p in zip(sols, problems, strict=True))
     assert n_diff > 5

@@ -6,7 +6,13 @@ import random
 
 import pytest
 
-from fp8rl.backends.mini.task import make_splits, parse_prompt, render, sample_problem, slipped_solution
+from fp8rl.backends.mini.task import (
+    make_splits,
+    parse_prompt,
+    render,
+    sample_problem,
+    slipped_solution,
+)
 from fp8rl.backends.mini.tokenizer import CharTokenizer
 from fp8rl.rewards.exact import grade_exact
 
@@ -81,7 +87,7 @@ def test_parse_prompt_inverts_render_and_refuses_what_is_not_a_prompt():
 def _slow_slip(terms, ops, slipped):
     """The slip by hand: ``slipped`` = indices of the lines that carry it."""
     acc, lines = terms[0], []
-    for i, (o, t) in enumerate(zip(ops, terms[1:])):
+    for i, (o, t) in enumerate(zip(ops, terms[1:], strict=True)):
         new = acc + t if o == "+" else acc - t
         if i in slipped:
             assert o == "-" and t >= 10
@@ -97,7 +103,7 @@ def test_slipped_solution_slips_exactly_the_eligible_lines_at_its_rate():
     eligible = slipped = 0
     for p in problems:
         terms, ops = parse_prompt(p.prompt)
-        elig = [i for i, (o, t) in enumerate(zip(ops, terms[1:])) if o == "-" and t >= 10]
+        elig = [i for i, (o, t) in enumerate(zip(ops, terms[1:], strict=True)) if o == "-" and t >= 10]
         # rate 0: the reference, and no draw from the stream
         draws = random.Random(5)
         assert slipped_solution(p, draws, 0.0) == p.solution
