@@ -242,7 +242,7 @@ RESULTS ?= docs/results/mini
 SWEEPS  ?= main_table calibration_heldout calibration_match calibration_match_80 entropy_granularity calibration_ablation regime_ablation calibration_floor calibration_ema body_learning long_body surge_dose
 # Sweeps whose runs span several commits (README.md, "Which code each sweep ran": the training code
 # did not change between them) and so are reported with --pool (report.md lists the commits).
-POOLED  ?= calibration_match calibration_match_80 surge_dose
+POOLED  ?= calibration_match calibration_match_80 long_body surge_dose
 .PHONY: results
 results: install-run
 	@for s in $(SWEEPS); do \

@@ -20,8 +20,9 @@ def main(argv: list[str] | None = None) -> int:
         epilog="example:\n  python -m experiments.publish runs/main_table docs/results/mini/runs/main_table --replace")
     p.add_argument("sweep_dir", help="a sweep directory (holding manifest.json), e.g. runs/main_table")
     p.add_argument("dest", help="where the copy goes (must not exist, or be empty)")
-    p.add_argument("--root", default=None,
-                   help="absolute path to strip from config/provenance text (default: the current directory)")
+    p.add_argument("--root", action="append", default=None,
+                   help="absolute path to strip from config/provenance text (default: the current "
+                        "directory); repeat it for a sweep whose output_dir lay outside the checkout")
     p.add_argument("--replace", action="store_true", help="overwrite an earlier published copy at DEST")
     args = p.parse_args(argv)
     try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +79,9 @@ def _check(src: Path, dest: Path, replace: bool) -> None:
                                       f"(no {MANIFEST_FILE}); refusing to delete it")
 
 
-def _foreign_output_dir(src: Path, prefix: str) -> str | None:
-    """The first run's absolute ``output_dir`` that lies outside ``prefix`` (the root), else None."""
+def _foreign_output_dir(src: Path, prefixes: list[str]) -> str | None:
+    """The first run's absolute ``output_dir`` that lies outside every one of ``prefixes`` (the
+    roots), else None."""
     for run in sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith(".")):
         cfg = run / CONFIG_FILE
         if not cfg.is_file():
@@ -87,31 +89,38 @@ def _foreign_output_dir(src: Path, prefix: str) -> str | None:
         for line in cfg.read_text(encoding="utf-8").splitlines():
             if line.startswith("output_dir:"):
                 value = line.split(":", 1)[1].strip().strip("'\"")
-                if value.startswith("/") and not (value + "/").startswith(prefix):
+                if value.startswith("/") and not any((value + "/").startswith(p) for p in prefixes):
                     return value
                 break
     return None
 
 
-def _copy_text(src: Path, dest: Path, prefix: str) -> bool:
-    text = src.read_text(encoding="utf-8")
-    new = text.replace(prefix, "./")
+def _copy_text(src: Path, dest: Path, prefixes: list[str]) -> bool:
+    text = new = src.read_text(encoding="utf-8")
+    for prefix in prefixes:  # longest first: a root inside another is replaced whole
+        new = new.replace(prefix, "./")
     dest.write_text(new, encoding="utf-8")
     return new != text
 
 
 def publish_sweep(src: str | os.PathLike, dest: str | os.PathLike, *,
-                  root: str | os.PathLike | None = None, replace: bool = False) -> PublishResult:
-    """Copy the sweep ``src`` to ``dest`` as described in the module docstring."""
+                  root: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+                  replace: bool = False) -> PublishResult:
+    """Copy the sweep ``src`` to ``dest`` as described in the module docstring. ``root`` is one
+    path or several (a sweep whose ``output_dir`` lay outside the checkout it ran from: both)."""
     src, dest = Path(src), Path(dest)
     _check(src, dest, replace)
-    root_abs = Path(root if root is not None else os.getcwd()).resolve()
-    prefix = str(root_abs).rstrip("/") + "/"
-    foreign = _foreign_output_dir(src, prefix)
+    roots = [root] if root is None or isinstance(root, (str, os.PathLike)) else list(root)
+    if not roots:
+        raise ValueError("root: give at least one path (or None for the current directory)")
+    roots_abs = [Path(r if r is not None else os.getcwd()).resolve() for r in roots]
+    prefixes = sorted({str(r).rstrip("/") + "/" for r in roots_abs}, key=len, reverse=True)
+    foreign = _foreign_output_dir(src, prefixes)
     if foreign is not None:
+        where = ", ".join(str(r) for r in roots_abs)
         raise ValueError(f"the sweep ran from another checkout (a run's output_dir is {foreign}, outside "
-                         f"{root_abs}): its machine path would stay in the copy; pass --root <the checkout "
-                         "the sweep ran from> (root=...)")
+                         f"{where}): its machine path would stay in the copy; pass --root <the checkout "
+                         "the sweep ran from> (root=...), once more for an output_dir outside it")
     if dest.exists() and any(dest.iterdir()):
         shutil.rmtree(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -120,7 +129,7 @@ def publish_sweep(src: str | os.PathLike, dest: str | os.PathLike, *,
     def copy(a: Path, b: Path) -> None:
         nonlocal n_files, n_bytes, n_rewritten
         if a.name in TEXT_FILES:
-            n_rewritten += _copy_text(a, b, prefix)
+            n_rewritten += _copy_text(a, b, prefixes)
         else:
             shutil.copyfile(a, b)
         n_files += 1

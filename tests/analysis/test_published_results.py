@@ -21,7 +21,7 @@ from analysis.report import main as report_main
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results" / "mini"
 #: Sweeps whose runs span several commits, reported with ``--pool`` (the Makefile's POOLED).
-POOLED = {"calibration_match", "calibration_match_80", "surge_dose"}
+POOLED = {"calibration_match", "calibration_match_80", "long_body", "surge_dose"}
 SWEEPS = sorted(p.name for p in (RESULTS / "runs").iterdir() if p.is_dir()) if (RESULTS / "runs").is_dir() else []
 
 pytestmark = pytest.mark.slow

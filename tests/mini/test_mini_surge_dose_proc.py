@@ -52,6 +52,7 @@ def test_every_cell_ran_the_long_regimes_pipeline(quick):
         cfg = yaml.safe_load((run / "config.yaml").read_text())
         assert (cfg["mini"]["min_terms"], cfg["mini"]["max_terms"], cfg["max_response_len"]) == (7, 9, 128)
         assert cfg["clip"]["holdout_share"] == 0.125
+        assert cfg["mini"]["sft_slip_rate"] == 0.6  # the warm start that slips
         metrics = _rows(run / "metrics.jsonl")
         assert [r["step"] for r in metrics] == list(range(1, 9))
         for r in metrics:

@@ -96,3 +96,28 @@ def test_bad_input_is_refused_before_anything_is_written(sweep, tmp_path, capsys
     assert "--replace" in capsys.readouterr().err
     assert publish_main([str(src), str(dest), "--replace", "--root", str(root)]) == 0
     assert not (dest / "stale").exists() and (dest / "manifest.json").exists()
+
+
+def test_a_sweep_written_outside_its_checkout_is_published_with_both_roots(sweep, tmp_path):
+    """``output_dir`` on another disk: its path and the checkout's (in ``argv``) both go."""
+    root, src = sweep
+    out_root = tmp_path / "scratch"
+    moved = out_root / "runs" / "demo"
+    moved.parent.mkdir(parents=True)
+    src.rename(moved)
+    for run in (p for p in moved.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        cfg = run / "config.yaml"
+        cfg.write_text(cfg.read_text().replace(f"output_dir: {src}", f"output_dir: {moved}"))
+    with pytest.raises(ValueError, match=r"outside .*once more"):  # only the checkout given
+        publish_sweep(moved, tmp_path / "a", root=root)
+    assert not (tmp_path / "a").exists()
+    dest = tmp_path / "b"
+    assert publish_main([str(moved), str(dest), "--root", str(out_root), "--root", str(root)]) == 0
+    for run in (p for p in dest.iterdir() if p.is_dir()):
+        for f in ("config.yaml", "provenance.json"):
+            text = (run / f).read_text()
+            assert str(tmp_path) not in text, (run.name, f)
+        assert json.loads((run / "provenance.json").read_text())["argv"][0] == "./experiments/launch.py"
+        assert "output_dir: ./runs/demo" in (run / "config.yaml").read_text()
+    with pytest.raises(ValueError, match="at least one"):
+        publish_sweep(moved, tmp_path / "c", root=[])
