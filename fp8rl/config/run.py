@@ -230,4 +230,5 @@ IDENTITY_LATE_DEFAULTS: dict[str, object] = {
     "clip.window_max": 8,
     "clip.window_share": 1.0,
     "clip.holdout_share": 0.0,
+    "mini.sft_slip_rate": 0.0,
 }
