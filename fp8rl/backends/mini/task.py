@@ -48,6 +48,13 @@ def render(terms: list[int], ops: list[str]) -> Problem:
     if len(ops) != len(terms) - 1:
         raise ValueError(f"need len(ops) == len(terms) - 1, got {len(ops)} and {len(terms)}")
     expr = str(terms[0]) + "".join(f"{o}{t}" for o, t in zip(ops, terms[1:], strict=True))
+    solution, answer = _worked(terms, ops)
+    return Problem(prompt=f"Q:{expr}\n", solution=solution, answer=answer)
+
+
+def _worked(terms: list[int], ops: list[str], slip=None) -> tuple[str, int]:
+    """``(worked solution, its answer)``, left to right, one line per step; ``slip(o, t)`` (if
+    given) says whether that line adds 10 to its result (``slipped_solution``)."""
     acc, lines = terms[0], []
     for o, t in zip(ops, terms[1:], strict=True):
         if o == "+":
@@ -56,10 +63,11 @@ def render(terms: list[int], ops: list[str]) -> Problem:
             new = acc - t
         else:
             raise ValueError(f"unknown operator {o!r}; the task uses '+' and '-'")
+        if slip is not None and slip(o, t):
+            new += 10
         lines.append(f"{acc}{o}{t}={new}")
         acc = new
-    solution = "\n".join([*lines, f"A:{acc}"]) + "\n"
-    return Problem(prompt=f"Q:{expr}\n", solution=solution, answer=acc)
+    return "\n".join([*lines, f"A:{acc}"]) + "\n", acc
 
 
 def sample_problem(rng: random.Random, min_terms: int, max_terms: int, max_operand: int) -> Problem:
@@ -103,14 +111,7 @@ def slipped_solution(problem: Problem, rng: random.Random, rate: float) -> str:
     if rate == 0.0:
         return problem.solution
     terms, ops = parse_prompt(problem.prompt)
-    acc, lines = terms[0], []
-    for o, t in zip(ops, terms[1:], strict=True):
-        new = acc + t if o == "+" else acc - t
-        if o == "-" and t >= 10 and rng.random() < rate:
-            new += 10
-        lines.append(f"{acc}{o}{t}={new}")
-        acc = new
-    return "\n".join([*lines, f"A:{acc}"]) + "\n"
+    return _worked(terms, ops, slip=lambda o, t: o == "-" and t >= 10 and rng.random() < rate)[0]
 
 
 def make_splits(
