@@ -301,6 +301,25 @@ def fp_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[[is_fp(f) for f in runs["fp8"]]]
 
 
+def comparison_pairs(arms: pd.DataFrame) -> list[tuple[pd.Series, pd.Series, str]]:
+    """The section's comparisons as (arm, reference arm, against) rows of :func:`arm_rows`' table,
+    in dose order: per block and FP dose each non-vanilla clip arm against that dose's vanilla arm
+    (``against`` = :data:`REFERENCE_CLIP`), then each FP arm against BF16 vanilla (``"BF16"``).
+    Shared by the surge comparisons and the accuracy comparisons (:mod:`analysis.dose_accuracy`)."""
+    pairs = []
+    for _, blk in arms.groupby(["algorithm", "model"], sort=False):
+        fp = blk[[is_fp(f) for f in blk["fp8"]]]
+        bf16 = blk[(blk["fp8"] == BF16) & (blk["clip"] == REFERENCE_CLIP)]
+        for _, dose in fp.groupby("fp8", sort=False):
+            van = dose[dose["clip"] == REFERENCE_CLIP]
+            if not van.empty:
+                pairs += [(r, van.iloc[0], REFERENCE_CLIP)
+                          for _, r in dose[dose["clip"] != REFERENCE_CLIP].iterrows()]
+        if not bf16.empty:
+            pairs += [(r, bf16.iloc[0], "BF16") for _, r in fp.iterrows()]
+    return pairs
+
+
 def comparison_rows(arms: pd.DataFrame) -> pd.DataFrame:
     """The section's Fisher tests on surge probability (module docstring), one row each, in
     dose order: per block and FP dose each non-vanilla clip arm against that dose's vanilla arm,
@@ -309,24 +328,13 @@ def comparison_rows(arms: pd.DataFrame) -> pd.DataFrame:
     ref_p_surge, diff`` (p_surge - ref_p_surge), ``p`` (two-sided), ``p_holm`` (Holm over every
     row), ``survives`` (``p_holm <`` :data:`FWER`)."""
     rows = []
-    for (algo, model), blk in arms.groupby(["algorithm", "model"], sort=False):
-        fp = blk[[is_fp(f) for f in blk["fp8"]]]
-        bf16 = blk[(blk["fp8"] == BF16) & (blk["clip"] == REFERENCE_CLIP)]
-        pairs = []
-        for _, dose in fp.groupby("fp8", sort=False):
-            van = dose[dose["clip"] == REFERENCE_CLIP]
-            if not van.empty:
-                pairs += [(r, van.iloc[0], REFERENCE_CLIP)
-                          for _, r in dose[dose["clip"] != REFERENCE_CLIP].iterrows()]
-        if not bf16.empty:
-            pairs += [(r, bf16.iloc[0], "BF16") for _, r in fp.iterrows()]
-        for r, ref, against in pairs:
-            rows.append({"algorithm": algo, "model": model, "fp8": r["fp8"], "clip": r["clip"], "arm": r["arm"],
-                         "against": against, "surged": int(r["surged"]), "runs": int(r["runs"]),
-                         "ref_surged": int(ref["surged"]), "ref_runs": int(ref["runs"]), "p_surge": r["p_surge"],
-                         "ref_p_surge": ref["p_surge"], "diff": r["p_surge"] - ref["p_surge"],
-                         "p": fisher_exact(r["surged"], r["runs"] - r["surged"], ref["surged"],
-                                           ref["runs"] - ref["surged"])})
+    for r, ref, against in comparison_pairs(arms):
+        rows.append({"algorithm": r["algorithm"], "model": r["model"], "fp8": r["fp8"], "clip": r["clip"],
+                     "arm": r["arm"], "against": against, "surged": int(r["surged"]), "runs": int(r["runs"]),
+                     "ref_surged": int(ref["surged"]), "ref_runs": int(ref["runs"]), "p_surge": r["p_surge"],
+                     "ref_p_surge": ref["p_surge"], "diff": r["p_surge"] - ref["p_surge"],
+                     "p": fisher_exact(r["surged"], r["runs"] - r["surged"], ref["surged"],
+                                       ref["runs"] - ref["surged"])})
     cols = ["algorithm", "model", "fp8", "clip", "arm", "against", "surged", "runs", "ref_surged", "ref_runs",
             "p_surge", "ref_p_surge", "diff", "p", "p_holm", "survives"]
     df = pd.DataFrame(rows, columns=cols)

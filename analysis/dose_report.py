@@ -1,6 +1,6 @@
-"""The report's "Dose response" section (issue 48): three tables, three figures, sentences from the numbers.
+"""The report's "Dose response" section (issue 48): four tables, three figures, sentences from the numbers.
 
-The numbers and every method choice are :mod:`analysis.dose`'s, the figures
+The numbers and every method choice are :mod:`analysis.dose`'s and :mod:`analysis.dose_accuracy`'s, the figures
 :mod:`analysis.dose_figures`'; this module renders them:
 
 - ``tables/dose.*``: per (algorithm, model) block, per precision arm ordered by its measured dose
@@ -14,6 +14,9 @@ The numbers and every method choice are :mod:`analysis.dose`'s, the figures
 - ``tables/dose_comparisons.*``: Fisher's exact test of each non-vanilla clip arm against the
   same dose's vanilla arm and of each FP arm against BF16 vanilla, raw and Holm-adjusted p (the
   family: every comparison of the section);
+- ``tables/dose_accuracy.*``: the same comparisons on the BF16-scored avg@k gain, paired by seed:
+  mean difference with its 95% t interval, paired t, raw and Holm-adjusted p (the family: every
+  accuracy comparison of the section);
 - the figures ``entropy_dose``, ``dose_response`` and ``share_vs_surge``.
 
 Sentences are generated from the numbers (``"3 of 24 FP runs surged (Wilson 95%: 4-31%)"``); none
@@ -44,6 +47,7 @@ from analysis.dose import (
     label,
     wilson,
 )
+from analysis.dose_accuracy import accuracy_comparison_rows
 from analysis.dose_figures import plot_dose_response, plot_entropy_dose, plot_share_vs_surge
 from analysis.heldout import mean_text
 from analysis.pooling import unfinished
@@ -127,8 +131,7 @@ def comparison_table(comp: pd.DataFrame, *, name: str = "dose_comparisons") -> T
               "p (Fisher, two-sided)", "p (Holm)", f"survives (Holm p < {FWER:g})"]
 
     def cells(r, latex: bool) -> list[str]:
-        against = f"{label(r['fp8'])} vanilla" if r["against"] == REFERENCE_CLIP else "BF16 vanilla"
-        return [label(r["fp8"]), _clip_text(r["clip"]), against, f"{r['surged']}/{r['runs']}",
+        return [label(r["fp8"]), _clip_text(r["clip"]), _against(r), f"{r['surged']}/{r['runs']}",
                 f"{r['ref_surged']}/{r['ref_runs']}", _num(100 * r["diff"], "+.0f"), _num(r["p"], ".3g"),
                 _num(r["p_holm"], ".3g"), "yes" if r["survives"] else "no"]
 
@@ -139,6 +142,46 @@ def comparison_table(comp: pd.DataFrame, *, name: str = "dose_comparisons") -> T
         f"two-sided; Holm's step-down correction over all {n} comparison{'s' if n != 1 else ''} of this section "
         f"(every block); survives: Holm-adjusted p < {FWER:g}"))
     return Table.from_lines(name, comp, md, tex, empty="No comparison: no arm had a reference arm with runs.")
+
+
+def _against(r) -> str:
+    return f"{label(r['fp8'])} vanilla" if r["against"] == REFERENCE_CLIP else "BF16 vanilla"
+
+
+def accuracy_table(acc: pd.DataFrame, *, name: str = "dose_accuracy") -> Table:
+    header = ["precision", "clip", "against", "seeds", "gain (pts)", "reference gain (pts)",
+              "difference (pts, 95% CI)", "t", "p (paired t)", "p (Holm)", f"survives (Holm p < {FWER:g})"]
+
+    def cells(r, latex: bool) -> list[str]:
+        ci = (f"{_num(100 * r['diff_mean'], '+.1f')} [{_num(100 * r['diff_lo'], '+.1f')}, "
+              f"{_num(100 * r['diff_hi'], '+.1f')}]")
+        return [label(r["fp8"]), _clip_text(r["clip"]), _against(r), str(int(r["pairs"])),
+                _num(100 * r["gain"], "+.1f"), _num(100 * r["ref_gain"], "+.1f"), ci, _num(r["t"], ".2f"),
+                _num(r["p"], ".3g"), _num(r["p_holm"], ".3g"), "yes" if r["survives"] else "no"]
+
+    n = int(np.isfinite(acc["p"].to_numpy(dtype=float)).sum()) if len(acc) else 0
+    md, tex = render_blocks(acc, header, cells, lambda a, m, g: (
+        "avg@k gain scored by a BF16 engine on the same weights (last evaluation minus step 0, averaged over the "
+        "evaluation sets; finished runs) of each non-vanilla clip arm against the vanilla arm of the same "
+        "precision, and of each FP arm against BF16 vanilla, paired by seed: gain and reference gain over the "
+        "seeds both arms finished, the mean per-seed difference arm − reference with its 95% Student-t interval, "
+        f"paired t and its two-sided p; Holm's step-down correction over all {n} accuracy comparison"
+        f"{'s' if n != 1 else ''} of this section (every block); survives: Holm-adjusted p < {FWER:g}"))
+    return Table.from_lines(name, acc, md, tex, empty="No comparison: no arm had a reference arm with runs.")
+
+
+def accuracy_lines(acc: pd.DataFrame) -> list[str]:
+    """One bullet: how many accuracy comparisons survive Holm, and which (direction, interval)."""
+    if not len(acc):
+        return []
+    tested = acc[np.isfinite(acc["p"].to_numpy(dtype=float))]
+    surv = acc[acc["survives"]]
+    return [f"- {len(surv)} of {len(tested)} paired comparisons of the BF16-scored avg@k gain have a Holm-adjusted "
+            f"p below {FWER:g}" + (": " + "; ".join(
+                f"{label(r['fp8'])} {_clip_text(r['clip'])} against {_against(r)} "
+                f"{_num(100 * r['diff_mean'], '+.1f')} pts [{_num(100 * r['diff_lo'], '+.1f')}, "
+                f"{_num(100 * r['diff_hi'], '+.1f')}] (Holm p {r['p_holm']:.3g})"
+                for _, r in surv.iterrows()) if len(surv) else "") + "."]
 
 
 def summary_lines(runs: pd.DataFrame, levels: pd.DataFrame, comp: pd.DataFrame) -> list[str]:
@@ -194,7 +237,8 @@ def method_lines(rule: SurgeRule, n_comp: int) -> list[str]:
         "- **held-out ratio to BF16**: held-out A<0 tokens below the bound in force over those the BF16 shadow "
         "puts below 1 − eps_low, ratio of sums over seeds, Fieller's paired 95% interval;",
         f"- **comparisons**: Fisher's exact test (two-sided) on surge counts, Holm-corrected over the {n_comp} "
-        "comparisons of this section.",
+        "comparisons of this section; the same comparisons on the BF16-scored avg@k gain by the paired t test "
+        "over seeds, Holm-corrected over the section's accuracy comparisons (`analysis.dose_accuracy`).",
         "",
     ]
 
@@ -211,14 +255,16 @@ def dose_sections(coll: Collection, tab_dir: str | os.PathLike, fig_dir: str | o
         last = coll.steps["step"].max() if len(coll.steps) else 1
         rule = SurgeRule.for_length(max(1, int(last)))
     runs, levels, arms, comp = dose_arms(coll, rule)
-    tables = [dose_table(arms), surge_table(arms, rule), comparison_table(comp)]
+    acc = accuracy_comparison_rows(coll, arms)
+    tables = [dose_table(arms), surge_table(arms, rule), comparison_table(comp), accuracy_table(acc)]
     for t in tables:
         t.write(tab_dir)
-    lines = [*method_lines(rule, len(comp)), *summary_lines(runs, levels, comp), ""]
+    lines = [*method_lines(rule, len(comp)), *summary_lines(runs, levels, comp), *accuracy_lines(acc), ""]
     u = unfinished(coll)
     if len(u):
         lines += [f"Left out (unfinished): {', '.join(u['run'].astype(str))}.", ""]
-    titles = ("Doses, ordered by the measured dose", "Surges per arm", "Surge probability compared (Fisher, Holm)")
+    titles = ("Doses, ordered by the measured dose", "Surges per arm", "Surge probability compared (Fisher, Holm)",
+              "Accuracy gain compared, paired by seed (t, Holm)")
     for title, t in zip(titles, tables, strict=True):
         lines += [f"**{title}** (tables/{t.name}.md)", "", t.markdown, ""]
     if fig_dir is not None:

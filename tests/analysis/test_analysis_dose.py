@@ -23,7 +23,9 @@ import yaml
 
 from analysis.collect import collect
 from analysis.dose import dose_arms, fisher_exact, fp_runs, has_dose, wilson
+from analysis.dose_accuracy import accuracy_comparison_rows
 from analysis.dose_report import dose_sections
+from analysis.pooling import subset
 from analysis.report_md import write_report
 from analysis.surge import SurgeRule, surge_onset
 from fp8rl.runs.synthetic import RunSpec, make_sweep
@@ -49,8 +51,15 @@ def _specs(ratio_std=True, fp8s=tuple(DOSE)):
                     surge_at=20 + 2 * s if s in SURGES.get((fp8, clip), ()) else None,
                     n_neg=50.0 * (1 + 3 * s), clipfrac_neg_low=0.01 * (1 + s) * (1 + 10 * DOSE[fp8]),
                     holdout_ratio=1 + 20 * DOSE[fp8], holdout_tokens=300.0,
-                    eval={"mini": 0.5}, eval_bf16={"mini": 0.4 + 0.01 * s + DOSE[fp8]}))
+                    eval={"mini": 0.5}, eval_bf16={"mini": _planted_acc(fp8, clip, s)}))
     return out
+
+
+def _planted_acc(fp8, clip, seed):
+    """The final BF16-scored avg@k planted per run: a dose and seed trend plus per-run noise, so
+    that paired differences vary over seeds (the synthetic step 0 is half of it)."""
+    noise = np.random.default_rng([seed, list(DOSE).index(fp8), len(clip)]).normal(0.0, 0.02)
+    return 0.4 + 0.01 * seed + DOSE[fp8] + noise
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +259,67 @@ def test_comparisons_fisher_and_holm_by_hand(numbers, section):
     assert f"| {smallest['p']:.3g} | {smallest['p_holm']:.3g} |" in md
 
 
+def _t_two_sided_ref(t, df, n=200_000):
+    """2 P(T > |t|) by integrating Student's t density on [0, |t|] (Simpson's rule)."""
+    x = np.linspace(0.0, abs(t), n + 1)
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+    f = c * (1 + x * x / df) ** (-(df + 1) / 2)
+    integral = (x[1] - x[0]) / 3 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+    return 1 - 2 * integral
+
+
+def _gain(ev):
+    """BF16-scored avg@k, last evaluation minus step 0, from a run's eval rows."""
+    by_step = {e["step"]: e["eval_bf16/mini/avg@k"] for e in ev if "eval_bf16/mini/avg@k" in e}
+    return by_step[max(by_step)] - by_step[0]
+
+
+def test_accuracy_comparisons_paired_by_seed_on_the_gain_with_holm(coll, numbers, loop, section):
+    _, _, arms, comp = numbers
+    acc = accuracy_comparison_rows(coll, arms)
+    # the surge comparisons' pairs, in the same order
+    assert acc[["fp8", "clip", "against"]].values.tolist() == comp[["fp8", "clip", "against"]].values.tolist()
+    for r in acc.itertuples(index=False):
+        ref = (r.fp8, "vanilla") if r.against == "vanilla" else ("bf16", "vanilla")
+        d = np.array([_gain(loop[(r.fp8, r.clip)][s][1]) - _gain(loop[ref][s][1]) for s in SEEDS])
+        m, sd = d.mean(), d.std(ddof=1)
+        h, t = T975_3 * sd / 2, m / (sd / 2)
+        assert r.pairs == 4
+        assert (r.diff_mean, r.t) == pytest.approx((m, t), rel=1e-9)
+        assert (r.diff_lo, r.diff_hi) == pytest.approx((m - h, m + h), abs=1e-4 * h)  # T975_3: 4 places
+        assert r.p == pytest.approx(_t_two_sided_ref(t, 3), abs=1e-7)
+        # the gain, not the final value: the planted step 0 differs between arms
+        finals = np.array([_planted_acc(r.fp8, r.clip, s) - _planted_acc(*ref, s) for s in SEEDS])
+        assert abs(r.diff_mean - finals.mean()) > 1e-3
+    p = acc["p"].to_numpy()
+    order, running, adj = np.argsort(p, kind="stable"), 0.0, np.empty(len(p))
+    for j, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - j) * p[i]))
+        adj[i] = running
+    assert acc["p_holm"].to_numpy() == pytest.approx(adj, rel=1e-12)
+    assert acc["survives"].tolist() == (adj < 0.05).tolist() and acc["survives"].any()
+    out, secs = section
+    md = (out / "tables" / "dose_accuracy.md").read_text()
+    assert "over all 9 accuracy comparisons" in md
+    best = acc.loc[acc["p"].idxmin()]
+    assert f"| {best['t']:.2f} | {best['p']:.3g} | {best['p_holm']:.3g} | yes |" in md
+    assert f"{int(acc['survives'].sum())} of 9 paired comparisons" in "\n".join(secs[0][1])
+
+
+def test_accuracy_comparison_pairs_only_the_seeds_both_arms_finished(coll, numbers):
+    _, _, arms, _ = numbers
+    drop = coll.runs[(coll.runs["fp8"] == "mxfp8") & (coll.runs["clip"] == "tis") & (coll.runs["seed"] == 2)]
+    part = subset(coll, set(coll.runs["run"].astype(str)) - set(drop["run"].astype(str)))
+    acc = accuracy_comparison_rows(part, arms)
+    rows = acc[(acc["fp8"] == "mxfp8") & (acc["clip"] == "tis")]
+    assert rows["pairs"].tolist() == [3, 3] and (acc.drop(rows.index)["pairs"] == 4).all()
+    gains = {(r.fp8, r.clip, r.against): r.ref_gain for r in acc.itertuples(index=False)}
+    full = {(r.fp8, r.clip, r.against): r.ref_gain
+            for r in accuracy_comparison_rows(coll, arms).itertuples(index=False)}
+    # the reference's mean gain is over the paired seeds only
+    assert gains[("mxfp8", "tis", "vanilla")] != pytest.approx(full[("mxfp8", "tis", "vanilla")], rel=1e-9)
+
+
 def test_bf16_runs_are_not_fp_runs(numbers, section):
     runs, _, _, comp = numbers
     fp_surged = sum(len(v) for k, v in SURGES.items() if k[0] != "bf16")
@@ -266,7 +336,7 @@ def test_bf16_runs_are_not_fp_runs(numbers, section):
 def test_section_files_and_report(coll, section, sweep, tmp_path):
     out, secs = section
     assert [t for t, _ in secs] == ["Dose response"]
-    for name in ("dose", "surge_dose", "dose_comparisons"):
+    for name in ("dose", "surge_dose", "dose_comparisons", "dose_accuracy"):
         assert all((out / "tables" / f"{name}.{ext}").is_file() for ext in ("md", "tex", "csv"))
     for name in ("entropy_dose", "dose_response", "share_vs_surge"):
         assert (out / "figures" / f"{name}.png").is_file() and (out / "figures" / f"{name}.csv").is_file()
