@@ -22,8 +22,8 @@ TIS, change what the run learns at that precision?), and each FP arm against BF1
   the outcome". An adjusted p below :data:`analysis.dose.FWER` survives.
 
 Where the issue was silent we chose [G]: avg@k, not greedy (the report's accuracy tables give
-greedy too); the BF16-scored gain; one Holm family for the whole section, fixed before the slip
-regime's sweep was read.
+greedy too); the BF16-scored gain; one Holm family for the whole section (the surge
+comparisons' family), fixed before the slip regime's sweep had finished.
 """
 
 from __future__ import annotations
