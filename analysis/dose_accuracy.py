@@ -35,7 +35,7 @@ import pandas as pd
 
 from analysis.collect import Collection
 from analysis.dose import FWER, comparison_pairs
-from analysis.heldout_judgement import holm, paired_diff
+from analysis.heldout_judgement import holm, paired_diff, values_by_key
 from analysis.paired import run_gains
 from analysis.pooling import finished
 from fp8rl.runs import metrics as M
@@ -56,14 +56,6 @@ def _arm(gains: pd.DataFrame, r: pd.Series) -> pd.DataFrame:
                  & (gains["fp8"] == r["fp8"]) & (gains["clip"] == r["clip"])]
 
 
-def _once(arm: pd.DataFrame) -> dict:
-    """seed -> gain for the seeds the arm holds once with a finite gain (the seeds
-    :func:`analysis.heldout_judgement.paired_diff` pairs)."""
-    ok = arm[np.isfinite(arm["gain"].to_numpy(dtype=float))]
-    keys = ok["key"].tolist()
-    return {k: float(v) for k, v in zip(keys, ok["gain"], strict=True) if keys.count(k) == 1}
-
-
 def accuracy_comparison_rows(coll: Collection, arms: pd.DataFrame) -> pd.DataFrame:
     """One row per comparison of :func:`analysis.dose.comparison_pairs` over ``arms``
     (:func:`analysis.dose.arm_rows`), columns :data:`COLUMNS`: ``pairs`` (seeds in both arms),
@@ -73,10 +65,11 @@ def accuracy_comparison_rows(coll: Collection, arms: pd.DataFrame) -> pd.DataFra
     gains = seed_gains(coll)
     rows = []
     for r, ref, against in comparison_pairs(arms):
-        a, b = _once(_arm(gains, r)), _once(_arm(gains, ref))
+        arm, reference = _arm(gains, r), _arm(gains, ref)
+        a, b = values_by_key(arm, "gain"), values_by_key(reference, "gain")
         both = sorted(set(a) & set(b), key=str)
         rows.append({"algorithm": r["algorithm"], "model": r["model"], "fp8": r["fp8"], "clip": r["clip"],
-                     "arm": r["arm"], "against": against, **paired_diff(_arm(gains, r), _arm(gains, ref), "gain"),
+                     "arm": r["arm"], "against": against, **paired_diff(arm, reference, "gain"),
                      "gain": float(np.mean([a[k] for k in both])) if both else math.nan,
                      "ref_gain": float(np.mean([b[k] for k in both])) if both else math.nan})
     df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("p_holm", "survives")])

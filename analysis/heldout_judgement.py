@@ -235,18 +235,21 @@ def arm_rows(coll: Collection, per_run: pd.DataFrame | None = None) -> pd.DataFr
     return pd.DataFrame(rows, columns=cols)
 
 
-def paired_diff(a: pd.DataFrame, b: pd.DataFrame, column: str) -> dict:
-    """Per-seed differences a - b of ``column`` over the keys both hold once (finite values):
-    ``pairs, diff_mean, diff_lo, diff_hi`` (95% t interval), ``t``, ``p`` (two-sided; NaN below two
-    pairs; zero spread: p = 1 for a zero mean, else 0)."""
-    def by_key(df):
-        out: dict = {}
-        for k, v in zip(df["key"], df[column].to_numpy(dtype=float), strict=True):
-            if np.isfinite(v):
-                out.setdefault(k, []).append(v)
-        return {k: v[0] for k, v in out.items() if len(v) == 1}
+def values_by_key(df: pd.DataFrame, column: str) -> dict:
+    """key -> ``column`` for the keys (``df["key"]``: seeds) that hold exactly one finite value:
+    the values :func:`paired_diff` pairs."""
+    out: dict = {}
+    for k, v in zip(df["key"], df[column].to_numpy(dtype=float), strict=True):
+        if np.isfinite(v):
+            out.setdefault(k, []).append(v)
+    return {k: v[0] for k, v in out.items() if len(v) == 1}
 
-    x, y = by_key(a), by_key(b)
+
+def paired_diff(a: pd.DataFrame, b: pd.DataFrame, column: str) -> dict:
+    """Per-seed differences a - b of ``column`` over the keys both hold once (finite values;
+    :func:`values_by_key`): ``pairs, diff_mean, diff_lo, diff_hi`` (95% t interval), ``t``, ``p``
+    (two-sided; NaN below two pairs; zero spread: p = 1 for a zero mean, else 0)."""
+    x, y = values_by_key(a, column), values_by_key(b, column)
     d = np.array([x[k] - y[k] for k in sorted(set(x) & set(y), key=str)], dtype=float)
     m, lo, hi, n = mean_ci(d)
     t = p = math.nan
